@@ -1,0 +1,342 @@
+#include "opgen/binding.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
+
+#include <new>
+#include <string_view>
+
+namespace opgen {
+
+Signature::Signature(const char* op, std::initializer_list<const char*> names, int max_positional,
+                     uint64_t required_mask)
+    : op_(op), names_(names), max_positional_(max_positional), required_mask_(required_mask) {
+  interned_.reserve(names_.size());
+  for (const char* name : names_) interned_.push_back(PyUnicode_InternFromString(name));
+}
+
+int Signature::index_of(PyObject* keyword) const {
+  const int n = static_cast<int>(interned_.size());
+  for (int i = 0; i < n; ++i) {
+    if (interned_[i] == keyword) return i;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (PyUnicode_Compare(interned_[i], keyword) == 0) return i;
+  }
+  return -1;
+}
+
+void Signature::bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                     PyObject** slots) const {
+  const int n = static_cast<int>(names_.size());
+  if (nargs > max_positional_) {
+    raise(PyExc_TypeError, *this,
+          "takes at most " + std::to_string(max_positional_) + " positional arguments (" +
+              std::to_string(nargs) + " given)");
+  }
+  for (int i = 0; i < n; ++i) slots[i] = i < nargs ? args[i] : nullptr;
+  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* keyword = PyTuple_GET_ITEM(kwnames, k);
+    const int i = index_of(keyword);
+    if (i < 0) {
+      raise(PyExc_TypeError, *this,
+            std::string("got an unexpected keyword argument '") + PyUnicode_AsUTF8(keyword) + "'");
+    }
+    if (slots[i] != nullptr) {
+      raise(PyExc_TypeError, *this,
+            std::string("got multiple values for argument '") + names_[i] + "'");
+    }
+    slots[i] = args[nargs + k];
+  }
+  for (int i = 0; i < n; ++i) {
+    if (slots[i] == nullptr && (required_mask_ >> i & 1)) {
+      raise(PyExc_TypeError, *this,
+            std::string("missing required argument '") + names_[i] + "' (pos " +
+                std::to_string(i + 1) + ")");
+    }
+  }
+}
+
+void raise(PyObject* type, const Signature& sig, const std::string& message) {
+  PyErr_Format(type, "kernel_ops.%s(): %s", sig.op(), message.c_str());
+  throw PythonError{};
+}
+
+void type_error(PyObject* got, const Signature& sig, int i, const char* expected) {
+  PyErr_Format(PyExc_TypeError, "kernel_ops.%s(): argument '%s' (position %d) must be %s, not %s",
+               sig.op(), sig.name(i), i + 1, expected, Py_TYPE(got)->tp_name);
+  throw PythonError{};
+}
+
+namespace {
+
+bool is_int(PyObject* o) { return PyLong_Check(o) && !PyBool_Check(o); }
+
+int64_t as_int64(PyObject* o, const Signature& sig, int i) {
+  const long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    raise(PyExc_OverflowError, sig, std::string("argument '") + sig.name(i) + "' does not fit in int64");
+  }
+  return v;
+}
+
+}  // namespace
+
+template <>
+int64_t convert<int64_t>(PyObject* o, const Signature& sig, int i) {
+  if (!is_int(o)) type_error(o, sig, i, "int");
+  return as_int64(o, sig, i);
+}
+
+template <>
+double convert<double>(PyObject* o, const Signature& sig, int i) {
+  if (PyFloat_Check(o)) return PyFloat_AS_DOUBLE(o);
+  if (is_int(o)) return static_cast<double>(as_int64(o, sig, i));
+  type_error(o, sig, i, "float");
+}
+
+template <>
+bool convert<bool>(PyObject* o, const Signature& sig, int i) {
+  if (!PyBool_Check(o)) type_error(o, sig, i, "bool");
+  return o == Py_True;
+}
+
+template <>
+at::Scalar convert<at::Scalar>(PyObject* o, const Signature& sig, int i) {
+  if (PyBool_Check(o)) return at::Scalar(o == Py_True);
+  if (PyLong_Check(o)) return at::Scalar(as_int64(o, sig, i));
+  if (PyFloat_Check(o)) return at::Scalar(PyFloat_AS_DOUBLE(o));
+  if (PyComplex_Check(o)) {
+    return at::Scalar(c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o)));
+  }
+  if (THPVariable_Check(o)) {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.numel() != 1) {
+      raise(PyExc_ValueError, sig,
+            std::string("argument '") + sig.name(i) + "' must be a number or a one-element tensor");
+    }
+    return t.item();
+  }
+  type_error(o, sig, i, "a number (Scalar)");
+}
+
+template <>
+std::string convert<std::string>(PyObject* o, const Signature& sig, int i) {
+  if (!PyUnicode_Check(o)) type_error(o, sig, i, "str");
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(o, &size);
+  if (data == nullptr) throw PythonError{};
+  return std::string(data, size);
+}
+
+template <>
+at::ScalarType convert<at::ScalarType>(PyObject* o, const Signature& sig, int i) {
+  if (!THPDtype_Check(o)) type_error(o, sig, i, "torch.dtype");
+  return reinterpret_cast<THPDtype*>(o)->scalar_type;
+}
+
+template <>
+at::Layout convert<at::Layout>(PyObject* o, const Signature& sig, int i) {
+  if (!THPLayout_Check(o)) type_error(o, sig, i, "torch.layout");
+  return reinterpret_cast<THPLayout*>(o)->layout;
+}
+
+template <>
+at::MemoryFormat convert<at::MemoryFormat>(PyObject* o, const Signature& sig, int i) {
+  if (!THPMemoryFormat_Check(o)) type_error(o, sig, i, "torch.memory_format");
+  return reinterpret_cast<THPMemoryFormat*>(o)->memory_format;
+}
+
+template <>
+at::Device convert<at::Device>(PyObject* o, const Signature& sig, int i) {
+  if (THPDevice_Check(o)) return reinterpret_cast<THPDevice*>(o)->device;
+  if (PyUnicode_Check(o)) return at::Device(convert<std::string>(o, sig, i));
+  type_error(o, sig, i, "torch.device or str");
+}
+
+namespace {
+
+// Calls f(item, position) for each element of a list or tuple argument.
+template <class F>
+Py_ssize_t for_each_item(PyObject* o, const Signature& sig, int i, const char* expected, F&& f) {
+  if (!PyList_Check(o) && !PyTuple_Check(o)) type_error(o, sig, i, expected);
+  PyObject* fast = o;  // lists and tuples are already "fast" sequences
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t k = 0; k < n; ++k) f(items[k], k);
+  return n;
+}
+
+[[noreturn]] void element_error(PyObject* item, const Signature& sig, int i, Py_ssize_t k,
+                                const char* expected) {
+  PyErr_Format(PyExc_TypeError,
+               "kernel_ops.%s(): argument '%s' (position %d) must hold %s, but element %zd is %s",
+               sig.op(), sig.name(i), i + 1, expected, k, Py_TYPE(item)->tp_name);
+  throw PythonError{};
+}
+
+}  // namespace
+
+std::vector<int64_t> int_list(PyObject* o, const Signature& sig, int i, int size) {
+  if (size > 0 && is_int(o)) return std::vector<int64_t>(size, as_int64(o, sig, i));
+  std::vector<int64_t> out;
+  for_each_item(o, sig, i, "a list of ints", [&](PyObject* item, Py_ssize_t k) {
+    if (!is_int(item)) element_error(item, sig, i, k, "ints");
+    out.push_back(as_int64(item, sig, i));
+  });
+  if (size > 1 && static_cast<int>(out.size()) != size) {
+    raise(PyExc_ValueError, sig,
+          std::string("argument '") + sig.name(i) + "' must have " + std::to_string(size) +
+              " elements, not " + std::to_string(out.size()));
+  }
+  return out;
+}
+
+std::optional<std::vector<int64_t>> optional_int_list(PyObject* o, const Signature& sig, int i,
+                                                      int size) {
+  if (o == Py_None) return std::nullopt;
+  return int_list(o, sig, i, size);
+}
+
+template <>
+std::vector<double> convert<std::vector<double>>(PyObject* o, const Signature& sig, int i) {
+  std::vector<double> out;
+  for_each_item(o, sig, i, "a list of floats", [&](PyObject* item, Py_ssize_t k) {
+    if (!PyFloat_Check(item) && !is_int(item)) element_error(item, sig, i, k, "floats");
+    out.push_back(PyFloat_AsDouble(item));
+  });
+  return out;
+}
+
+template <>
+std::vector<at::Tensor> convert<std::vector<at::Tensor>>(PyObject* o, const Signature& sig, int i) {
+  std::vector<at::Tensor> out;
+  for_each_item(o, sig, i, "a list of Tensors", [&](PyObject* item, Py_ssize_t k) {
+    if (!THPVariable_Check(item)) element_error(item, sig, i, k, "Tensors");
+    out.push_back(THPVariable_Unpack(item));
+  });
+  return out;
+}
+
+template <>
+c10::List<std::optional<at::Tensor>> convert<c10::List<std::optional<at::Tensor>>>(
+    PyObject* o, const Signature& sig, int i) {
+  c10::List<std::optional<at::Tensor>> out;
+  for_each_item(o, sig, i, "a list of Tensors or None", [&](PyObject* item, Py_ssize_t k) {
+    if (item == Py_None) {
+      out.push_back(std::nullopt);
+    } else if (THPVariable_Check(item)) {
+      out.push_back(THPVariable_Unpack(item));
+    } else {
+      element_error(item, sig, i, k, "Tensors or None");
+    }
+  });
+  return out;
+}
+
+template <>
+at::Tensor convert<at::Tensor>(PyObject* o, const Signature& sig, int i) {
+  return tensor(o, sig, i);
+}
+
+void Devices::check(const at::Device& d, bool is_cpu_scalar, int i) {
+  if (!device_) {
+    device_ = d;
+    first_ = i;
+    return;
+  }
+  if (d == *device_) return;
+  // Like ATen's TensorIterator, a zero-dim CPU tensor may join tensors of another device.
+  if (is_cpu_scalar) return;
+  raise(PyExc_RuntimeError, sig_,
+        std::string("expected all tensors on one device, but '") + sig_.name(i) + "' is on " +
+            d.str() + " and '" + sig_.name(first_) + "' is on " + device_->str());
+}
+
+Devices& Devices::add(const at::Tensor& t, int i) {
+  if (!t.defined()) return *this;
+  if (t.layout() != at::kStrided) {
+    raise(PyExc_TypeError, sig_,
+          std::string("argument '") + sig_.name(i) + "' must be a strided (dense) tensor, not " +
+              c10::str(t.layout()));
+  }
+  if (t.is_quantized()) {
+    raise(PyExc_TypeError, sig_, std::string("argument '") + sig_.name(i) + "' is quantized");
+  }
+  check(t.device(), t.device().is_cpu() && t.dim() == 0, i);
+  return *this;
+}
+
+Devices& Devices::add(const std::vector<at::Tensor>& ts, int i) {
+  for (const auto& t : ts) add(t, i);
+  return *this;
+}
+
+Devices& Devices::add(const c10::List<std::optional<at::Tensor>>& ts, int i) {
+  for (const std::optional<at::Tensor> t : ts) add(t, i);
+  return *this;
+}
+
+Devices& Devices::add(const std::optional<at::Device>& d, int i) {
+  if (d && !device_) check(*d, false, i);
+  return *this;
+}
+
+void Devices::no_kernel() const {
+  raise(PyExc_NotImplementedError, sig_,
+        std::string("has no kernel for device type '") + c10::DeviceTypeName(type(), true) +
+            "' in this build");
+}
+
+PyObject* wrap(std::vector<at::Tensor> ts) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(ts.size()));
+  if (out == nullptr) throw PythonError{};
+  for (size_t k = 0; k < ts.size(); ++k) PyList_SET_ITEM(out, k, wrap(std::move(ts[k])));
+  return out;
+}
+
+PyObject* same_tuple(std::initializer_list<PyObject*> objects) {
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(objects.size()));
+  if (out == nullptr) throw PythonError{};
+  Py_ssize_t k = 0;
+  for (PyObject* o : objects) PyTuple_SET_ITEM(out, k++, same(o));
+  return out;
+}
+
+PyObject* raise_current(const Signature& sig) {
+  const auto set = [&](PyObject* type, std::string_view message) -> PyObject* {
+    const std::string text = std::string("kernel_ops.") + sig.op() + "(): " + std::string(message);
+    PyErr_SetString(type, text.c_str());
+    return nullptr;
+  };
+  try {
+    throw;
+  } catch (const PythonError&) {
+    return nullptr;
+  } catch (const c10::IndexError& e) {
+    return set(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    return set(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    return set(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::NotImplementedError& e) {
+    return set(PyExc_NotImplementedError, e.what_without_backtrace());
+  } catch (const c10::OutOfMemoryError& e) {
+    return set(PyExc_MemoryError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return set(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    return set(PyExc_MemoryError, "out of memory");
+  } catch (const std::exception& e) {
+    return set(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    return set(PyExc_RuntimeError, "unknown C++ exception");
+  }
+}
+
+}  // namespace opgen

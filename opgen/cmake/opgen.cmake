@@ -1,0 +1,83 @@
+# opgen.cmake: build a kernel_ops extension from an op spec inside any CMake project.
+#
+#   list(APPEND CMAKE_MODULE_PATH "<output of: python -m opgen cmake-dir>")
+#   include(opgen)
+#   opgen_add_extension(my_ops SPEC ${CMAKE_CURRENT_SOURCE_DIR}/my_ops.yaml MODULE _C)
+#
+# The generator runs as a build step: editing the spec (or opgen itself) regenerates the bindings,
+# and only files whose bytes changed are recompiled. Requires find_package(Python) first.
+
+set(_OPGEN_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")            # the opgen Python package
+get_filename_component(_OPGEN_PYTHONPATH "${_OPGEN_ROOT}/.." ABSOLUTE)
+if(EXISTS "${_OPGEN_ROOT}/csrc/opgen/binding.h")           # installed: opgen/csrc
+  set(_OPGEN_CSRC "${_OPGEN_ROOT}/csrc")
+else()                                                     # source tree: <repo>/csrc
+  get_filename_component(_OPGEN_CSRC "${_OPGEN_ROOT}/../csrc" ABSOLUTE)
+endif()
+
+# Finds torch through the interpreter's torch.utils.cmake_prefix_path, and libtorch_python.
+macro(opgen_find_torch)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.version.cuda or '')"
+    OUTPUT_VARIABLE _opgen_torch_info OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _opgen_torch_rc)
+  if(NOT _opgen_torch_rc EQUAL 0)
+    message(FATAL_ERROR "opgen: cannot import torch with ${Python_EXECUTABLE}; install torch first "
+                        "and build with --no-build-isolation")
+  endif()
+  string(REPLACE "\n" ";" _opgen_torch_info "${_opgen_torch_info}")
+  list(GET _opgen_torch_info 0 _opgen_torch_prefix)
+  list(LENGTH _opgen_torch_info _opgen_n)
+  set(OPGEN_TORCH_CUDA "")
+  if(_opgen_n GREATER 1)
+    list(GET _opgen_torch_info 1 OPGEN_TORCH_CUDA)
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH "${_opgen_torch_prefix}")
+  find_package(Torch REQUIRED)
+  find_library(OPGEN_TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED NO_DEFAULT_PATH)
+endmacro()
+
+# opgen_add_extension(<target> SPEC <yaml> [MODULE <name>] [SHARDS <n>])
+# Defines a Python extension target <target> whose module <name> (default _C) has `kernel_ops`.
+function(opgen_add_extension target)
+  cmake_parse_arguments(ARG "" "SPEC;MODULE;SHARDS" "" ${ARGN})
+  if(NOT ARG_SPEC)
+    message(FATAL_ERROR "opgen_add_extension(${target}): SPEC <yaml> is required")
+  endif()
+  if(NOT ARG_MODULE)
+    set(ARG_MODULE _C)
+  endif()
+  if(NOT ARG_SHARDS)
+    set(ARG_SHARDS 4)
+  endif()
+  if(NOT TARGET torch)
+    opgen_find_torch()
+  endif()
+
+  set(gen_dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_generated")
+  math(EXPR last "${ARG_SHARDS} - 1")
+  set(gen_cpp "${gen_dir}/module.cpp")
+  foreach(i RANGE ${last})
+    list(APPEND gen_cpp "${gen_dir}/kernel_ops_${i}.cpp")
+  endforeach()
+  file(GLOB generator_sources "${_OPGEN_ROOT}/*.py" "${_OPGEN_ROOT}/spec/*.py" "${_OPGEN_ROOT}/gen/*.py"
+       "${_OPGEN_ROOT}/templates/*.j2")
+  add_custom_command(
+    OUTPUT ${gen_cpp} "${gen_dir}/kernel_ops.pyi"
+    COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${_OPGEN_PYTHONPATH}"
+            "${Python_EXECUTABLE}" -m opgen gen --spec "${ARG_SPEC}" --out "${gen_dir}"
+            --shards ${ARG_SHARDS} --module ${ARG_MODULE}
+    DEPENDS "${ARG_SPEC}" ${generator_sources}
+    COMMENT "opgen: generating kernel_ops bindings from ${ARG_SPEC}"
+    VERBATIM)
+
+  Python_add_library(${target} MODULE WITH_SOABI
+    ${gen_cpp} "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp")
+  set_target_properties(${target} PROPERTIES OUTPUT_NAME ${ARG_MODULE} CXX_STANDARD 20
+                        CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)
+  target_include_directories(${target} PRIVATE "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})
+  target_link_libraries(${target} PRIVATE ${TORCH_LIBRARIES} "${OPGEN_TORCH_PYTHON_LIBRARY}")
+  if(OPGEN_TORCH_CUDA)
+    target_compile_definitions(${target} PRIVATE OPGEN_WITH_CUDA)
+  endif()
+  set_property(TARGET ${target} PROPERTY OPGEN_STUB "${gen_dir}/kernel_ops.pyi")
+endfunction()

@@ -1,0 +1,146 @@
+"""Emit one raw METH_FASTCALL C++ function per bound op, and its method-table entry."""
+
+from __future__ import annotations
+
+import ast
+
+from opgen.gen.cpp_types import cpp_arg
+from opgen.spec.defaults import parse_default
+from opgen.spec.model import Arg, Kernel, OpSpec
+
+_DEVICE_CASE = {"cpu": "case c10::DeviceType::CPU:", "cuda": "case c10::DeviceType::CUDA:", "default": "default:"}
+
+
+def c_function_name(spec: OpSpec) -> str:
+    return f"kernel_ops_{spec.python_name}"
+
+
+def c_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def required_mask(args: tuple[Arg, ...]) -> int:
+    return sum(1 << i for i, arg in enumerate(args) if arg.default is None)
+
+
+def signature_decl(spec: OpSpec) -> str:
+    args = spec.schema.args
+    names = ", ".join(c_string(a.name) for a in args)
+    positional = sum(1 for a in args if not a.kwarg_only)
+    return (
+        f"static const opgen::Signature sig({c_string(spec.python_name)}, {{{names}}}, "
+        f"{positional}, {hex(required_mask(args))});"
+    )
+
+
+def arg_lines(spec: OpSpec) -> list[str]:
+    lines = []
+    for index, arg in enumerate(spec.schema.args):
+        cpp = cpp_arg(arg, index)
+        value = cpp.convert if cpp.default is None else f"slots[{index}] ? {cpp.convert} : {cpp.default}"
+        lines.append(f"{cpp.decl} {cpp.var} = {value};")
+    return lines
+
+
+def device_lines(spec: OpSpec) -> list[str]:
+    """Collect the devices of tensor arguments (and `device=` of factory ops)."""
+    adds = [
+        f".add({cpp_arg(arg, i).var}, {i})"
+        for i, arg in enumerate(spec.schema.args)
+        if arg.type.base == "Tensor" or (arg.type.base == "Device" and not spec.tensor_args)
+    ]
+    lines = ["opgen::Devices devices(sig);"]
+    if adds:
+        lines.append("devices" + "".join(adds) + ";")
+    return lines
+
+
+def kernel_call(spec: OpSpec, kernel: Kernel) -> str:
+    args = ", ".join(cpp_arg(a, i).pass_expr for i, a in enumerate(spec.schema.args))
+    call = f"{kernel.qualified_name}({args})"
+    return f"opgen::without_gil([&] {{ return {call}; }})" if spec.release_gil else call
+
+
+def return_lines(spec: OpSpec, call: str) -> list[str]:
+    """Written-in-place results return their argument's own Python object; others are wrapped."""
+    schema = spec.schema
+    written = {a.alias.alias_set: i for i, a in enumerate(schema.args) if a.alias is not None and a.alias.is_write}
+    sources = [written.get(r.alias.alias_set) if r.alias is not None else None for r in schema.returns]
+    if sources and all(s is not None for s in sources):
+        if len(sources) == 1 and not schema.returns_tuple:
+            return [f"{call};", f"return opgen::same(slots[{sources[0]}]);"]
+        slots = ", ".join(f"slots[{s}]" for s in sources)
+        return [f"{call};", f"return opgen::same_tuple({{{slots}}});"]
+    return [f"return opgen::wrap({call});"]
+
+
+def dispatch_lines(spec: OpSpec) -> list[str]:
+    lines = ["switch (devices.type()) {"]
+    for kernel in sorted(spec.kernels, key=lambda k: k.backend == "default"):
+        body = [_DEVICE_CASE[kernel.backend], *("  " + x for x in return_lines(spec, kernel_call(spec, kernel)))]
+        if kernel.backend == "cuda":
+            body = ["#ifdef OPGEN_WITH_CUDA", *body, "#endif"]
+        lines += ["  " + x if not x.startswith("#") else x for x in body]
+    if "default" not in spec.backends:
+        lines += ["  default:", "    devices.no_kernel();"]
+    return lines + ["}"]
+
+
+def emit_function(spec: OpSpec) -> str:
+    n_slots = max(1, len(spec.schema.args))
+    body = [
+        signature_decl(spec),
+        "OPGEN_TRY",
+        f"PyObject* slots[{n_slots}];",
+        "sig.bind(args, nargs, kwnames, slots);",
+        *arg_lines(spec),
+        *device_lines(spec),
+        *dispatch_lines(spec),
+        "OPGEN_CATCH(sig)",
+    ]
+    indented = "\n".join(("  " + line) if not line.startswith("#") else line for line in body)
+    return (
+        f"// {spec.location}: {spec.schema}\n"
+        f"PyObject* {c_function_name(spec)}(PyObject*, PyObject* const* args, Py_ssize_t nargs, "
+        f"PyObject* kwnames) {{\n{indented}\n}}\n"
+    )
+
+
+def text_signature(spec: OpSpec) -> str:
+    """`add($module, self, other, *, alpha=1)`, as `inspect.signature` reads it."""
+    parts, star = ["$module"], False
+    for arg in spec.schema.args:
+        if arg.kwarg_only and not star:
+            parts.append("*")
+            star = True
+        parts.append(arg.name if arg.default is None else f"{arg.name}={_python_default(arg)}")
+    return f"{spec.python_name}({', '.join(parts)})"
+
+
+def _python_default(arg: Arg) -> str:
+    assert arg.default is not None
+    text = repr(parse_default(arg.type, arg.default))
+    if arg.type.base in ("MemoryFormat", "ScalarType") and text != "None":
+        return "..."
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return "..."
+    return text
+
+
+def method_def(spec: OpSpec) -> str:
+    doc = f"{text_signature(spec)}\n--\n\n{spec.schema}\n\n{spec.doc}".rstrip()
+    return (
+        f"{{{c_string(spec.python_name)}, "
+        f"reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>({c_function_name(spec)})), "
+        f"METH_FASTCALL | METH_KEYWORDS, {c_string(doc)}}},"
+    )
+
+
+def headers(specs: list[OpSpec]) -> tuple[list[str], list[str]]:
+    """The kernel headers a shard needs: (always, CUDA builds only), sorted and unique."""
+    common = sorted({k.header for s in specs for k in s.kernels if k.backend != "cuda"})
+    cuda = sorted({k.header for s in specs for k in s.kernels if k.backend == "cuda"} - set(common))
+    return common, cuda

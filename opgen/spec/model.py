@@ -1,0 +1,189 @@
+"""The typed, frozen model of an op spec: schema types, arguments, returns and op records.
+
+Everything here is plain data. Validation lives in `opgen.spec.validate`; parsing of the ATen
+schema language in `opgen.spec.schema`. Nothing in this package imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# The scalar (non-list) base types the schema language may name, in the order error messages list them.
+BASE_TYPES = (
+    "Tensor",
+    "int",
+    "SymInt",
+    "float",
+    "bool",
+    "Scalar",
+    "str",
+    "ScalarType",
+    "Layout",
+    "Device",
+    "MemoryFormat",
+)
+
+# Backends a kernel can be declared for. `default` is a device-agnostic (composite) kernel used for
+# any device that has no kernel of its own.
+BACKENDS = ("cpu", "cuda", "default")
+
+# ATen namespaces holding direct kernels (`ATen/ops/<op>_<key>_dispatch.h`), and the backends each may serve.
+KERNEL_NAMESPACES = {
+    "cpu": ("cpu",),
+    "cuda": ("cuda",),
+    "compositeexplicitautograd": BACKENDS,
+    "compositeexplicitautogradnonfunctional": BACKENDS,
+    "compositeimplicitautograd": BACKENDS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
+class Type:
+    """A schema type such as `Tensor`, `int[2]`, `Tensor?[]` or `int[1]?`."""
+
+    base: str
+    optional: bool = False  # the whole value may be None (`int?`, `int[]?`)
+    is_list: bool = False
+    size: int | None = None  # fixed list size (`int[2]`)
+    elem_optional: bool = False  # list elements may be None (`Tensor?[]`)
+
+    def __str__(self) -> str:
+        text = self.base + ("?" if self.elem_optional else "")
+        if self.is_list:
+            text += f"[{self.size if self.size is not None else ''}]"
+        return text + ("?" if self.optional else "")
+
+    @property
+    def is_tensor_like(self) -> bool:
+        return self.base == "Tensor"
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """An alias annotation: `Tensor(a)` (a view of set `a`) or `Tensor(a!)` (writes set `a`)."""
+
+    alias_set: str
+    is_write: bool
+    wildcard: bool = False  # `(a -> *)`: list elements alias into the wildcard set
+
+    def __str__(self) -> str:
+        return f"({self.alias_set}{'!' if self.is_write else ''}{' -> *' if self.wildcard else ''})"
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    name: str
+    type: Type
+    kwarg_only: bool = False
+    alias: Alias | None = None
+    default: str | None = None  # the default as written in the schema
+
+    def __str__(self) -> str:
+        type_text = str(self.type)
+        if self.alias is not None:
+            type_text = self.type.base + str(self.alias) + type_text[len(self.type.base) :]
+        text = f"{type_text} {self.name}"
+        return text if self.default is None else f"{text}={self.default}"
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    type: Type
+    name: str | None = None
+    alias: Alias | None = None
+
+    def __str__(self) -> str:
+        type_text = str(self.type)
+        if self.alias is not None:
+            type_text = self.type.base + str(self.alias) + type_text[len(self.type.base) :]
+        return type_text if self.name is None else f"{type_text} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    name: str
+    overload: str
+    args: tuple[Arg, ...]
+    returns: tuple[Return, ...]
+    returns_tuple: bool = False  # written as `(...)`, even with one element
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        star_done = False
+        for arg in self.args:
+            if arg.kwarg_only and not star_done:
+                parts.append("*")
+                star_done = True
+            parts.append(str(arg))
+        returns = ", ".join(str(r) for r in self.returns)
+        if self.returns_tuple or len(self.returns) != 1:
+            returns = f"({returns})"
+        return f"{self.qualified_name}({', '.join(parts)}) -> {returns}"
+
+
+class Variant(enum.Enum):
+    FUNCTIONAL = "functional"
+    INPLACE = "inplace"
+    OUT = "out"
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    backend: str  # one of BACKENDS
+    namespace: str  # one of KERNEL_NAMESPACES
+    function: str  # C++ function name inside `at::<namespace>`
+
+    @property
+    def qualified_name(self) -> str:
+        return f"at::{self.namespace}::{self.function}"
+
+    @property
+    def header(self) -> str:
+        """The ATen header declaring this kernel: named after the op, without `_`/`_out`/`_outf`."""
+        return f"ATen/ops/{kernel_op_name(self.function)}_{self.namespace}_dispatch.h"
+
+
+def kernel_op_name(function: str) -> str:
+    """`add_outf` -> `add`, `add_` -> `add`, `_softmax` -> `_softmax`, `relu_` -> `relu`."""
+    for suffix in ("_outf", "_out"):
+        if function.endswith(suffix):
+            return function[: -len(suffix)]
+    if function.endswith("_") and not function.endswith("__"):
+        return function[:-1]
+    return function
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """One bound Python function: a schema, its kernels and where it came from."""
+
+    schema: Schema
+    python_name: str
+    kernels: tuple[Kernel, ...]
+    variant: Variant
+    group: str  # python name of the functional op this one belongs to
+    doc: str
+    release_gil: bool
+    location: Location
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(k.backend for k in self.kernels)
+
+    @property
+    def tensor_args(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.schema.args if a.type.is_tensor_like)

@@ -1,0 +1,284 @@
+"""Turn raw spec entries into validated, frozen `OpSpec` records, reporting every problem at once.
+
+Each entry binds one functional op and, on request, its in-place and out variants:
+
+    - func: add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+      kernels: {cpu: at::cpu::add, cuda: at::cuda::add}
+      inplace: add_.Tensor
+      out: add.out
+      doc: Adds other, scaled by alpha, to self.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import re
+from pathlib import Path
+from typing import Any
+
+from opgen.spec.defaults import parse_default
+from opgen.spec.loader import RawEntry, SpecError, load_entries
+from opgen.spec.model import (
+    BACKENDS,
+    KERNEL_NAMESPACES,
+    Alias,
+    Arg,
+    Kernel,
+    Location,
+    OpSpec,
+    Return,
+    Schema,
+    Type,
+    Variant,
+)
+from opgen.spec.schema import SchemaSyntaxError, parse_schema
+
+ENTRY_KEYS = ("func", "python", "kernels", "inplace", "out", "release_gil", "doc")
+VARIANT_KEYS = ("func", "python", "kernels")
+LIST_BASES = ("Tensor", "int", "SymInt", "float")
+_KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Problems:
+    """Collects `path:line: op 'name': message` lines."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.items: list[str] = []
+
+    def add(self, line: int, op: str | None, message: str) -> None:
+        where = f"{self.path}:{line}: "
+        self.items.append(where + (f"op '{op}': " if op else "") + message)
+
+
+def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec, ...]:
+    """Load and validate a spec file. Raises SpecError listing every problem."""
+    name, entries = load_entries(Path(path), display_name)
+    problems = _Problems(name)
+    ops: list[OpSpec] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, RawEntry):
+            problems.add(0, None, f"item {index + 1} of the list must be a mapping with a 'func' key")
+            continue
+        ops.extend(_entry_ops(entry, problems))
+    if not entries:
+        problems.add(1, None, "the spec lists no ops")
+    _check_unique(ops, problems)
+    if problems.items:
+        raise SpecError(problems.items)
+    return tuple(ops)
+
+
+def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
+    fields, lines = entry.fields, entry.lines
+    func = fields.get("func")
+    if not isinstance(func, str):
+        problems.add(entry.line, None, "entry needs a 'func' key holding the op's schema string")
+        return []
+    op_name = func.split("(", 1)[0].strip() or func
+    for key in fields:
+        if key not in ENTRY_KEYS:
+            problems.add(lines[key], op_name, f"unknown key '{key}' (allowed: {', '.join(ENTRY_KEYS)})")
+    count = len(problems.items)
+    schema = _schema(func, lines["func"], op_name, problems)
+    kernels = _kernels(fields.get("kernels"), lines.get("kernels", entry.line), op_name, problems)
+    doc = fields.get("doc", "")
+    if not isinstance(doc, str):
+        problems.add(lines["doc"], op_name, "'doc' must be a string")
+    release_gil = fields.get("release_gil", False)
+    if not isinstance(release_gil, bool):
+        problems.add(lines["release_gil"], op_name, f"'release_gil' must be true or false, not {release_gil!r}")
+    python = fields.get("python")
+    if schema is None or kernels is None or len(problems.items) > count:
+        return []
+    python_name = python if python is not None else default_python_name(schema)
+    if not _python_name_ok(python_name, lines.get("python", entry.line), op_name, problems):
+        return []
+    location = Location(problems.path, lines["func"])
+    base = OpSpec(schema, python_name, kernels, variant_of(schema), python_name, str(doc), release_gil, location)
+    ops = [base]
+    for kind in (Variant.INPLACE, Variant.OUT):
+        if kind.value in fields:
+            line = lines[kind.value]
+            variant = _variant(base, kind, fields[kind.value], Location(problems.path, line), problems)
+            if variant is not None:
+                ops.append(variant)
+    return ops
+
+
+def default_python_name(schema: Schema) -> str:
+    """`add.Tensor` -> `add`; `sum.dim_IntList` -> `sum_dim_intlist`."""
+    if schema.overload in ("", "default", "Tensor"):
+        return schema.name
+    return f"{schema.name}_{schema.overload.lower()}"
+
+
+def variant_of(schema: Schema) -> Variant:
+    writes = [a for a in schema.args if a.alias is not None and a.alias.is_write]
+    if any(a.kwarg_only for a in writes):
+        return Variant.OUT
+    if writes and writes[0] is schema.args[0]:
+        return Variant.INPLACE
+    return Variant.FUNCTIONAL
+
+
+def _schema(text: str, line: int, op: str, problems: _Problems) -> Schema | None:
+    try:
+        schema = parse_schema(text)
+    except SchemaSyntaxError as exc:
+        problems.add(line, op, str(exc))
+        return None
+    before = len(problems.items)
+    _check_args(schema, line, problems)
+    _check_returns(schema, line, problems)
+    return schema if len(problems.items) == before else None
+
+
+def _check_args(schema: Schema, line: int, problems: _Problems) -> None:
+    op, seen, after_default = schema.qualified_name, set(), None
+    for arg in schema.args:
+        if arg.name in seen:
+            problems.add(line, op, f"arg '{arg.name}' appears twice")
+        seen.add(arg.name)
+        if arg.alias is not None and arg.alias.is_write and (arg.type.optional or arg.type.is_list):
+            problems.add(line, op, f"arg '{arg.name}': only a plain Tensor can be written ('{arg.type}')")
+        if arg.type.is_list and arg.type.base not in LIST_BASES:
+            problems.add(line, op, f"arg '{arg.name}': lists of '{arg.type.base}' are not supported (allowed: {', '.join(LIST_BASES)})")
+        if arg.default is not None:
+            try:
+                parse_default(arg.type, arg.default)
+            except ValueError as exc:
+                problems.add(line, op, f"arg '{arg.name}': {exc}")
+            if not arg.kwarg_only:
+                after_default = arg.name
+        elif after_default is not None and not arg.kwarg_only:
+            problems.add(
+                line, op, f"arg '{arg.name}' has no default but follows '{after_default}', which has one"
+            )
+
+
+def _check_returns(schema: Schema, line: int, problems: _Problems) -> None:
+    op = schema.qualified_name
+    arg_sets = {a.alias.alias_set: a for a in schema.args if a.alias is not None}
+    if not schema.returns:
+        problems.add(line, op, "an op must return at least one Tensor")
+    for ret in schema.returns:
+        if ret.type.base != "Tensor" or ret.type.optional or ret.type.elem_optional:
+            problems.add(line, op, f"return type '{ret.type}' is not supported (allowed: Tensor, Tensor[])")
+        if ret.type.is_list and len(schema.returns) > 1:
+            problems.add(line, op, "a Tensor[] return must be the only return")
+        if ret.alias is None:
+            continue
+        source = arg_sets.get(ret.alias.alias_set)
+        if source is None:
+            problems.add(line, op, f"return alias '{ret.alias}' refers to no argument")
+        elif ret.alias.is_write != source.alias.is_write:  # type: ignore[union-attr]
+            problems.add(line, op, f"return alias '{ret.alias}' and arg '{source.name}' disagree on '!'")
+
+
+def _kernels(raw: Any, line: int, op: str, problems: _Problems) -> tuple[Kernel, ...] | None:
+    if not isinstance(raw, dict) or not raw:
+        problems.add(line, op, f"'kernels' must map a backend ({', '.join(BACKENDS)}) to a kernel like at::cpu::add")
+        return None
+    kernels = []
+    for backend, name in raw.items():
+        if backend not in BACKENDS:
+            problems.add(line, op, f"unknown backend '{backend}' (allowed: {', '.join(BACKENDS)})")
+            continue
+        match = _KERNEL.match(name) if isinstance(name, str) else None
+        if match is None:
+            problems.add(line, op, f"{backend} kernel {name!r} is not of the form at::<namespace>::<function>")
+            continue
+        namespace = match["ns"]
+        if namespace not in KERNEL_NAMESPACES:
+            allowed = ", ".join(f"at::{ns}" for ns in KERNEL_NAMESPACES)
+            problems.add(line, op, f"{backend} kernel '{name}': unknown namespace (allowed: {allowed})")
+        elif backend not in KERNEL_NAMESPACES[namespace]:
+            problems.add(line, op, f"{backend} kernel '{name}': at::{namespace} kernels cannot serve '{backend}'")
+        else:
+            kernels.append(Kernel(backend, namespace, match["fn"]))
+    return tuple(kernels) if len(kernels) == len(raw) else None
+
+
+def _python_name_ok(name: Any, line: int, op: str, problems: _Problems) -> bool:
+    if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
+        problems.add(line, op, f"python name {name!r} is not a valid Python identifier")
+        return False
+    if name.startswith("get_kernel_op"):
+        problems.add(line, op, f"python name '{name}' is reserved for the registry functions")
+        return False
+    return True
+
+
+def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Problems) -> OpSpec | None:
+    op = base.schema.qualified_name
+    if isinstance(raw, str):
+        raw = {"func": raw}
+    if not isinstance(raw, dict) or not isinstance(raw.get("func"), str):
+        problems.add(loc.line, op, f"'{kind.value}' must be a schema name like 'add.out', a full schema, or a mapping with 'func'")
+        return None
+    for key in raw:
+        if key not in VARIANT_KEYS:
+            problems.add(loc.line, op, f"'{kind.value}': unknown key '{key}' (allowed: {', '.join(VARIANT_KEYS)})")
+            return None
+    func: str = raw["func"]
+    schema = _schema(func, loc.line, op, problems) if "(" in func else _derive(base.schema, kind, func, loc.line, problems)
+    if schema is None:
+        return None
+    if variant_of(schema) is not kind:
+        problems.add(loc.line, op, f"'{kind.value}' schema '{schema.qualified_name}' is not an {kind.value} schema")
+        return None
+    if "kernels" in raw:
+        kernels = _kernels(raw["kernels"], loc.line, op, problems)
+    else:
+        suffix = "_" if kind is Variant.INPLACE else "_outf"
+        kernels = tuple(dataclasses.replace(k, function=k.function + suffix) for k in base.kernels)
+    python_name = raw.get("python", base.python_name + ("_" if kind is Variant.INPLACE else "_out"))
+    if kernels is None or not _python_name_ok(python_name, loc.line, op, problems):
+        return None
+    return OpSpec(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc)
+
+
+def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Problems) -> Schema | None:
+    """Derive `add_.Tensor` or `add.out` from the functional schema."""
+    op = base.qualified_name
+    schema_name, _, overload = name.partition(".")
+    tensor_return = len(base.returns) == 1 and str(base.returns[0].type) == "Tensor"
+    if not tensor_return:
+        problems.add(line, op, f"'{kind.value}: {name}' can only be derived for an op returning one Tensor; write its schema in full")
+        return None
+    written = Alias("a", True)
+    if kind is Variant.INPLACE:
+        first = base.args[0] if base.args else None
+        if first is None or str(first.type) != "Tensor" or first.name != "self":
+            problems.add(line, op, "an inplace variant needs 'Tensor self' as the first argument")
+            return None
+        if schema_name != base.name + "_":
+            problems.add(line, op, f"inplace variant '{name}' must be named '{base.name}_.<overload>'")
+            return None
+        args = (dataclasses.replace(first, alias=written),) + base.args[1:]
+    else:
+        if schema_name != base.name:
+            problems.add(line, op, f"out variant '{name}' must be named '{base.name}.<overload>'")
+            return None
+        args = base.args + (Arg("out", Type("Tensor"), kwarg_only=True, alias=written),)
+    return Schema(schema_name, overload, args, (Return(Type("Tensor"), None, written),))
+
+
+def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
+    by_python: dict[str, OpSpec] = {}
+    by_schema: dict[str, OpSpec] = {}
+    for spec in ops:
+        op = spec.schema.qualified_name
+        first = by_python.setdefault(spec.python_name, spec)
+        if first is not spec:
+            problems.add(
+                spec.location.line, op,
+                f"python name '{spec.python_name}' is already used by '{first.schema.qualified_name}' "
+                f"(line {first.location.line}); set 'python:' to another name",
+            )
+        first = by_schema.setdefault(op, spec)
+        if first is not spec:
+            problems.add(spec.location.line, op, f"schema '{op}' is already declared on line {first.location.line}")
