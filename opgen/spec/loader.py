@@ -47,8 +47,9 @@ class _LinedDict(dict):  # type: ignore[type-arg]
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_entries(path: Path, display_name: str | None = None) -> tuple[str, list[RawEntry | Any]]:
-    """Parse `path`; return the name used in messages and the top-level items (RawEntry for mappings).
+def load_entries(path: Path, display_name: str | None = None) -> tuple[str, list[RawEntry | tuple[int, Any]]]:
+    """Parse `path`; return the name used in messages and the top-level items: a RawEntry for each
+    mapping, a (line, value) pair for anything else.
 
     Raises SpecError for unreadable files, YAML syntax errors and a top level that is not a list.
     """
@@ -57,19 +58,24 @@ def load_entries(path: Path, display_name: str | None = None) -> tuple[str, list
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError([f"{name}: cannot read the spec: {exc.strerror}"]) from None
+    loader = _LineLoader(text)
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        root = loader.get_single_node()
+        if root is None:
+            raise SpecError([f"{name}:1: the spec is empty; expected a list of ops"])
+        if not isinstance(root, yaml.SequenceNode):
+            kind = "mapping" if isinstance(root, yaml.MappingNode) else "scalar"
+            raise SpecError([f"{name}:{root.start_mark.line + 1}: the top level must be a list of ops, not a {kind}"])
+        items = [(node.start_mark.line + 1, loader.construct_object(node, deep=True)) for node in root.value]
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
         raise SpecError([f"{name}:{line}: invalid YAML: {exc.problem}"]) from None
-    if data is None:
-        raise SpecError([f"{name}:1: the spec is empty; expected a list of ops"])
-    if not isinstance(data, list):
-        raise SpecError([f"{name}:1: the top level must be a list of ops, not a {type(data).__name__}"])
-    entries: list[RawEntry | Any] = []
-    for item in data:
+    finally:
+        loader.dispose()
+    entries: list[RawEntry | tuple[int, Any]] = []
+    for line, item in items:
         if isinstance(item, _LinedDict):
             entries.append(RawEntry(dict(item), item.lines, item.line))
         else:
-            entries.append(item)
+            entries.append((line, item))
     return name, entries

@@ -12,6 +12,7 @@ Each entry binds one functional op and, on request, its in-place and out variant
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import keyword
 import re
 from pathlib import Path
@@ -60,7 +61,7 @@ def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec
     ops: list[OpSpec] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, RawEntry):
-            problems.add(0, None, f"item {index + 1} of the list must be a mapping with a 'func' key")
+            problems.add(entry[0], None, f"item {index + 1} of the list must be a mapping with a 'func' key, not {entry[1]!r}")
             continue
         ops.extend(_entry_ops(entry, problems))
     if not entries:
@@ -80,7 +81,7 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     op_name = func.split("(", 1)[0].strip() or func
     for key in fields:
         if key not in ENTRY_KEYS:
-            problems.add(lines[key], op_name, f"unknown key '{key}' (allowed: {', '.join(ENTRY_KEYS)})")
+            problems.add(lines[key], op_name, _unknown_key(key, ENTRY_KEYS))
     count = len(problems.items)
     schema = _schema(func, lines["func"], op_name, problems)
     kernels = _kernels(fields.get("kernels"), lines.get("kernels", entry.line), op_name, problems)
@@ -106,6 +107,12 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
             if variant is not None:
                 ops.append(variant)
     return ops
+
+
+def _unknown_key(key: object, allowed: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(key), allowed, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"unknown key '{key}' (allowed: {', '.join(allowed)}){hint}"
 
 
 def default_python_name(schema: Schema) -> str:
@@ -221,7 +228,7 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Pr
         return None
     for key in raw:
         if key not in VARIANT_KEYS:
-            problems.add(loc.line, op, f"'{kind.value}': unknown key '{key}' (allowed: {', '.join(VARIANT_KEYS)})")
+            problems.add(loc.line, op, f"'{kind.value}': " + _unknown_key(key, VARIANT_KEYS))
             return None
     func: str = raw["func"]
     schema = _schema(func, loc.line, op, problems) if "(" in func else _derive(base.schema, kind, func, loc.line, problems)
@@ -272,6 +279,10 @@ def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
     by_schema: dict[str, OpSpec] = {}
     for spec in ops:
         op = spec.schema.qualified_name
+        first = by_schema.setdefault(op, spec)
+        if first is not spec:
+            problems.add(spec.location.line, op, f"schema '{op}' is already declared on line {first.location.line}")
+            continue
         first = by_python.setdefault(spec.python_name, spec)
         if first is not spec:
             problems.add(
@@ -279,6 +290,3 @@ def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
                 f"python name '{spec.python_name}' is already used by '{first.schema.qualified_name}' "
                 f"(line {first.location.line}); set 'python:' to another name",
             )
-        first = by_schema.setdefault(op, spec)
-        if first is not spec:
-            problems.add(spec.location.line, op, f"schema '{op}' is already declared on line {first.location.line}")

@@ -1,0 +1,74 @@
+"""Interleaved timing, as ../shared/BENCH.md asks: one process, A B A B ..., median of repeats."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Microseconds per call over the repeats: median, min, max."""
+
+    median_us: float
+    min_us: float
+    max_us: float
+
+    def ratio_to(self, base: Timing) -> float:
+        return self.median_us / base.median_us
+
+
+def calls_for(fn: Callable[[], object], target_s: float = 0.01) -> int:
+    """Pick a call count so that one repeat lasts about `target_s`."""
+    fn()
+    start = time.perf_counter()
+    count = 0
+    while time.perf_counter() - start < target_s / 4:
+        fn()
+        count += 1
+    return max(1, count * 4)
+
+
+def interleaved(
+    candidates: Sequence[Callable[[], object]],
+    repeats: int = 7,
+    warmup: int = 3,
+    target_s: float = 0.01,
+    sync: Callable[[], None] | None = None,
+) -> list[Timing]:
+    """Time each candidate in round-robin repeats; every repeat runs `n` calls of one candidate.
+
+    `sync` (e.g. torch.cuda.synchronize) runs after each repeat's calls, inside the timed region.
+    """
+    for fn in candidates:
+        for _ in range(warmup):
+            fn()
+    counts = [calls_for(fn, target_s) for fn in candidates]
+    samples: list[list[float]] = [[] for _ in candidates]
+    for _ in range(repeats):
+        for i, fn in enumerate(candidates):
+            n = counts[i]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            if sync is not None:
+                sync()
+            samples[i].append((time.perf_counter() - start) / n * 1e6)
+    return [Timing(statistics.median(s), min(s), max(s)) for s in samples]
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain Markdown table, so results paste into a note as they are."""
+    cells = [[str(h) for h in headers]] + [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    return str(value)

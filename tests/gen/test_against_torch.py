@@ -1,0 +1,61 @@
+"""ops.yaml against the installed torch: each schema is torch's own, each kernel is declared."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from opgen.spec.defaults import MEMORY_FORMATS, parse_default
+from opgen.spec.model import OpSpec, Schema
+from opgen.spec.schema import parse_schema
+from opgen.spec.validate import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+OPS = load_spec(ROOT / "ops.yaml")
+TORCH_INCLUDE = Path(os.path.dirname(torch.__file__)) / "include"
+
+
+def normalized(schema: Schema) -> tuple[object, ...]:
+    """The schema with defaults as values, so `[1, 1]` equals `1` for an int[2]."""
+
+    def default(arg):  # type: ignore[no-untyped-def]
+        if arg.default is None:
+            return None
+        if arg.type.base == "MemoryFormat" and arg.default.isdigit():  # torch prints the enum value
+            return MEMORY_FORMATS[int(arg.default)]
+        return parse_default(arg.type, arg.default)
+
+    args = tuple((a.name, a.type, a.kwarg_only, a.alias, default(a)) for a in schema.args)
+    return schema.name, schema.overload, args, schema.returns
+
+
+@pytest.mark.parametrize("spec", OPS, ids=[s.python_name for s in OPS])
+def test_schema_matches_torch(spec: OpSpec) -> None:
+    packet = getattr(torch.ops.aten, spec.schema.name)
+    theirs = str(getattr(packet, spec.schema.overload or "default")._schema).removeprefix("aten::")
+    assert normalized(spec.schema) == normalized(parse_schema(theirs)), f"\nours:   {spec.schema}\ntorch:  {theirs}"
+
+
+@pytest.mark.parametrize("spec", OPS, ids=[s.python_name for s in OPS])
+def test_kernels_are_declared(spec: OpSpec) -> None:
+    for kernel in spec.kernels:
+        header = TORCH_INCLUDE / kernel.header
+        assert header.exists(), f"{kernel.qualified_name}: no header {kernel.header}"
+        assert f" {kernel.function}(" in header.read_text(), f"{header.name} does not declare {kernel.function}"
+
+
+def test_coverage_includes_resnet_and_gpt_ops() -> None:
+    """Every op ResNet-18 (eval) and a GPT block need after run_decompositions() is bound."""
+    needed = {
+        "convolution.default", "_native_batch_norm_legit_no_training.default", "relu.default",
+        "max_pool2d_with_indices.default", "add.Tensor", "mean.dim", "view.default", "permute.default",
+        "addmm.default", "native_layer_norm.default", "bmm.default", "expand.default", "clone.default",
+        "split_with_sizes.default", "mul.Tensor", "alias.default", "bitwise_not.default",
+        "scalar_tensor.default", "where.self", "_softmax.default", "gelu.default", "_unsafe_view.default",
+    }
+    bound = {s.schema.qualified_name if s.schema.overload else f"{s.schema.name}.default" for s in OPS}
+    assert needed <= bound, sorted(needed - bound)
+    assert len(OPS) >= 100

@@ -1,0 +1,39 @@
+"""Import rules: the generator never imports torch or the extension; the runtime never reads the spec."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "opgen"
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_generator_needs_only_yaml_and_jinja() -> None:
+    files = [ROOT / "__main__.py", *(ROOT / "spec").glob("*.py"), *(ROOT / "gen").glob("*.py")]
+    for path in files:
+        for name in imported_modules(path):
+            top = name.split(".")[0]
+            assert top not in ("torch", "numpy"), f"{path.name} imports {name}"
+            assert not name.startswith(("opgen._C", "opgen.runtime", "opgen.bench")), f"{path.name} imports {name}"
+
+
+def test_package_init_does_not_import_torch_eagerly() -> None:
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert all("torch" not in ast.dump(n) for n in top_level)
+
+
+def test_runtime_reads_ops_only_through_the_registry() -> None:
+    for path in (ROOT / "runtime").rglob("*.py"):
+        for name in imported_modules(path):
+            assert not name.startswith(("opgen.spec", "opgen.gen", "yaml")), f"{path.name} imports {name}"
