@@ -84,7 +84,7 @@ def dispatch_lines(spec: OpSpec) -> list[str]:
         lines += ["  " + x if not x.startswith("#") else x for x in body]
     if "default" not in spec.backends:
         lines += ["  default:", "    devices.no_kernel();"]
-    return lines + ["}"]
+    return [*lines, "}"]
 
 
 def emit_function(spec: OpSpec) -> str:

@@ -31,7 +31,9 @@ def output_names(shards: int = DEFAULT_SHARDS) -> list[str]:
     return [f"kernel_ops_{i}.cpp" for i in range(shards)] + ["module.cpp", "kernel_ops.pyi"]
 
 
-def emit(ops: tuple[OpSpec, ...], spec_name: str, shards: int = DEFAULT_SHARDS, module: str = DEFAULT_MODULE) -> dict[str, str]:
+def emit(
+    ops: tuple[OpSpec, ...], spec_name: str, shards: int = DEFAULT_SHARDS, module: str = DEFAULT_MODULE
+) -> dict[str, str]:
     files: dict[str, str] = {}
     for shard in range(shards):
         members = [s for s in ops if shard_of(s, shards) == shard]

@@ -36,7 +36,7 @@ def _parse_list(type_: Type, text: str) -> list[int] | list[float]:
     if not isinstance(value, list):
         raise ValueError(f"default '{text}' is not a list")
     elem = Type(type_.base)
-    return [_parse_scalar(elem.base, repr(v)) for v in value]  # type: ignore[misc]
+    return [_parse_scalar(elem.base, repr(v)) for v in value]  # type: ignore[return-value]
 
 
 def _parse_scalar(base: str, text: str) -> DefaultValue:

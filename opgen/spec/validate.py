@@ -61,7 +61,9 @@ def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec
     ops: list[OpSpec] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, RawEntry):
-            problems.add(entry[0], None, f"item {index + 1} of the list must be a mapping with a 'func' key, not {entry[1]!r}")
+            problems.add(
+                entry[0], None, f"item {index + 1} of the list must be a mapping with a 'func' key, not {entry[1]!r}"
+            )
             continue
         ops.extend(_entry_ops(entry, problems))
     if not entries:
@@ -152,7 +154,11 @@ def _check_args(schema: Schema, line: int, problems: _Problems) -> None:
         if arg.alias is not None and arg.alias.is_write and (arg.type.optional or arg.type.is_list):
             problems.add(line, op, f"arg '{arg.name}': only a plain Tensor can be written ('{arg.type}')")
         if arg.type.is_list and arg.type.base not in LIST_BASES:
-            problems.add(line, op, f"arg '{arg.name}': lists of '{arg.type.base}' are not supported (allowed: {', '.join(LIST_BASES)})")
+            problems.add(
+                line,
+                op,
+                f"arg '{arg.name}': lists of '{arg.type.base}' are not supported (allowed: {', '.join(LIST_BASES)})",
+            )
         if arg.default is not None:
             try:
                 parse_default(arg.type, arg.default)
@@ -161,9 +167,7 @@ def _check_args(schema: Schema, line: int, problems: _Problems) -> None:
             if not arg.kwarg_only:
                 after_default = arg.name
         elif after_default is not None and not arg.kwarg_only:
-            problems.add(
-                line, op, f"arg '{arg.name}' has no default but follows '{after_default}', which has one"
-            )
+            problems.add(line, op, f"arg '{arg.name}' has no default but follows '{after_default}', which has one")
 
 
 def _check_returns(schema: Schema, line: int, problems: _Problems) -> None:
@@ -224,14 +228,20 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Pr
     if isinstance(raw, str):
         raw = {"func": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("func"), str):
-        problems.add(loc.line, op, f"'{kind.value}' must be a schema name like 'add.out', a full schema, or a mapping with 'func'")
+        problems.add(
+            loc.line,
+            op,
+            f"'{kind.value}' must be a schema name like 'add.out', a full schema, or a mapping with 'func'",
+        )
         return None
     for key in raw:
         if key not in VARIANT_KEYS:
             problems.add(loc.line, op, f"'{kind.value}': " + _unknown_key(key, VARIANT_KEYS))
             return None
     func: str = raw["func"]
-    schema = _schema(func, loc.line, op, problems) if "(" in func else _derive(base.schema, kind, func, loc.line, problems)
+    schema = (
+        _schema(func, loc.line, op, problems) if "(" in func else _derive(base.schema, kind, func, loc.line, problems)
+    )
     if schema is None:
         return None
     if variant_of(schema) is not kind:
@@ -254,7 +264,11 @@ def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Proble
     schema_name, _, overload = name.partition(".")
     tensor_return = len(base.returns) == 1 and str(base.returns[0].type) == "Tensor"
     if not tensor_return:
-        problems.add(line, op, f"'{kind.value}: {name}' can only be derived for an op returning one Tensor; write its schema in full")
+        problems.add(
+            line,
+            op,
+            f"'{kind.value}: {name}' can only be derived for an op returning one Tensor; write its schema in full",
+        )
         return None
     written = Alias("a", True)
     if kind is Variant.INPLACE:
@@ -265,12 +279,12 @@ def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Proble
         if schema_name != base.name + "_":
             problems.add(line, op, f"inplace variant '{name}' must be named '{base.name}_.<overload>'")
             return None
-        args = (dataclasses.replace(first, alias=written),) + base.args[1:]
+        args = (dataclasses.replace(first, alias=written), *base.args[1:])
     else:
         if schema_name != base.name:
             problems.add(line, op, f"out variant '{name}' must be named '{base.name}.<overload>'")
             return None
-        args = base.args + (Arg("out", Type("Tensor"), kwarg_only=True, alias=written),)
+        args = (*base.args, Arg("out", Type("Tensor"), kwarg_only=True, alias=written))
     return Schema(schema_name, overload, args, (Return(Type("Tensor"), None, written),))
 
 
@@ -286,7 +300,8 @@ def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
         first = by_python.setdefault(spec.python_name, spec)
         if first is not spec:
             problems.add(
-                spec.location.line, op,
+                spec.location.line,
+                op,
                 f"python name '{spec.python_name}' is already used by '{first.schema.qualified_name}' "
                 f"(line {first.location.line}); set 'python:' to another name",
             )

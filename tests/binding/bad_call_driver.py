@@ -29,8 +29,16 @@ def valid(arg: dict[str, Any]) -> Any:
         element = {"Tensor": torch.ones(2, 2), "Tensor?": None, "float": 1.0}.get(base, 1)
         return [element] * (int(size) if size else 1)
     return {
-        "Tensor": torch.ones(2, 2), "int": 1, "SymInt": 1, "float": 1.0, "bool": False, "Scalar": 1,
-        "str": "none", "ScalarType": torch.float32, "Layout": torch.strided, "Device": "cpu",
+        "Tensor": torch.ones(2, 2),
+        "int": 1,
+        "SymInt": 1,
+        "float": 1.0,
+        "bool": False,
+        "Scalar": 1,
+        "str": "none",
+        "ScalarType": torch.float32,
+        "Layout": torch.strided,
+        "Device": "cpu",
         "MemoryFormat": torch.contiguous_format,
     }[base]
 
@@ -127,7 +135,7 @@ def main() -> int:
                 if not ok:
                     failures += 1
                     print(f"FAIL {name}: {label}: {type(exc).__name__}: {message}")
-            except BaseException as exc:  # noqa: BLE001 - anything else is a failure to report
+            except BaseException as exc:
                 failures += 1
                 print(f"FAIL {name}: {label}: unexpected {type(exc).__name__}: {exc}")
     print(f"DONE {count} calls, {failures} failures")

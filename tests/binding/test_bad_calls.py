@@ -41,7 +41,8 @@ for call in (lambda: k.add(a), lambda: k.add(a, "x"), lambda: k.add(a, a, beta=1
         "TypeError kernel_ops.add(): argument 'other' (position 2) must be Tensor, not str",
         "TypeError kernel_ops.add(): got an unexpected keyword argument 'beta'",
         "TypeError kernel_ops.add(): takes at most 2 positional arguments (3 given)",
-        "RuntimeError kernel_ops.add(): expected all tensors on one device, but 'other' is on meta and 'self' is on cpu",
+        "RuntimeError kernel_ops.add(): expected all tensors on one device, "
+        "but 'other' is on meta and 'self' is on cpu",
         "TypeError kernel_ops.view(): argument 'size' (position 2) must hold ints, but element 0 is float",
         "TypeError kernel_ops.add(): got multiple values for argument 'self'",
         "OverflowError kernel_ops.sum_dim(): argument 'dim' does not fit in int64",

@@ -50,11 +50,28 @@ def test_kernels_are_declared(spec: OpSpec) -> None:
 def test_coverage_includes_resnet_and_gpt_ops() -> None:
     """Every op ResNet-18 (eval) and a GPT block need after run_decompositions() is bound."""
     needed = {
-        "convolution.default", "_native_batch_norm_legit_no_training.default", "relu.default",
-        "max_pool2d_with_indices.default", "add.Tensor", "mean.dim", "view.default", "permute.default",
-        "addmm.default", "native_layer_norm.default", "bmm.default", "expand.default", "clone.default",
-        "split_with_sizes.default", "mul.Tensor", "alias.default", "bitwise_not.default",
-        "scalar_tensor.default", "where.self", "_softmax.default", "gelu.default", "_unsafe_view.default",
+        "convolution.default",
+        "_native_batch_norm_legit_no_training.default",
+        "relu.default",
+        "max_pool2d_with_indices.default",
+        "add.Tensor",
+        "mean.dim",
+        "view.default",
+        "permute.default",
+        "addmm.default",
+        "native_layer_norm.default",
+        "bmm.default",
+        "expand.default",
+        "clone.default",
+        "split_with_sizes.default",
+        "mul.Tensor",
+        "alias.default",
+        "bitwise_not.default",
+        "scalar_tensor.default",
+        "where.self",
+        "_softmax.default",
+        "gelu.default",
+        "_unsafe_view.default",
     }
     bound = {s.schema.qualified_name if s.schema.overload else f"{s.schema.name}.default" for s in OPS}
     assert needed <= bound, sorted(needed - bound)

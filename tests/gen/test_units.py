@@ -93,7 +93,11 @@ def test_cpp_translation() -> None:
 
 def test_kernel_op_name() -> None:
     assert [kernel_op_name(f) for f in ("add_outf", "add_", "_softmax", "relu", "__and__")] == [
-        "add", "add", "_softmax", "relu", "__and__",
+        "add",
+        "add",
+        "_softmax",
+        "relu",
+        "__and__",
     ]
 
 
@@ -117,7 +121,12 @@ def test_variants_and_registry(tmp_path: Path) -> None:
     infos = registry.registry(ops)
     assert infos[0]["inplace"] == "add_" and infos[0]["out"] == "add_out" and infos[2]["functional"] == "add"
     assert infos[0]["args"][2] == {
-        "name": "alpha", "type": "Scalar", "kind": "attr", "kwarg_only": True, "optional": True, "default": 1,
+        "name": "alpha",
+        "type": "Scalar",
+        "kind": "attr",
+        "kwarg_only": True,
+        "optional": True,
+        "default": 1,
     }
     assert infos[1]["mutates"] == ["self"] and infos[1]["is_inplace"]
     assert infos[2]["args"][3]["out"] and infos[2]["returns"][0]["aliases_arg"] == "out"

@@ -1,0 +1,25 @@
+"""`python -m opgen.bench {ops,graphs} [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "ops": ("opgen.bench.ops", "each op through kernel_ops vs the eager torch call"),
+    "graphs": ("opgen.bench.graphs", "the BENCH.md graph cases: eager, inductor, AOTInductor, opgen"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: python -m opgen.bench {" + ",".join(COMMANDS) + "} [options]  (--help for each)")
+        for name, (_, what) in COMMANDS.items():
+            print(f"  {name:8s} {what}")
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
