@@ -14,1275 +14,1530 @@ def get_kernel_op_names() -> list[str]: ...
 def add(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 
-Adds other, scaled by alpha, to input."""
+    Adds other, scaled by alpha, to input.
+    """
 
 def add_(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)
 
-Adds other, scaled by alpha, to input."""
+    Adds other, scaled by alpha, to input.
+    """
 
 def add_out(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1, out: Tensor) -> Tensor:
     """add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 
-Adds other, scaled by alpha, to input."""
+    Adds other, scaled by alpha, to input.
+    """
 
 def add_scalar(self: Tensor, other: complex | float | bool | Tensor, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 
-Adds other, scaled by alpha, to input."""
+    Adds other, scaled by alpha, to input.
+    """
 
 def add_scalar_(self: Tensor, other: complex | float | bool | Tensor, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """add_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 
-Adds other, scaled by alpha, to input."""
+    Adds other, scaled by alpha, to input.
+    """
 
 def sub(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 
-Subtracts other, scaled by alpha, from input."""
+    Subtracts other, scaled by alpha, from input.
+    """
 
 def sub_(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """sub_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)
 
-Subtracts other, scaled by alpha, from input."""
+    Subtracts other, scaled by alpha, from input.
+    """
 
 def sub_out(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1, out: Tensor) -> Tensor:
     """sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 
-Subtracts other, scaled by alpha, from input."""
+    Subtracts other, scaled by alpha, from input.
+    """
 
 def mul(self: Tensor, other: Tensor) -> Tensor:
     """mul.Tensor(Tensor self, Tensor other) -> Tensor
 
-Multiplies input by other."""
+    Multiplies input by other.
+    """
 
 def mul_(self: Tensor, other: Tensor) -> Tensor:
     """mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-Multiplies input by other."""
+    Multiplies input by other.
+    """
 
 def mul_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Multiplies input by other."""
+    Multiplies input by other.
+    """
 
 def mul_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """mul.Scalar(Tensor self, Scalar other) -> Tensor
 
-Multiplies input by other."""
+    Multiplies input by other.
+    """
 
 def mul_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 
-Multiplies input by other."""
+    Multiplies input by other.
+    """
 
 def div(self: Tensor, other: Tensor) -> Tensor:
     """div.Tensor(Tensor self, Tensor other) -> Tensor
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_(self: Tensor, other: Tensor) -> Tensor:
     """div_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_mode(self: Tensor, other: Tensor, *, rounding_mode: str | None) -> Tensor:
     """div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_mode_(self: Tensor, other: Tensor, *, rounding_mode: str | None) -> Tensor:
     """div_.Tensor_mode(Tensor(a!) self, Tensor other, *, str? rounding_mode) -> Tensor(a!)
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_mode_out(self: Tensor, other: Tensor, *, rounding_mode: str | None, out: Tensor) -> Tensor:
     """div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """div.Scalar(Tensor self, Scalar other) -> Tensor
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def div_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """div_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 
-Divides each element of the input input by the corresponding element of other."""
+    Divides each element of the input input by the corresponding element of other.
+    """
 
 def remainder(self: Tensor, other: Tensor) -> Tensor:
     """remainder.Tensor(Tensor self, Tensor other) -> Tensor
 
-Python-style modulus (sign of the divisor), element-wise."""
+    Python-style modulus (sign of the divisor), element-wise.
+    """
 
 def remainder_(self: Tensor, other: Tensor) -> Tensor:
     """remainder_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-Python-style modulus (sign of the divisor), element-wise."""
+    Python-style modulus (sign of the divisor), element-wise.
+    """
 
 def remainder_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Python-style modulus (sign of the divisor), element-wise."""
+    Python-style modulus (sign of the divisor), element-wise.
+    """
 
 def pow(self: Tensor, exponent: Tensor) -> Tensor:
     """pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor
 
-self ** exponent, element-wise."""
+    self ** exponent, element-wise.
+    """
 
 def pow_(self: Tensor, exponent: Tensor) -> Tensor:
     """pow_.Tensor(Tensor(a!) self, Tensor exponent) -> Tensor(a!)
 
-self ** exponent, element-wise."""
+    self ** exponent, element-wise.
+    """
 
 def pow_out(self: Tensor, exponent: Tensor, *, out: Tensor) -> Tensor:
     """pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 
-self ** exponent, element-wise."""
+    self ** exponent, element-wise.
+    """
 
 def pow_scalar(self: Tensor, exponent: complex | float | bool | Tensor) -> Tensor:
     """pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor
 
-self ** exponent, element-wise."""
+    self ** exponent, element-wise.
+    """
 
 def pow_scalar_(self: Tensor, exponent: complex | float | bool | Tensor) -> Tensor:
     """pow_.Scalar(Tensor(a!) self, Scalar exponent) -> Tensor(a!)
 
-self ** exponent, element-wise."""
+    self ** exponent, element-wise.
+    """
 
 def pow_scalar_out(self: Tensor, exponent: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
     """pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)
 
-self ** exponent, element-wise."""
+    self ** exponent, element-wise.
+    """
 
 def maximum(self: Tensor, other: Tensor) -> Tensor:
     """maximum(Tensor self, Tensor other) -> Tensor
 
-Computes the element-wise maximum of input and other."""
+    Computes the element-wise maximum of input and other.
+    """
 
 def maximum_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the element-wise maximum of input and other."""
+    Computes the element-wise maximum of input and other.
+    """
 
 def minimum(self: Tensor, other: Tensor) -> Tensor:
     """minimum(Tensor self, Tensor other) -> Tensor
 
-Computes the element-wise minimum of input and other."""
+    Computes the element-wise minimum of input and other.
+    """
 
 def minimum_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the element-wise minimum of input and other."""
+    Computes the element-wise minimum of input and other.
+    """
 
 def rsub(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 
-other - alpha * self."""
+    other - alpha * self.
+    """
 
 def eq(self: Tensor, other: Tensor) -> Tensor:
     """eq.Tensor(Tensor self, Tensor other) -> Tensor
 
-self == other, element-wise."""
+    self == other, element-wise.
+    """
 
 def eq_(self: Tensor, other: Tensor) -> Tensor:
     """eq_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-self == other, element-wise."""
+    self == other, element-wise.
+    """
 
 def eq_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """eq.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-self == other, element-wise."""
+    self == other, element-wise.
+    """
 
 def ne(self: Tensor, other: Tensor) -> Tensor:
     """ne.Tensor(Tensor self, Tensor other) -> Tensor
 
-self != other, element-wise."""
+    self != other, element-wise.
+    """
 
 def ne_(self: Tensor, other: Tensor) -> Tensor:
     """ne_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-self != other, element-wise."""
+    self != other, element-wise.
+    """
 
 def ne_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """ne.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-self != other, element-wise."""
+    self != other, element-wise.
+    """
 
 def lt(self: Tensor, other: Tensor) -> Tensor:
     """lt.Tensor(Tensor self, Tensor other) -> Tensor
 
-self < other, element-wise."""
+    self < other, element-wise.
+    """
 
 def lt_(self: Tensor, other: Tensor) -> Tensor:
     """lt_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-self < other, element-wise."""
+    self < other, element-wise.
+    """
 
 def lt_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """lt.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-self < other, element-wise."""
+    self < other, element-wise.
+    """
 
 def le(self: Tensor, other: Tensor) -> Tensor:
     """le.Tensor(Tensor self, Tensor other) -> Tensor
 
-self <= other, element-wise."""
+    self <= other, element-wise.
+    """
 
 def le_(self: Tensor, other: Tensor) -> Tensor:
     """le_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-self <= other, element-wise."""
+    self <= other, element-wise.
+    """
 
 def le_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """le.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-self <= other, element-wise."""
+    self <= other, element-wise.
+    """
 
 def gt(self: Tensor, other: Tensor) -> Tensor:
     """gt.Tensor(Tensor self, Tensor other) -> Tensor
 
-self > other, element-wise."""
+    self > other, element-wise.
+    """
 
 def gt_(self: Tensor, other: Tensor) -> Tensor:
     """gt_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-self > other, element-wise."""
+    self > other, element-wise.
+    """
 
 def gt_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """gt.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-self > other, element-wise."""
+    self > other, element-wise.
+    """
 
 def ge(self: Tensor, other: Tensor) -> Tensor:
     """ge.Tensor(Tensor self, Tensor other) -> Tensor
 
-self >= other, element-wise."""
+    self >= other, element-wise.
+    """
 
 def ge_(self: Tensor, other: Tensor) -> Tensor:
     """ge_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 
-self >= other, element-wise."""
+    self >= other, element-wise.
+    """
 
 def ge_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """ge.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-self >= other, element-wise."""
+    self >= other, element-wise.
+    """
 
 def eq_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """eq.Scalar(Tensor self, Scalar other) -> Tensor
 
-self == other, element-wise."""
+    self == other, element-wise.
+    """
 
 def eq_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
     """eq.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 
-self == other, element-wise."""
+    self == other, element-wise.
+    """
 
 def ne_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """ne.Scalar(Tensor self, Scalar other) -> Tensor
 
-self != other, element-wise."""
+    self != other, element-wise.
+    """
 
 def ne_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
     """ne.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 
-self != other, element-wise."""
+    self != other, element-wise.
+    """
 
 def lt_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """lt.Scalar(Tensor self, Scalar other) -> Tensor
 
-self < other, element-wise."""
+    self < other, element-wise.
+    """
 
 def lt_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
     """lt.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 
-self < other, element-wise."""
+    self < other, element-wise.
+    """
 
 def gt_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """gt.Scalar(Tensor self, Scalar other) -> Tensor
 
-self > other, element-wise."""
+    self > other, element-wise.
+    """
 
 def gt_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
     """gt.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 
-self > other, element-wise."""
+    self > other, element-wise.
+    """
 
 def logical_and(self: Tensor, other: Tensor) -> Tensor:
     """logical_and(Tensor self, Tensor other) -> Tensor
 
-Computes the element-wise logical AND of the given input tensors."""
+    Computes the element-wise logical AND of the given input tensors.
+    """
 
 def logical_and_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the element-wise logical AND of the given input tensors."""
+    Computes the element-wise logical AND of the given input tensors.
+    """
 
 def logical_or(self: Tensor, other: Tensor) -> Tensor:
     """logical_or(Tensor self, Tensor other) -> Tensor
 
-Computes the element-wise logical OR of the given input tensors."""
+    Computes the element-wise logical OR of the given input tensors.
+    """
 
 def logical_or_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the element-wise logical OR of the given input tensors."""
+    Computes the element-wise logical OR of the given input tensors.
+    """
 
 def logical_not(self: Tensor) -> Tensor:
     """logical_not(Tensor self) -> Tensor
 
-Computes the element-wise logical NOT of the given input tensor."""
+    Computes the element-wise logical NOT of the given input tensor.
+    """
 
 def logical_not_out(self: Tensor, *, out: Tensor) -> Tensor:
     """logical_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the element-wise logical NOT of the given input tensor."""
+    Computes the element-wise logical NOT of the given input tensor.
+    """
 
 def bitwise_not(self: Tensor) -> Tensor:
     """bitwise_not(Tensor self) -> Tensor
 
-Computes the bitwise NOT of the given input tensor."""
+    Computes the bitwise NOT of the given input tensor.
+    """
 
 def bitwise_not_out(self: Tensor, *, out: Tensor) -> Tensor:
     """bitwise_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the bitwise NOT of the given input tensor."""
+    Computes the bitwise NOT of the given input tensor.
+    """
 
 def bitwise_and(self: Tensor, other: Tensor) -> Tensor:
     """bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor
 
-Computes the bitwise AND of input and other."""
+    Computes the bitwise AND of input and other.
+    """
 
 def bitwise_and_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
     """bitwise_and.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the bitwise AND of input and other."""
+    Computes the bitwise AND of input and other.
+    """
 
 def neg(self: Tensor) -> Tensor:
     """neg(Tensor self) -> Tensor
 
-Returns a new tensor with the negative of the elements of input."""
+    Returns a new tensor with the negative of the elements of input.
+    """
 
 def neg_(self: Tensor) -> Tensor:
     """neg_(Tensor(a!) self) -> Tensor(a!)
 
-Returns a new tensor with the negative of the elements of input."""
+    Returns a new tensor with the negative of the elements of input.
+    """
 
 def neg_out(self: Tensor, *, out: Tensor) -> Tensor:
     """neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns a new tensor with the negative of the elements of input."""
+    Returns a new tensor with the negative of the elements of input.
+    """
 
 def abs(self: Tensor) -> Tensor:
     """abs(Tensor self) -> Tensor
 
-Computes the absolute value of each element in input."""
+    Computes the absolute value of each element in input.
+    """
 
 def abs_(self: Tensor) -> Tensor:
     """abs_(Tensor(a!) self) -> Tensor(a!)
 
-Computes the absolute value of each element in input."""
+    Computes the absolute value of each element in input.
+    """
 
 def abs_out(self: Tensor, *, out: Tensor) -> Tensor:
     """abs.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Computes the absolute value of each element in input."""
+    Computes the absolute value of each element in input.
+    """
 
 def exp(self: Tensor) -> Tensor:
     """exp(Tensor self) -> Tensor
 
-exp(self), element-wise."""
+    exp(self), element-wise.
+    """
 
 def exp_(self: Tensor) -> Tensor:
     """exp_(Tensor(a!) self) -> Tensor(a!)
 
-exp(self), element-wise."""
+    exp(self), element-wise.
+    """
 
 def exp_out(self: Tensor, *, out: Tensor) -> Tensor:
     """exp.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-exp(self), element-wise."""
+    exp(self), element-wise.
+    """
 
 def log(self: Tensor) -> Tensor:
     """log(Tensor self) -> Tensor
 
-Natural logarithm, element-wise."""
+    Natural logarithm, element-wise.
+    """
 
 def log_(self: Tensor) -> Tensor:
     """log_(Tensor(a!) self) -> Tensor(a!)
 
-Natural logarithm, element-wise."""
+    Natural logarithm, element-wise.
+    """
 
 def log_out(self: Tensor, *, out: Tensor) -> Tensor:
     """log.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Natural logarithm, element-wise."""
+    Natural logarithm, element-wise.
+    """
 
 def sqrt(self: Tensor) -> Tensor:
     """sqrt(Tensor self) -> Tensor
 
-Returns a new tensor with the square-root of the elements of input."""
+    Returns a new tensor with the square-root of the elements of input.
+    """
 
 def sqrt_(self: Tensor) -> Tensor:
     """sqrt_(Tensor(a!) self) -> Tensor(a!)
 
-Returns a new tensor with the square-root of the elements of input."""
+    Returns a new tensor with the square-root of the elements of input.
+    """
 
 def sqrt_out(self: Tensor, *, out: Tensor) -> Tensor:
     """sqrt.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns a new tensor with the square-root of the elements of input."""
+    Returns a new tensor with the square-root of the elements of input.
+    """
 
 def rsqrt(self: Tensor) -> Tensor:
     """rsqrt(Tensor self) -> Tensor
 
-1 / sqrt(self), element-wise."""
+    1 / sqrt(self), element-wise.
+    """
 
 def rsqrt_(self: Tensor) -> Tensor:
     """rsqrt_(Tensor(a!) self) -> Tensor(a!)
 
-1 / sqrt(self), element-wise."""
+    1 / sqrt(self), element-wise.
+    """
 
 def rsqrt_out(self: Tensor, *, out: Tensor) -> Tensor:
     """rsqrt.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-1 / sqrt(self), element-wise."""
+    1 / sqrt(self), element-wise.
+    """
 
 def sin(self: Tensor) -> Tensor:
     """sin(Tensor self) -> Tensor
 
-Sine, element-wise."""
+    Sine, element-wise.
+    """
 
 def sin_(self: Tensor) -> Tensor:
     """sin_(Tensor(a!) self) -> Tensor(a!)
 
-Sine, element-wise."""
+    Sine, element-wise.
+    """
 
 def sin_out(self: Tensor, *, out: Tensor) -> Tensor:
     """sin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Sine, element-wise."""
+    Sine, element-wise.
+    """
 
 def cos(self: Tensor) -> Tensor:
     """cos(Tensor self) -> Tensor
 
-Cosine, element-wise."""
+    Cosine, element-wise.
+    """
 
 def cos_(self: Tensor) -> Tensor:
     """cos_(Tensor(a!) self) -> Tensor(a!)
 
-Cosine, element-wise."""
+    Cosine, element-wise.
+    """
 
 def cos_out(self: Tensor, *, out: Tensor) -> Tensor:
     """cos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Cosine, element-wise."""
+    Cosine, element-wise.
+    """
 
 def tanh(self: Tensor) -> Tensor:
     """tanh(Tensor self) -> Tensor
 
-Hyperbolic tangent, element-wise."""
+    Hyperbolic tangent, element-wise.
+    """
 
 def tanh_(self: Tensor) -> Tensor:
     """tanh_(Tensor(a!) self) -> Tensor(a!)
 
-Hyperbolic tangent, element-wise."""
+    Hyperbolic tangent, element-wise.
+    """
 
 def tanh_out(self: Tensor, *, out: Tensor) -> Tensor:
     """tanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Hyperbolic tangent, element-wise."""
+    Hyperbolic tangent, element-wise.
+    """
 
 def sigmoid(self: Tensor) -> Tensor:
     """sigmoid(Tensor self) -> Tensor
 
-1 / (1 + exp(-self)), element-wise."""
+    1 / (1 + exp(-self)), element-wise.
+    """
 
 def sigmoid_(self: Tensor) -> Tensor:
     """sigmoid_(Tensor(a!) self) -> Tensor(a!)
 
-1 / (1 + exp(-self)), element-wise."""
+    1 / (1 + exp(-self)), element-wise.
+    """
 
 def sigmoid_out(self: Tensor, *, out: Tensor) -> Tensor:
     """sigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-1 / (1 + exp(-self)), element-wise."""
+    1 / (1 + exp(-self)), element-wise.
+    """
 
 def erf(self: Tensor) -> Tensor:
     """erf(Tensor self) -> Tensor
 
-Error function, element-wise."""
+    Error function, element-wise.
+    """
 
 def erf_(self: Tensor) -> Tensor:
     """erf_(Tensor(a!) self) -> Tensor(a!)
 
-Error function, element-wise."""
+    Error function, element-wise.
+    """
 
 def erf_out(self: Tensor, *, out: Tensor) -> Tensor:
     """erf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Error function, element-wise."""
+    Error function, element-wise.
+    """
 
 def reciprocal(self: Tensor) -> Tensor:
     """reciprocal(Tensor self) -> Tensor
 
-Returns a new tensor with the reciprocal of the elements of input."""
+    Returns a new tensor with the reciprocal of the elements of input.
+    """
 
 def reciprocal_(self: Tensor) -> Tensor:
     """reciprocal_(Tensor(a!) self) -> Tensor(a!)
 
-Returns a new tensor with the reciprocal of the elements of input."""
+    Returns a new tensor with the reciprocal of the elements of input.
+    """
 
 def reciprocal_out(self: Tensor, *, out: Tensor) -> Tensor:
     """reciprocal.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns a new tensor with the reciprocal of the elements of input."""
+    Returns a new tensor with the reciprocal of the elements of input.
+    """
 
 def floor(self: Tensor) -> Tensor:
     """floor(Tensor self) -> Tensor
 
-Largest integer <= each element."""
+    Largest integer <= each element.
+    """
 
 def floor_(self: Tensor) -> Tensor:
     """floor_(Tensor(a!) self) -> Tensor(a!)
 
-Largest integer <= each element."""
+    Largest integer <= each element.
+    """
 
 def floor_out(self: Tensor, *, out: Tensor) -> Tensor:
     """floor.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Largest integer <= each element."""
+    Largest integer <= each element.
+    """
 
 def ceil(self: Tensor) -> Tensor:
     """ceil(Tensor self) -> Tensor
 
-Smallest integer >= each element."""
+    Smallest integer >= each element.
+    """
 
 def ceil_(self: Tensor) -> Tensor:
     """ceil_(Tensor(a!) self) -> Tensor(a!)
 
-Smallest integer >= each element."""
+    Smallest integer >= each element.
+    """
 
 def ceil_out(self: Tensor, *, out: Tensor) -> Tensor:
     """ceil.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Smallest integer >= each element."""
+    Smallest integer >= each element.
+    """
 
 def round(self: Tensor) -> Tensor:
     """round(Tensor self) -> Tensor
 
-Rounds elements of input to the nearest integer."""
+    Rounds elements of input to the nearest integer.
+    """
 
 def round_(self: Tensor) -> Tensor:
     """round_(Tensor(a!) self) -> Tensor(a!)
 
-Rounds elements of input to the nearest integer."""
+    Rounds elements of input to the nearest integer.
+    """
 
 def round_out(self: Tensor, *, out: Tensor) -> Tensor:
     """round.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Rounds elements of input to the nearest integer."""
+    Rounds elements of input to the nearest integer.
+    """
 
 def sign(self: Tensor) -> Tensor:
     """sign(Tensor self) -> Tensor
 
-Returns a new tensor with the signs of the elements of input."""
+    Returns a new tensor with the signs of the elements of input.
+    """
 
 def sign_(self: Tensor) -> Tensor:
     """sign_(Tensor(a!) self) -> Tensor(a!)
 
-Returns a new tensor with the signs of the elements of input."""
+    Returns a new tensor with the signs of the elements of input.
+    """
 
 def sign_out(self: Tensor, *, out: Tensor) -> Tensor:
     """sign.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns a new tensor with the signs of the elements of input."""
+    Returns a new tensor with the signs of the elements of input.
+    """
 
 def log1p(self: Tensor) -> Tensor:
     """log1p(Tensor self) -> Tensor
 
-Returns a new tensor with the natural logarithm of (1 + input)."""
+    Returns a new tensor with the natural logarithm of (1 + input).
+    """
 
 def log1p_(self: Tensor) -> Tensor:
     """log1p_(Tensor(a!) self) -> Tensor(a!)
 
-Returns a new tensor with the natural logarithm of (1 + input)."""
+    Returns a new tensor with the natural logarithm of (1 + input).
+    """
 
 def log1p_out(self: Tensor, *, out: Tensor) -> Tensor:
     """log1p.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns a new tensor with the natural logarithm of (1 + input)."""
+    Returns a new tensor with the natural logarithm of (1 + input).
+    """
 
 def expm1(self: Tensor) -> Tensor:
     """expm1(Tensor self) -> Tensor
 
-exp(self) - 1, element-wise."""
+    exp(self) - 1, element-wise.
+    """
 
 def expm1_(self: Tensor) -> Tensor:
     """expm1_(Tensor(a!) self) -> Tensor(a!)
 
-exp(self) - 1, element-wise."""
+    exp(self) - 1, element-wise.
+    """
 
 def expm1_out(self: Tensor, *, out: Tensor) -> Tensor:
     """expm1.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-exp(self) - 1, element-wise."""
+    exp(self) - 1, element-wise.
+    """
 
 def relu(self: Tensor) -> Tensor:
     """relu(Tensor self) -> Tensor
 
-max(self, 0), element-wise."""
+    max(self, 0), element-wise.
+    """
 
 def relu_(self: Tensor) -> Tensor:
     """relu_(Tensor(a!) self) -> Tensor(a!)
 
-max(self, 0), element-wise."""
+    max(self, 0), element-wise.
+    """
 
 def gelu(self: Tensor, *, approximate: str = 'none') -> Tensor:
     """gelu(Tensor self, *, str approximate='none') -> Tensor
 
-Gaussian error linear unit, exact or tanh-approximated."""
+    Gaussian error linear unit, exact or tanh-approximated.
+    """
 
 def gelu_(self: Tensor, *, approximate: str = 'none') -> Tensor:
     """gelu_(Tensor(a!) self, *, str approximate='none') -> Tensor(a!)
 
-Gaussian error linear unit, exact or tanh-approximated."""
+    Gaussian error linear unit, exact or tanh-approximated.
+    """
 
 def gelu_out(self: Tensor, *, approximate: str = 'none', out: Tensor) -> Tensor:
     """gelu.out(Tensor self, *, str approximate='none', Tensor(a!) out) -> Tensor(a!)
 
-Gaussian error linear unit, exact or tanh-approximated."""
+    Gaussian error linear unit, exact or tanh-approximated.
+    """
 
 def silu(self: Tensor) -> Tensor:
     """silu(Tensor self) -> Tensor
 
-Apply the Sigmoid Linear Unit (SiLU) function, element-wise."""
+    Apply the Sigmoid Linear Unit (SiLU) function, element-wise.
+    """
 
 def silu_(self: Tensor) -> Tensor:
     """silu_(Tensor(a!) self) -> Tensor(a!)
 
-Apply the Sigmoid Linear Unit (SiLU) function, element-wise."""
+    Apply the Sigmoid Linear Unit (SiLU) function, element-wise.
+    """
 
 def silu_out(self: Tensor, *, out: Tensor) -> Tensor:
     """silu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Apply the Sigmoid Linear Unit (SiLU) function, element-wise."""
+    Apply the Sigmoid Linear Unit (SiLU) function, element-wise.
+    """
 
 def hardtanh(self: Tensor, min_val: complex | float | bool | Tensor = -1, max_val: complex | float | bool | Tensor = 1) -> Tensor:
     """hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor
 
-Clamps to [min_val, max_val], element-wise."""
+    Clamps to [min_val, max_val], element-wise.
+    """
 
 def hardtanh_(self: Tensor, min_val: complex | float | bool | Tensor = -1, max_val: complex | float | bool | Tensor = 1) -> Tensor:
     """hardtanh_(Tensor(a!) self, Scalar min_val=-1, Scalar max_val=1) -> Tensor(a!)
 
-Clamps to [min_val, max_val], element-wise."""
+    Clamps to [min_val, max_val], element-wise.
+    """
 
 def leaky_relu(self: Tensor, negative_slope: complex | float | bool | Tensor = 0.01) -> Tensor:
     """leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor
 
-max(0, x) + negative_slope * min(0, x), element-wise."""
+    max(0, x) + negative_slope * min(0, x), element-wise.
+    """
 
 def leaky_relu_(self: Tensor, negative_slope: complex | float | bool | Tensor = 0.01) -> Tensor:
     """leaky_relu_(Tensor(a!) self, Scalar negative_slope=0.01) -> Tensor(a!)
 
-max(0, x) + negative_slope * min(0, x), element-wise."""
+    max(0, x) + negative_slope * min(0, x), element-wise.
+    """
 
 def leaky_relu_out(self: Tensor, negative_slope: complex | float | bool | Tensor = 0.01, *, out: Tensor) -> Tensor:
     """leaky_relu.out(Tensor self, Scalar negative_slope=0.01, *, Tensor(a!) out) -> Tensor(a!)
 
-max(0, x) + negative_slope * min(0, x), element-wise."""
+    max(0, x) + negative_slope * min(0, x), element-wise.
+    """
 
 def elu(self: Tensor, alpha: complex | float | bool | Tensor = 1, scale: complex | float | bool | Tensor = 1, input_scale: complex | float | bool | Tensor = 1) -> Tensor:
     """elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
 
-Apply the Exponential Linear Unit (ELU) function element-wise."""
+    Apply the Exponential Linear Unit (ELU) function element-wise.
+    """
 
 def elu_(self: Tensor, alpha: complex | float | bool | Tensor = 1, scale: complex | float | bool | Tensor = 1, input_scale: complex | float | bool | Tensor = 1) -> Tensor:
     """elu_(Tensor(a!) self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor(a!)
 
-Apply the Exponential Linear Unit (ELU) function element-wise."""
+    Apply the Exponential Linear Unit (ELU) function element-wise.
+    """
 
 def elu_out(self: Tensor, alpha: complex | float | bool | Tensor = 1, scale: complex | float | bool | Tensor = 1, input_scale: complex | float | bool | Tensor = 1, *, out: Tensor) -> Tensor:
     """elu.out(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1, *, Tensor(a!) out) -> Tensor(a!)
 
-Apply the Exponential Linear Unit (ELU) function element-wise."""
+    Apply the Exponential Linear Unit (ELU) function element-wise.
+    """
 
 def softplus(self: Tensor, beta: complex | float | bool | Tensor = 1, threshold: complex | float | bool | Tensor = 20) -> Tensor:
     """softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
 
-log(1 + exp(beta * x)) / beta, element-wise (linear above threshold)."""
+    log(1 + exp(beta * x)) / beta, element-wise (linear above threshold).
+    """
 
 def softplus_out(self: Tensor, beta: complex | float | bool | Tensor = 1, threshold: complex | float | bool | Tensor = 20, *, out: Tensor) -> Tensor:
     """softplus.out(Tensor self, Scalar beta=1, Scalar threshold=20, *, Tensor(a!) out) -> Tensor(a!)
 
-log(1 + exp(beta * x)) / beta, element-wise (linear above threshold)."""
+    log(1 + exp(beta * x)) / beta, element-wise (linear above threshold).
+    """
 
 def hardsigmoid(self: Tensor) -> Tensor:
     """hardsigmoid(Tensor self) -> Tensor
 
-Apply the Hardsigmoid function element-wise."""
+    Apply the Hardsigmoid function element-wise.
+    """
 
 def hardsigmoid_(self: Tensor) -> Tensor:
     """hardsigmoid_(Tensor(a!) self) -> Tensor(a!)
 
-Apply the Hardsigmoid function element-wise."""
+    Apply the Hardsigmoid function element-wise.
+    """
 
 def hardsigmoid_out(self: Tensor, *, out: Tensor) -> Tensor:
     """hardsigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Apply the Hardsigmoid function element-wise."""
+    Apply the Hardsigmoid function element-wise.
+    """
 
 def hardswish(self: Tensor) -> Tensor:
     """hardswish(Tensor self) -> Tensor
 
-Apply hardswish function, element-wise."""
+    Apply hardswish function, element-wise.
+    """
 
 def hardswish_(self: Tensor) -> Tensor:
     """hardswish_(Tensor(a!) self) -> Tensor(a!)
 
-Apply hardswish function, element-wise."""
+    Apply hardswish function, element-wise.
+    """
 
 def hardswish_out(self: Tensor, *, out: Tensor) -> Tensor:
     """hardswish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 
-Apply hardswish function, element-wise."""
+    Apply hardswish function, element-wise.
+    """
 
 def where(condition: Tensor, self: Tensor, other: Tensor) -> Tensor:
     """where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
 
-Return a tensor of elements selected from either input or other, depending on condition."""
+    Return a tensor of elements selected from either input or other, depending on condition.
+    """
 
 def clamp(self: Tensor, min: complex | float | bool | Tensor | None = None, max: complex | float | bool | Tensor | None = None) -> Tensor:
     """clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
 
-Clamps all elements in input into the range [ min, max ]."""
+    Clamps all elements in input into the range [ min, max ].
+    """
 
 def clamp_(self: Tensor, min: complex | float | bool | Tensor | None = None, max: complex | float | bool | Tensor | None = None) -> Tensor:
     """clamp_(Tensor(a!) self, Scalar? min=None, Scalar? max=None) -> Tensor(a!)
 
-Clamps all elements in input into the range [ min, max ]."""
+    Clamps all elements in input into the range [ min, max ].
+    """
 
 def clamp_out(self: Tensor, min: complex | float | bool | Tensor | None = None, max: complex | float | bool | Tensor | None = None, *, out: Tensor) -> Tensor:
     """clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)
 
-Clamps all elements in input into the range [ min, max ]."""
+    Clamps all elements in input into the range [ min, max ].
+    """
 
 def clamp_tensor(self: Tensor, min: Tensor | None = None, max: Tensor | None = None) -> Tensor:
     """clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor
 
-Clamps all elements in input into the range [ min, max ]."""
+    Clamps all elements in input into the range [ min, max ].
+    """
 
 def clamp_tensor_(self: Tensor, min: Tensor | None = None, max: Tensor | None = None) -> Tensor:
     """clamp_.Tensor(Tensor(a!) self, Tensor? min=None, Tensor? max=None) -> Tensor(a!)
 
-Clamps all elements in input into the range [ min, max ]."""
+    Clamps all elements in input into the range [ min, max ].
+    """
 
 def clamp_tensor_out(self: Tensor, min: Tensor | None = None, max: Tensor | None = None, *, out: Tensor) -> Tensor:
     """clamp.Tensor_out(Tensor self, Tensor? min=None, Tensor? max=None, *, Tensor(a!) out) -> Tensor(a!)
 
-Clamps all elements in input into the range [ min, max ]."""
+    Clamps all elements in input into the range [ min, max ].
+    """
 
 def masked_fill(self: Tensor, mask: Tensor, value: complex | float | bool | Tensor) -> Tensor:
     """masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor
 
-Fills self with value where mask is True."""
+    Fills self with value where mask is True.
+    """
 
 def masked_fill_(self: Tensor, mask: Tensor, value: complex | float | bool | Tensor) -> Tensor:
     """masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)
 
-Fills self with value where mask is True."""
+    Fills self with value where mask is True.
+    """
 
 def sum(self: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
     """sum(Tensor self, *, ScalarType? dtype=None) -> Tensor
 
-Sum of all elements."""
+    Sum of all elements.
+    """
 
 def sum_dim(self: Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Tensor:
     """sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 
-Sum of all elements."""
+    Sum of all elements.
+    """
 
 def sum_dim_out(self: Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *, dtype: torch.dtype | None = None, out: Tensor) -> Tensor:
     """sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 
-Sum of all elements."""
+    Sum of all elements.
+    """
 
 def mean(self: Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Tensor:
     """mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 
-Returns the mean value of all elements in the input tensor."""
+    Returns the mean value of all elements in the input tensor.
+    """
 
 def mean_out(self: Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *, dtype: torch.dtype | None = None, out: Tensor) -> Tensor:
     """mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 
-Returns the mean value of all elements in the input tensor."""
+    Returns the mean value of all elements in the input tensor.
+    """
 
 def amax(self: Tensor, dim: Sequence[int] | int = [], keepdim: bool = False) -> Tensor:
     """amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 
-Returns the maximum value of each slice of the input tensor in the given dimension(s) dim."""
+    Returns the maximum value of each slice of the input tensor in the given dimension(s) dim.
+    """
 
 def amax_out(self: Tensor, dim: Sequence[int] | int = [], keepdim: bool = False, *, out: Tensor) -> Tensor:
     """amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns the maximum value of each slice of the input tensor in the given dimension(s) dim."""
+    Returns the maximum value of each slice of the input tensor in the given dimension(s) dim.
+    """
 
 def amin(self: Tensor, dim: Sequence[int] | int = [], keepdim: bool = False) -> Tensor:
     """amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 
-Returns the minimum value of each slice of the input tensor in the given dimension(s) dim."""
+    Returns the minimum value of each slice of the input tensor in the given dimension(s) dim.
+    """
 
 def amin_out(self: Tensor, dim: Sequence[int] | int = [], keepdim: bool = False, *, out: Tensor) -> Tensor:
     """amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns the minimum value of each slice of the input tensor in the given dimension(s) dim."""
+    Returns the minimum value of each slice of the input tensor in the given dimension(s) dim.
+    """
 
 def argmax(self: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
 
-Returns the indices of the maximum value of all elements in the input tensor."""
+    Returns the indices of the maximum value of all elements in the input tensor.
+    """
 
 def argmax_out(self: Tensor, dim: int | None = None, keepdim: bool = False, *, out: Tensor) -> Tensor:
     """argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 
-Returns the indices of the maximum value of all elements in the input tensor."""
+    Returns the indices of the maximum value of all elements in the input tensor.
+    """
 
 def argmin(self: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
 
-Indices of the minimum along dim (or of the flattened tensor)."""
+    Indices of the minimum along dim (or of the flattened tensor).
+    """
 
 def argmin_out(self: Tensor, dim: int | None = None, keepdim: bool = False, *, out: Tensor) -> Tensor:
     """argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 
-Indices of the minimum along dim (or of the flattened tensor)."""
+    Indices of the minimum along dim (or of the flattened tensor).
+    """
 
 def max_dim(self: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
     """max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
 
-(values, indices) of the max along dim."""
+    (values, indices) of the max along dim.
+    """
 
 def min_dim(self: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
     """min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
 
-(values, indices) of the min along dim."""
+    (values, indices) of the min along dim.
+    """
 
 def prod(self: Tensor, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Tensor:
     """prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 
-Product along dim."""
+    Product along dim.
+    """
 
 def var(self: Tensor, dim: Sequence[int] | int | None = None, *, correction: complex | float | bool | Tensor | None = None, keepdim: bool = False) -> Tensor:
     """var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
 
-Calculates the variance over the dimensions specified by dim."""
+    Calculates the variance over the dimensions specified by dim.
+    """
 
 def cumsum(self: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
     """cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
 
-Returns the cumulative sum of elements of input in the dimension dim."""
+    Returns the cumulative sum of elements of input in the dimension dim.
+    """
 
 def cumsum_out(self: Tensor, dim: int, *, dtype: torch.dtype | None = None, out: Tensor) -> Tensor:
     """cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 
-Returns the cumulative sum of elements of input in the dimension dim."""
+    Returns the cumulative sum of elements of input in the dimension dim.
+    """
 
 def any(self: Tensor, dim: int, keepdim: bool = False) -> Tensor:
     """any.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
 
-Tests if any element in input evaluates to True."""
+    Tests if any element in input evaluates to True.
+    """
 
 def all(self: Tensor, dim: int, keepdim: bool = False) -> Tensor:
     """all.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
 
-Tests if all elements in input evaluate to True."""
+    Tests if all elements in input evaluate to True.
+    """
 
 def _softmax(self: Tensor, dim: int, half_to_float: bool) -> Tensor:
     """_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 
-Softmax over dim (ATen core op; half_to_float must be False on CPU)."""
+    Softmax over dim (ATen core op; half_to_float must be False on CPU).
+    """
 
 def _softmax_out(self: Tensor, dim: int, half_to_float: bool, *, out: Tensor) -> Tensor:
     """_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
 
-Softmax over dim (ATen core op; half_to_float must be False on CPU)."""
+    Softmax over dim (ATen core op; half_to_float must be False on CPU).
+    """
 
 def _log_softmax(self: Tensor, dim: int, half_to_float: bool) -> Tensor:
     """_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 
-Log-softmax over dim (ATen core op)."""
+    Log-softmax over dim (ATen core op).
+    """
 
 def _log_softmax_out(self: Tensor, dim: int, half_to_float: bool, *, out: Tensor) -> Tensor:
     """_log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
 
-Log-softmax over dim (ATen core op)."""
+    Log-softmax over dim (ATen core op).
+    """
 
 def softmax(self: Tensor, dim: int, dtype: torch.dtype | None = None) -> Tensor:
     """softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor
 
-Softmax over dim."""
+    Softmax over dim.
+    """
 
 def log_softmax(self: Tensor, dim: int, dtype: torch.dtype | None = None) -> Tensor:
     """log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor
 
-Log-softmax over dim."""
+    Log-softmax over dim.
+    """
 
 def view(self: Tensor, size: Sequence[int]) -> Tensor:
     """view(Tensor(a) self, SymInt[] size) -> Tensor(a)
 
-A view with a new shape."""
+    A view with a new shape.
+    """
 
 def reshape(self: Tensor, shape: Sequence[int]) -> Tensor:
     """reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)
 
-Same data with a new shape (a view when possible)."""
+    Same data with a new shape (a view when possible).
+    """
 
 def _unsafe_view(self: Tensor, size: Sequence[int]) -> Tensor:
     """_unsafe_view(Tensor self, SymInt[] size) -> Tensor
 
-View with a new shape, without alias tracking."""
+    View with a new shape, without alias tracking.
+    """
 
 def permute(self: Tensor, dims: Sequence[int]) -> Tensor:
     """permute(Tensor(a) self, int[] dims) -> Tensor(a)
 
-A view with dims permuted."""
+    A view with dims permuted.
+    """
 
 def transpose(self: Tensor, dim0: int, dim1: int) -> Tensor:
     """transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
 
-Returns a tensor that is a transposed version of input."""
+    Returns a tensor that is a transposed version of input.
+    """
 
 def t(self: Tensor) -> Tensor:
     """t(Tensor(a) self) -> Tensor(a)
 
-Expects input to be <= 2-D tensor and transposes dimensions 0 and 1."""
+    Expects input to be <= 2-D tensor and transposes dimensions 0 and 1.
+    """
 
 def expand(self: Tensor, size: Sequence[int], *, implicit: bool = False) -> Tensor:
     """expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
 
-A broadcast view with singleton dims expanded to size."""
+    A broadcast view with singleton dims expanded to size.
+    """
 
 def squeeze_dim(self: Tensor, dim: int) -> Tensor:
     """squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)
 
-Returns a tensor with all specified dimensions of input of size 1 removed."""
+    Returns a tensor with all specified dimensions of input of size 1 removed.
+    """
 
 def squeeze_dims(self: Tensor, dim: Sequence[int]) -> Tensor:
     """squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a)
 
-Returns a tensor with all specified dimensions of input of size 1 removed."""
+    Returns a tensor with all specified dimensions of input of size 1 removed.
+    """
 
 def unsqueeze(self: Tensor, dim: int) -> Tensor:
     """unsqueeze(Tensor(a) self, int dim) -> Tensor(a)
 
-A view with a size-1 dim inserted at dim."""
+    A view with a size-1 dim inserted at dim.
+    """
 
 def slice(self: Tensor, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> Tensor:
     """slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
 
-A view of self[start:end:step] along dim."""
+    A view of self[start:end:step] along dim.
+    """
 
 def select(self: Tensor, dim: int, index: int) -> Tensor:
     """select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
 
-Slices the input tensor along the selected dimension at the given index."""
+    Slices the input tensor along the selected dimension at the given index.
+    """
 
 def narrow(self: Tensor, dim: int, start: int, length: int) -> Tensor:
     """narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)
 
-Returns a new tensor that is a narrowed version of input tensor."""
+    Returns a new tensor that is a narrowed version of input tensor.
+    """
 
 def alias(self: Tensor) -> Tensor:
     """alias(Tensor(a) self) -> Tensor(a)
 
-A view of the whole tensor."""
+    A view of the whole tensor.
+    """
 
 def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)
 
-Flattens input by reshaping it into a one-dimensional tensor."""
+    Flattens input by reshaping it into a one-dimensional tensor.
+    """
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """cat(Tensor[] tensors, int dim=0) -> Tensor
 
-Concatenates the given sequence of tensors in tensors in the given dimension."""
+    Concatenates the given sequence of tensors in tensors in the given dimension.
+    """
 
 def cat_out(tensors: Sequence[Tensor], dim: int = 0, *, out: Tensor) -> Tensor:
     """cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)
 
-Concatenates the given sequence of tensors in tensors in the given dimension."""
+    Concatenates the given sequence of tensors in tensors in the given dimension.
+    """
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """stack(Tensor[] tensors, int dim=0) -> Tensor
 
-Concatenates a sequence of tensors along a new dimension."""
+    Concatenates a sequence of tensors along a new dimension.
+    """
 
 def stack_out(tensors: Sequence[Tensor], dim: int = 0, *, out: Tensor) -> Tensor:
     """stack.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)
 
-Concatenates a sequence of tensors along a new dimension."""
+    Concatenates a sequence of tensors along a new dimension.
+    """
 
 def split(self: Tensor, split_size: int, dim: int = 0) -> list[Tensor]:
     """split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
 
-Splits the tensor into chunks."""
+    Splits the tensor into chunks.
+    """
 
 def split_with_sizes(self: Tensor, split_sizes: Sequence[int], dim: int = 0) -> list[Tensor]:
     """split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
 
-Splits into views of the given sizes along dim."""
+    Splits into views of the given sizes along dim.
+    """
 
 def unbind(self: Tensor, dim: int = 0) -> list[Tensor]:
     """unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
 
-Removes a tensor dimension."""
+    Removes a tensor dimension.
+    """
 
 def clone(self: Tensor, *, memory_format: torch.memory_format | None = None) -> Tensor:
     """clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor
 
-Returns a copy of input."""
+    Returns a copy of input.
+    """
 
 def contiguous(self: Tensor, *, memory_format: torch.memory_format = ...) -> Tensor:
     """contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)
 
-Returns a contiguous in memory tensor containing the same data as self tensor."""
+    Returns a contiguous in memory tensor containing the same data as self tensor.
+    """
 
 def _to_copy(self: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None, non_blocking: bool = False, memory_format: torch.memory_format | None = None) -> Tensor:
     """_to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor
 
-Copy to another dtype, layout, device or memory format."""
+    Copy to another dtype, layout, device or memory format.
+    """
 
 def copy_(self: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
     """copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)
 
-Copies src into self (broadcasting, casting)."""
+    Copies src into self (broadcasting, casting).
+    """
 
 def fill_(self: Tensor, value: complex | float | bool | Tensor) -> Tensor:
     """fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)
 
-Fills self with value."""
+    Fills self with value.
+    """
 
 def zero_(self: Tensor) -> Tensor:
     """zero_(Tensor(a!) self) -> Tensor(a!)
 
-Fills self with zeros."""
+    Fills self with zeros.
+    """
 
 def mm(self: Tensor, mat2: Tensor) -> Tensor:
     """mm(Tensor self, Tensor mat2) -> Tensor
 
-Performs a matrix multiplication of the matrices input and mat2."""
+    Performs a matrix multiplication of the matrices input and mat2.
+    """
 
 def mm_out(self: Tensor, mat2: Tensor, *, out: Tensor) -> Tensor:
     """mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
 
-Performs a matrix multiplication of the matrices input and mat2."""
+    Performs a matrix multiplication of the matrices input and mat2.
+    """
 
 def bmm(self: Tensor, mat2: Tensor) -> Tensor:
     """bmm(Tensor self, Tensor mat2) -> Tensor
 
-Performs a batch matrix-matrix product of matrices stored in input and mat2."""
+    Performs a batch matrix-matrix product of matrices stored in input and mat2.
+    """
 
 def bmm_out(self: Tensor, mat2: Tensor, *, out: Tensor) -> Tensor:
     """bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
 
-Performs a batch matrix-matrix product of matrices stored in input and mat2."""
+    Performs a batch matrix-matrix product of matrices stored in input and mat2.
+    """
 
 def addmm(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: complex | float | bool | Tensor = 1, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
 
-Performs a matrix multiplication of the matrices mat1 and mat2."""
+    Performs a matrix multiplication of the matrices mat1 and mat2.
+    """
 
 def addmm_out(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: complex | float | bool | Tensor = 1, alpha: complex | float | bool | Tensor = 1, out: Tensor) -> Tensor:
     """addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 
-Performs a matrix multiplication of the matrices mat1 and mat2."""
+    Performs a matrix multiplication of the matrices mat1 and mat2.
+    """
 
 def baddbmm(self: Tensor, batch1: Tensor, batch2: Tensor, *, beta: complex | float | bool | Tensor = 1, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
 
-Performs a batch matrix-matrix product of matrices in batch1 and batch2."""
+    Performs a batch matrix-matrix product of matrices in batch1 and batch2.
+    """
 
 def matmul(self: Tensor, other: Tensor) -> Tensor:
     """matmul(Tensor self, Tensor other) -> Tensor
 
-Matrix product of two tensors."""
+    Matrix product of two tensors.
+    """
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor
 
-Applies a linear transformation to the incoming data: y = xA^T + b."""
+    Applies a linear transformation to the incoming data: y = xA^T + b.
+    """
 
 def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)
 
-Layer norm over the trailing dims; returns (out, mean, rstd)."""
+    Layer norm over the trailing dims; returns (out, mean, rstd).
+    """
 
 def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-05, cudnn_enable: bool = True) -> Tensor:
     """layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor
 
-Layer normalization over normalized_shape."""
+    Layer normalization over normalized_shape.
+    """
 
 def _native_batch_norm_legit_no_training(input: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor, running_var: Tensor, momentum: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
 
-Eval-mode batch norm with running stats; returns (out, save_mean, save_invstd)."""
+    Eval-mode batch norm with running stats; returns (out, save_mean, save_invstd).
+    """
 
 def native_group_norm(input: Tensor, weight: Tensor | None, bias: Tensor | None, N: int, C: int, HxW: int, group: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
 
-Group norm; returns (out, mean, rstd)."""
+    Group norm; returns (out, mean, rstd).
+    """
 
 def max_pool2d_with_indices(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0], dilation: Sequence[int] | int = [1, 1], ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
     """max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 
-2-D max pooling; returns (values, indices)."""
+    2-D max pooling; returns (values, indices).
+    """
 
 def avg_pool2d(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0], ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     """avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 
-2-D average pooling."""
+    2-D average pooling.
+    """
 
 def avg_pool2d_out(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0], ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None, *, out: Tensor) -> Tensor:
     """avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
 
-2-D average pooling."""
+    2-D average pooling.
+    """
 
 def _adaptive_avg_pool2d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
     """_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
 
-2-D adaptive average pooling (ATen core op)."""
+    2-D adaptive average pooling (ATen core op).
+    """
 
 def adaptive_avg_pool2d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
     """adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
 
-2-D adaptive average pooling to output_size."""
+    2-D adaptive average pooling to output_size.
+    """
 
 def convolution(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Tensor:
     """convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor
 
-N-d convolution, optionally transposed."""
+    N-d convolution, optionally transposed.
+    """
 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Sequence[int] | int = [1, 1], padding: Sequence[int] | int = [0, 0], dilation: Sequence[int] | int = [1, 1], groups: int = 1) -> Tensor:
     """conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=1, SymInt[2] padding=0, SymInt[2] dilation=1, SymInt groups=1) -> Tensor
 
-Applies a 2D convolution over an input image composed of several input planes."""
+    Applies a 2D convolution over an input image composed of several input planes.
+    """
 
 def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
     """embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor
 
-Rows of weight selected by indices."""
+    Rows of weight selected by indices.
+    """
 
 def index_select(self: Tensor, dim: int, index: Tensor) -> Tensor:
     """index_select(Tensor self, int dim, Tensor index) -> Tensor
 
-Entries of self along dim at the positions in index."""
+    Entries of self along dim at the positions in index.
+    """
 
 def index_select_out(self: Tensor, dim: int, index: Tensor, *, out: Tensor) -> Tensor:
     """index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)
 
-Entries of self along dim at the positions in index."""
+    Entries of self along dim at the positions in index.
+    """
 
 def index(self: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
     """index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
 
-self[indices], advanced indexing with a list of index tensors."""
+    self[indices], advanced indexing with a list of index tensors.
+    """
 
 def gather(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
     """gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
 
-Gathers values along an axis specified by dim."""
+    Gathers values along an axis specified by dim.
+    """
 
 def gather_out(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False, out: Tensor) -> Tensor:
     """gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)
 
-Gathers values along an axis specified by dim."""
+    Gathers values along an axis specified by dim.
+    """
 
 def scatter(self: Tensor, dim: int, index: Tensor, value: complex | float | bool | Tensor) -> Tensor:
     """scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
 
-Out-of-place version of torch.Tensor.scatter_."""
+    Out-of-place version of torch.Tensor.scatter_.
+    """
 
 def masked_select(self: Tensor, mask: Tensor) -> Tensor:
     """masked_select(Tensor self, Tensor mask) -> Tensor
 
-1-D tensor of the elements where mask is True."""
+    1-D tensor of the elements where mask is True.
+    """
 
 def zeros(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
     """zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 
-A tensor of zeros."""
+    A tensor of zeros.
+    """
 
 def ones(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
     """ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 
-A tensor of ones."""
+    A tensor of ones.
+    """
 
 def full(size: Sequence[int], fill_value: complex | float | bool | Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
     """full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 
-Creates a tensor of size size filled with fill_value."""
+    Creates a tensor of size size filled with fill_value.
+    """
 
 def empty(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None, memory_format: torch.memory_format | None = None) -> Tensor:
     """empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 
-An uninitialised tensor of the given size."""
+    An uninitialised tensor of the given size.
+    """
 
 def arange(start: complex | float | bool | Tensor, end: complex | float | bool | Tensor, step: complex | float | bool | Tensor = 1, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
     """arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 
-Values from start to end (exclusive) in steps of step."""
+    Values from start to end (exclusive) in steps of step.
+    """
 
 def scalar_tensor(s: complex | float | bool | Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
     """scalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 
-A 0-dim tensor holding s."""
+    A 0-dim tensor holding s.
+    """
 
 def zeros_like(self: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None, memory_format: torch.memory_format | None = None) -> Tensor:
     """zeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 
-Returns a tensor filled with the scalar value 0, with the same size as input."""
+    Returns a tensor filled with the scalar value 0, with the same size as input.
+    """
 
 def ones_like(self: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None, memory_format: torch.memory_format | None = None) -> Tensor:
     """ones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 
-Returns a tensor filled with the scalar value 1, with the same size as input."""
+    Returns a tensor filled with the scalar value 1, with the same size as input.
+    """
 
 def full_like(self: Tensor, fill_value: complex | float | bool | Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None, memory_format: torch.memory_format | None = None) -> Tensor:
     """full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 
-Returns a tensor with the same size as input filled with fill_value."""
+    Returns a tensor with the same size as input filled with fill_value.
+    """
 
 def empty_like(self: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None, memory_format: torch.memory_format | None = None) -> Tensor:
     """empty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 
-Returns an uninitialized tensor with the same size as input."""
+    Returns an uninitialized tensor with the same size as input.
+    """
 
 def tril(self: Tensor, diagonal: int = 0) -> Tensor:
     """tril(Tensor self, SymInt diagonal=0) -> Tensor
 
-Lower triangle of the last two dims; the rest zeroed."""
+    Lower triangle of the last two dims; the rest zeroed.
+    """
 
 def tril_out(self: Tensor, diagonal: int = 0, *, out: Tensor) -> Tensor:
     """tril.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
 
-Lower triangle of the last two dims; the rest zeroed."""
+    Lower triangle of the last two dims; the rest zeroed.
+    """
 
 def triu(self: Tensor, diagonal: int = 0) -> Tensor:
     """triu(Tensor self, SymInt diagonal=0) -> Tensor
 
-Upper triangle of the last two dims; the rest zeroed."""
+    Upper triangle of the last two dims; the rest zeroed.
+    """
 
 def triu_out(self: Tensor, diagonal: int = 0, *, out: Tensor) -> Tensor:
     """triu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
 
-Upper triangle of the last two dims; the rest zeroed."""
+    Upper triangle of the last two dims; the rest zeroed.
+    """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from opgen.gen.bindings import _python_default
 from opgen.spec.model import Arg, OpSpec, Type
 
@@ -49,4 +51,5 @@ def stub_function(spec: OpSpec) -> str:
             star = True
         params.append(py_param(arg))
     doc = f"{spec.schema}\n\n{spec.doc}".rstrip().replace('"""', "'''").replace("\\", "\\\\")
-    return f'def {spec.python_name}({", ".join(params)}) -> {py_return(spec)}:\n    """{doc}"""\n'
+    doc = textwrap.indent(doc, "    ").lstrip()
+    return f'def {spec.python_name}({", ".join(params)}) -> {py_return(spec)}:\n    """{doc}\n    """\n'
