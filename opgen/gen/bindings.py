@@ -114,11 +114,11 @@ def text_signature(spec: OpSpec) -> str:
         if arg.kwarg_only and not star:
             parts.append("*")
             star = True
-        parts.append(arg.name if arg.default is None else f"{arg.name}={_python_default(arg)}")
+        parts.append(arg.name if arg.default is None else f"{arg.name}={python_default(arg)}")
     return f"{spec.python_name}({', '.join(parts)})"
 
 
-def _python_default(arg: Arg) -> str:
+def python_default(arg: Arg) -> str:
     assert arg.default is not None
     text = repr(parse_default(arg.type, arg.default))
     if arg.type.base in ("MemoryFormat", "ScalarType") and text != "None":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from opgen.gen.bindings import _python_default
+from opgen.gen.bindings import python_default
 from opgen.spec.model import Arg, OpSpec, Type
 
 _SCALAR_PY = {
@@ -40,7 +40,7 @@ def py_return(spec: OpSpec) -> str:
 
 def py_param(arg: Arg) -> str:
     text = f"{arg.name}: {py_type(arg.type)}"
-    return text if arg.default is None else f"{text} = {_python_default(arg)}"
+    return text if arg.default is None else f"{text} = {python_default(arg)}"
 
 
 def stub_function(spec: OpSpec) -> str:
