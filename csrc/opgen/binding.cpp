@@ -182,6 +182,8 @@ Py_ssize_t for_each_item(PyObject* o, const Signature& sig, int i, const char* e
 
 }  // namespace
 
+// Like ATen's own parser, a list of another length than N passes through: kernels accept `[]` or
+// `[k]` for some `int[2]` arguments (max_pool2d's stride) and check lengths themselves.
 std::vector<int64_t> int_list(PyObject* o, const Signature& sig, int i, int size) {
   if (size > 0 && is_int(o)) return std::vector<int64_t>(size, as_int64(o, sig, i));
   std::vector<int64_t> out;
@@ -189,11 +191,6 @@ std::vector<int64_t> int_list(PyObject* o, const Signature& sig, int i, int size
     if (!is_int(item)) element_error(item, sig, i, k, "ints");
     out.push_back(as_int64(item, sig, i));
   });
-  if (size > 1 && static_cast<int>(out.size()) != size) {
-    raise(PyExc_ValueError, sig,
-          std::string("argument '") + sig.name(i) + "' must have " + std::to_string(size) +
-              " elements, not " + std::to_string(out.size()));
-  }
   return out;
 }
 
@@ -258,16 +255,38 @@ void Devices::check(const at::Device& d, bool is_cpu_scalar, int i) {
             d.str() + " and '" + sig_.name(first_) + "' is on " + device_->str());
 }
 
+namespace {
+
+// Tensors whose data a direct kernel cannot read as it stands: the dispatcher would first resolve a
+// lazy negation/conjugation, or hand the call to Python (FakeTensor, __torch_dispatch__ subclasses)
+// or to functionalization. Direct kernels would read wrong values, or no storage at all.
+const c10::DispatchKeySet kIndirect({c10::DispatchKey::Negative, c10::DispatchKey::Conjugate,
+                                     c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
+
+std::string why_indirect(const at::Tensor& t) {
+  if (t.key_set().has(c10::DispatchKey::Python)) {
+    return "is a tensor subclass or fake tensor handled by __torch_dispatch__; kernel_ops needs "
+           "plain tensors";
+  }
+  if (t.key_set().has(c10::DispatchKey::Functionalize)) {
+    return "is a functional tensor; kernel_ops needs plain tensors";
+  }
+  return std::string("has a lazy ") + (t.is_neg() ? "negation" : "conjugation") +
+         " bit; call .resolve_neg() / .resolve_conj() first";
+}
+
+}  // namespace
+
 Devices& Devices::add(const at::Tensor& t, int i) {
   if (!t.defined()) return *this;
-  if (t.layout() != at::kStrided) {
+  const auto arg = [&] { return std::string("argument '") + sig_.name(i) + "' "; };
+  if (t.layout() != at::kStrided || t.is_nested()) {
     raise(PyExc_TypeError, sig_,
-          std::string("argument '") + sig_.name(i) + "' must be a strided (dense) tensor, not " +
-              c10::str(t.layout()));
+          arg() + "must be a strided (dense) tensor, not " +
+              (t.is_nested() ? std::string("nested") : c10::str(t.layout())));
   }
-  if (t.is_quantized()) {
-    raise(PyExc_TypeError, sig_, std::string("argument '") + sig_.name(i) + "' is quantized");
-  }
+  if (t.key_set().has_any(kIndirect)) raise(PyExc_TypeError, sig_, arg() + why_indirect(t));
+  if (t.is_quantized()) raise(PyExc_TypeError, sig_, arg() + "is quantized");
   check(t.device(), t.device().is_cpu() && t.dim() == 0, i);
   return *this;
 }
