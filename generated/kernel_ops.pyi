@@ -1541,3 +1541,27 @@ def triu_out(self: Tensor, diagonal: int = 0, *, out: Tensor) -> Tensor:
     Upper triangle of the last two dims; the rest zeroed.
     """
 
+def mean_all(self: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
+    """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+
+    The mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default).
+    """
+
+def repeat(self: Tensor, repeats: Sequence[int]) -> Tensor:
+    """repeat(Tensor self, SymInt[] repeats) -> Tensor
+
+    Repeats the tensor along each dimension (torch.compile graphs keep aten.repeat).
+    """
+
+def repeat_out(self: Tensor, repeats: Sequence[int], *, out: Tensor) -> Tensor:
+    """repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
+
+    Repeats the tensor along each dimension (torch.compile graphs keep aten.repeat).
+    """
+
+def lift_fresh_copy(self: Tensor) -> Tensor:
+    """lift_fresh_copy(Tensor self) -> Tensor
+
+    A copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile).
+    """
+

@@ -29,6 +29,7 @@
 #include <ATen/ops/mul_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/native_group_norm_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
+#include <ATen/ops/repeat_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/reshape_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/round_cpu_dispatch.h>
 #include <ATen/ops/scatter_cpu_dispatch.h>
@@ -1477,6 +1478,42 @@ PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:739: repeat(Tensor self, SymInt[] repeats) -> Tensor
+PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("repeat", {"self", "repeats"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> repeats = opgen::int_list(slots[1], sig, 1, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::repeat(self, repeats));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:741: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("repeat_out", {"self", "repeats", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> repeats = opgen::int_list(slots[1], sig, 1, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::repeat_outf(self, repeats, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_0[] = {
@@ -1541,5 +1578,7 @@ PyMethodDef opgen_methods_0[] = {
 {"tril_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_tril_out)), METH_FASTCALL | METH_KEYWORDS, "tril_out($module, self, diagonal=0, *, out)\n--\n\ntril.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)\n\nLower triangle of the last two dims; the rest zeroed."},
 {"triu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triu)), METH_FASTCALL | METH_KEYWORDS, "triu($module, self, diagonal=0)\n--\n\ntriu(Tensor self, SymInt diagonal=0) -> Tensor\n\nUpper triangle of the last two dims; the rest zeroed."},
 {"triu_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triu_out)), METH_FASTCALL | METH_KEYWORDS, "triu_out($module, self, diagonal=0, *, out)\n--\n\ntriu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)\n\nUpper triangle of the last two dims; the rest zeroed."},
+{"repeat", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_repeat)), METH_FASTCALL | METH_KEYWORDS, "repeat($module, self, repeats)\n--\n\nrepeat(Tensor self, SymInt[] repeats) -> Tensor\n\nRepeats the tensor along each dimension (torch.compile graphs keep aten.repeat)."},
+{"repeat_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_repeat_out)), METH_FASTCALL | METH_KEYWORDS, "repeat_out($module, self, repeats, *, out)\n--\n\nrepeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)\n\nRepeats the tensor along each dimension (torch.compile graphs keep aten.repeat)."},
 {nullptr, nullptr, 0, nullptr},
 };

@@ -22,10 +22,12 @@
 #include <ATen/ops/gt_cpu_dispatch.h>
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
+#include <ATen/ops/lift_fresh_copy_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/log_cpu_dispatch.h>
 #include <ATen/ops/log_softmax_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/lt_cpu_dispatch.h>
 #include <ATen/ops/max_cpu_dispatch.h>
+#include <ATen/ops/mean_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/minimum_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/ne_cpu_dispatch.h>
@@ -1783,6 +1785,39 @@ PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:734: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mean_all", {"self", "dtype"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::mean(self, dtype));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:744: lift_fresh_copy(Tensor self) -> Tensor
+PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("lift_fresh_copy", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautogradnonfunctional::lift_fresh_copy(self));
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_1[] = {
@@ -1859,5 +1894,7 @@ PyMethodDef opgen_methods_1[] = {
 {"scalar_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scalar_tensor)), METH_FASTCALL | METH_KEYWORDS, "scalar_tensor($module, s, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nscalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA 0-dim tensor holding s."},
 {"full_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_full_like)), METH_FASTCALL | METH_KEYWORDS, "full_like($module, self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nfull_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor with the same size as input filled with fill_value."},
 {"empty_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_like)), METH_FASTCALL | METH_KEYWORDS, "empty_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns an uninitialized tensor with the same size as input."},
+{"mean_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mean_all)), METH_FASTCALL | METH_KEYWORDS, "mean_all($module, self, *, dtype=None)\n--\n\nmean(Tensor self, *, ScalarType? dtype=None) -> Tensor\n\nThe mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default)."},
+{"lift_fresh_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_lift_fresh_copy)), METH_FASTCALL | METH_KEYWORDS, "lift_fresh_copy($module, self)\n--\n\nlift_fresh_copy(Tensor self) -> Tensor\n\nA copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile)."},
 {nullptr, nullptr, 0, nullptr},
 };

@@ -799,6 +799,10 @@ SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
         "empty_like": OpSamples(FLOAT_INT, _like, values=False),
         "tril": OpSamples((F32, I64, BOOL), _tril),
         "triu": OpSamples((F32, I64, BOOL), _tril),
+        # ops the runtime needs
+        "mean": OpSamples(FLOAT, lambda m: [S(m(3, 4)), S(m(3, 4), dtype=F64)]),
+        "repeat": OpSamples(FLOAT_INT, lambda m: [S(m(2, 3), [2, 1]), S(m(3), [2, 2])]),
+        "lift_fresh_copy": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4))]),
     }
 )
 
