@@ -9,10 +9,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["kernel_ops"]
+__all__ = [
+    "InputMismatchError",
+    "InputTypeError",
+    "OpgenError",
+    "RequiresGradError",
+    "UnsupportedOpError",
+    "compile",
+    "kernel_ops",
+]
+
+# Resolved lazily from opgen.runtime (which imports torch) on first access.
+_RUNTIME_EXPORTS = frozenset(__all__) - {"kernel_ops"}
 
 
 def __getattr__(name: str) -> Any:
+    if name in _RUNTIME_EXPORTS:
+        return getattr(importlib.import_module("opgen.runtime"), name)
     if name == "kernel_ops":
         importlib.import_module("torch")  # the extension resolves its symbols from libtorch
         module = importlib.import_module("opgen._C").kernel_ops

@@ -1,0 +1,246 @@
+"""`python -m opgen.bench graphs`: the BENCH.md graph cases through eager, Inductor, AOTInductor and opgen.
+
+One process, one thread (torch.set_num_threads(1)), every call under torch.no_grad(). Candidates
+are timed interleaved (../shared/BENCH.md), each called through `functools.partial(fn, *inputs)`;
+the table reports the median per call with min/max over the repeats and the ratio to eager measured
+in the same run. Compile times (first call,
+including codegen and any C++ compilation) are reported separately; for opgen.compile the part
+after torch.export is given too. Eager is `model.forward(*inputs)` (the module's own code, without
+the top-level `nn.Module.__call__` hooks, so single_add is the `x + y` of BENCH.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opgen.bench import models
+from opgen.bench.timing import Timing, format_table, interleaved
+
+CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_backend")
+LABELS = {
+    "eager": "eager",
+    "inductor": "torch.compile (inductor)",
+    "aoti": "AOTInductor",
+    "opgen": "opgen.compile",
+    "opgen_backend": 'torch.compile(backend="opgen")',
+}
+# Targets for opgen.compile, as ratios to eager (the issue's definition of done).
+TARGETS = {"single_add": 0.8, "reshape_add": 0.35, "resnet18_b1": 0.95, "resnet18_b10": 0.98, "gpt_block": 0.7}
+SPEEDUP_OVER_COMPILERS = {"single_add": 10.0, "reshape_add": 10.0}
+RESNET_CODEGEN_BUDGET_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    case: str
+    candidate: str
+    median_us: float
+    min_us: float
+    max_us: float
+    ratio: float
+    compile_s: float
+    codegen_s: float | None  # opgen.compile: compile time without torch.export (lowering to first result)
+    max_abs_err: float
+
+
+def _compile_inductor(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    return functools.partial(torch.compile(model), *inputs)
+
+
+def _compile_aoti(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    ep = torch.export.export(model, inputs)
+    path = os.path.join(tempfile.mkdtemp(prefix="opgen-bench-aoti-"), "model.pt2")
+    runner = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(ep, package_path=path))
+    return functools.partial(runner, *inputs)
+
+
+def _compile_opgen(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    import opgen
+
+    return functools.partial(opgen.compile(model, inputs), *inputs)
+
+
+def _compile_opgen_backend(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    return functools.partial(torch.compile(model, backend="opgen"), *inputs)
+
+
+def _eager(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    return functools.partial(model.forward, *inputs)
+
+
+BUILDERS = {
+    "eager": _eager,
+    "inductor": _compile_inductor,
+    "aoti": _compile_aoti,
+    "opgen": _compile_opgen,
+    "opgen_backend": _compile_opgen_backend,
+}
+
+
+def _max_err(out: Any, ref: Any) -> float:
+    outs, refs = torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(ref)
+    return max((float((o - r).abs().max()) for o, r in zip(outs, refs, strict=True) if o.numel()), default=0.0)
+
+
+def build(
+    case: models.Case, candidates: Sequence[str]
+) -> tuple[list[Callable[[], Any]], list[float], list[float | None], list[float]]:
+    model, inputs = case.model(), case.inputs()
+    reference = model(*inputs)
+    calls, compile_s, codegen_s, errors = [], [], [], []
+    for name in candidates:
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        call = BUILDERS[name](model, inputs)
+        out = call()  # the first call: Dynamo tracing and lazy compilation happen here
+        compile_s.append(time.perf_counter() - start)
+        report = getattr(getattr(call, "func", None), "report", None)  # opgen.compile's result reports export time
+        codegen_s.append(compile_s[-1] - report().export_seconds if name == "opgen" and report else None)
+        errors.append(_max_err(out, reference))
+        calls.append(call)
+        print(
+            f"  {case.name}: {LABELS[name]} ready in {compile_s[-1]:.2f} s (max abs err {errors[-1]:.2e})", flush=True
+        )
+    return calls, compile_s, codegen_s, errors
+
+
+def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_s: float) -> list[Result]:
+    with torch.no_grad():
+        calls, compile_s, codegen_s, errors = build(case, candidates)
+        warmup = 1 if case.heavy else 3
+        timings: list[Timing] = interleaved(calls, repeats=repeats, warmup=warmup, target_s=target_s)
+    base = timings[0]
+    return [
+        Result(
+            case.name, name, t.median_us, t.min_us, t.max_us, t.ratio_to(base), compile_s[i], codegen_s[i], errors[i]
+        )
+        for i, (name, t) in enumerate(zip(candidates, timings, strict=True))
+    ]
+
+
+def results_table(results: Sequence[Result]) -> str:
+    headers = ["case", "candidate", "median us", "min us", "max us", "x eager", "compile s", "codegen s", "max abs err"]
+    rows = [
+        [r.case, LABELS[r.candidate], r.median_us, r.min_us, r.max_us, f"{r.ratio:.3f}", f"{r.compile_s:.2f}",
+         "" if r.codegen_s is None else f"{r.codegen_s:.3f}", f"{r.max_abs_err:.1e}"]
+        for r in results
+    ]  # fmt: skip
+    return format_table(headers, rows)
+
+
+def summary_table(results: Sequence[Result], candidates: Sequence[str]) -> str:
+    cases = list(dict.fromkeys(r.case for r in results))
+    by = {(r.case, r.candidate): r for r in results}
+    rows = [[case] + [f"{by[case, c].ratio:.3f}" if (case, c) in by else "-" for c in candidates] for case in cases]
+    return format_table(["ratio to eager (median)"] + [LABELS[c] for c in candidates], rows)
+
+
+def target_lines(results: Sequence[Result]) -> list[str]:
+    by = {(r.case, r.candidate): r for r in results}
+    lines = []
+    for case, target in TARGETS.items():
+        if (case, "opgen") in by:
+            ratio = by[case, "opgen"].ratio
+            verdict = "met" if ratio <= target else "NOT met"
+            lines.append(f"  {case}: opgen.compile {ratio:.3f}x eager (target <= {target}): {verdict}")
+    for case, factor in SPEEDUP_OVER_COMPILERS.items():
+        for other in ("inductor", "aoti"):
+            if (case, "opgen") in by and (case, other) in by:
+                speedup = by[case, other].median_us / by[case, "opgen"].median_us
+                verdict = "met" if speedup >= factor else "NOT met"
+                what = f"opgen.compile {speedup:.1f}x faster than {LABELS[other]}"
+                lines.append(f"  {case}: {what} (target >= {factor:g}x): {verdict}")
+    codegen = by.get(("resnet18_b1", "opgen"))
+    if codegen is not None and codegen.codegen_s is not None:
+        verdict = "met" if codegen.codegen_s < RESNET_CODEGEN_BUDGET_S else "NOT met"
+        lines.append(f"  resnet18 compile time without export: {codegen.codegen_s:.3f} s (target < 2 s): {verdict}")
+    return lines
+
+
+def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"--png: matplotlib is not installed (pip install matplotlib); {path} not written"
+    cases = list(dict.fromkeys(r.case for r in results))
+    by = {(r.case, r.candidate): r.ratio for r in results}
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(cases)), 4))
+    width = 0.8 / len(candidates)
+    for i, cand in enumerate(candidates):
+        xs = [j + i * width for j, case in enumerate(cases) if (case, cand) in by]
+        ax.bar(xs, [by[case, cand] for case in cases if (case, cand) in by], width, label=LABELS[cand])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases)
+    ax.set_yscale("log")
+    ax.set_ylabel("time per call / eager (log scale; lower is faster)")
+    ax.set_title("opgen graph benchmark, CPU, 1 thread")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"wrote {path}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m opgen.bench graphs", description=__doc__.split("\n\n")[0])
+    names = [c.name for c in models.cases()]
+    parser.add_argument(
+        "--cases", nargs="+", choices=names, help="cases to run (default: all; --quick: the light ones)"
+    )
+    parser.add_argument(
+        "--candidates",
+        nargs="+",
+        choices=CANDIDATES,
+        default=list(CANDIDATES),
+        help="what to compare (eager always runs)",
+    )
+    parser.add_argument("--quick", action="store_true", help="skip the ResNet cases and use fewer, shorter repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 15, ResNet 5)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--png", type=Path, help="also write a bar chart of the ratios (needs matplotlib)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    torch.set_num_threads(1)
+    selected = [
+        c
+        for c in models.cases()
+        if (args.cases and c.name in args.cases) or (not args.cases and not (args.quick and c.heavy))
+    ]
+    candidates = ["eager"] + [c for c in args.candidates if c != "eager"]
+    light_repeats = args.repeats or (9 if args.quick else 15)  # tiny graphs: many cheap repeats tame the noise
+    heavy_repeats = args.repeats or 5
+    print(
+        f"opgen graph benchmark: torch {torch.__version__}, CPU, {torch.get_num_threads()} thread, no_grad, "
+        "interleaved",
+        flush=True,
+    )
+    results: list[Result] = []
+    for case in selected:
+        target_s = 0.5 if case.heavy else 0.05 if args.quick else 0.1
+        results += run_case(case, candidates, heavy_repeats if case.heavy else light_repeats, target_s)
+    print("\n" + results_table(results) + "\n\n" + summary_table(results, candidates) + "\n\ntargets:")
+    print("\n".join(target_lines(results)))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"torch": torch.__version__, "results": [asdict(r) for r in results]}, indent=1)
+        )
+        print(f"wrote {args.json}")
+    if args.png:
+        print(save_png(results, candidates, args.png))
+    return 0

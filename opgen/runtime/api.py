@@ -1,0 +1,170 @@
+"""`opgen.compile(model, example_inputs)`: export, lower, and return the generated function itself.
+
+The returned callable is the generated Python function (no wrapper object, no Dynamo): it checks
+its inputs and runs the kernels. It carries `report()` and `artifact`. Inputs with other sizes or
+strides get their own specialization (compiled on first sight, unless `recompile=False`); inputs
+of another dtype, device or rank are an error naming the input.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from opgen.runtime import executor
+from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
+from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
+from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, fast_check, shape_mismatch_message, signature
+from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
+from opgen.runtime.report import Report
+
+Compiled = Callable[..., Any]
+
+
+def compile(
+    model: Any,
+    example_inputs: Iterable[torch.Tensor],
+    *,
+    fallback: bool = False,
+    recompile: bool = True,
+    passes: Sequence[str] | None = None,
+    cache: bool = True,
+) -> Compiled:
+    """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
+
+    fallback: ops kernel_ops lacks call the ATen op (see `report()`), and a model that needs
+        autograd runs eagerly, with a warning, instead of raising.
+    recompile: inputs with new sizes/strides compile a new specialization; False makes them an error.
+    passes: IR passes to run (default: `opgen.runtime.pipeline.default_pipeline()`; see `passes.PASSES`).
+    cache: read and write compiled graphs under OPGEN_CACHE_DIR (default ~/.cache/opgen).
+    """
+    inputs = _example_inputs(example_inputs)
+    module = as_module(model)
+    reason = _needs_grad(module, inputs)
+    if reason is not None:
+        if not fallback:
+            raise RequiresGradError(reason)
+        return _eager(module, f"{reason} requires grad")
+    options = CompileOptions(fallback, tuple(passes) if passes is not None else default_pipeline(), cache)
+    return _Specializations(module, options, recompile).build(inputs)
+
+
+def _example_inputs(example_inputs: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    inputs = tuple(example_inputs)
+    for i, value in enumerate(inputs, start=1):
+        if not isinstance(value, torch.Tensor):
+            raise InputTypeError(
+                f"opgen.compile: example input {i} is {type(value).__name__}; the compiled function takes tensors only "
+                "(bind other arguments inside the model)"
+            )
+    return inputs
+
+
+def _needs_grad(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> str | None:
+    if not torch.is_grad_enabled():
+        return None
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            return f"parameter '{name}' of {model_name(module)}"
+    for i, value in enumerate(inputs, start=1):
+        if value.requires_grad:
+            return f"example input {i}"
+    return None
+
+
+def _eager(module: torch.nn.Module, reason: str) -> Compiled:
+    warnings.warn(f"opgen.compile: {reason}; running {model_name(module)} eagerly (fallback=True)", stacklevel=3)
+
+    def eager(*args: Any) -> Any:
+        return module(*args)
+
+    eager.report = lambda: Report(model_name(module), 0, (), eager_reason=reason)  # type: ignore[attr-defined]
+    return eager
+
+
+@dataclass
+class _Specializations:
+    """The compiled versions of one model, by input signature, and the slow path between them."""
+
+    module: torch.nn.Module
+    options: CompileOptions
+    recompile: bool
+    by_signature: dict[Any, Compiled] = field(default_factory=dict)
+    warned_eager: bool = False
+
+    def build(self, inputs: tuple[torch.Tensor, ...]) -> Compiled:
+        start = time.perf_counter()
+        ep = export_program(self.module, inputs, default_registry())
+        export_seconds = time.perf_counter() - start
+        sig = signature_of(ep)
+        constants = constants_of(self.module, ep)
+        grad_mode = any(constants[p.key].requires_grad for p in sig.placeholders if p.kind == "constant" and p.key)
+        options = CompileOptions(self.options.fallback, self.options.passes, self.options.cache, True, grad_mode)
+        spec = ep.call_spec.out_spec
+        graph, filename = compile_graph(ep.graph_module, sig, options, model_name(self.module), str(spec))
+        unflatten = _unflatten(spec) if sig.form == "pytree" else None
+        rt = executor.Runtime(self.slow_path(graph.inputs, grad_mode), unflatten=unflatten)
+        fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)
+        fn.artifact = graph  # type: ignore[attr-defined]
+        fn.report = lambda: self.report(graph, export_seconds)  # type: ignore[attr-defined]
+        self.by_signature[signature(inputs)] = fn
+        return fn
+
+    def report(self, graph: CompiledGraph, export_seconds: float) -> Report:
+        return Report(
+            model_name(self.module),
+            graph.direct_nodes,
+            graph.fallback_nodes,
+            torch_ops=tuple(op for op in graph.fallbacks if op not in {f for _, f in graph.fallback_nodes}),
+            from_cache=graph.from_cache,
+            export_seconds=export_seconds,
+            codegen_seconds=graph.codegen_seconds,
+            specializations=len(self.by_signature),
+        )
+
+    def slow_path(self, specs: tuple[InputSpec, ...], grad_mode: bool) -> executor.Handler:
+        def on_mismatch(set_check: Callable[[Check], None], *args: Any) -> Any:
+            if grad_mode and torch.is_grad_enabled():
+                return self.run_eagerly(args)
+            if diagnose(specs, args):
+                return self.respecialize(specs, args)
+            set_check(fast_check(specs, args))  # the inputs fit: rebuild the check for the current dispatch state
+            return PROCEED
+
+        return on_mismatch
+
+    def run_eagerly(self, args: tuple[Any, ...]) -> Any:
+        what = f"a parameter of {model_name(self.module)}"
+        if not self.options.fallback:
+            raise RequiresGradError(what)
+        if not self.warned_eager:
+            warnings.warn(f"opgen: {what} requires grad and grad mode is on; running eagerly", stacklevel=3)
+            self.warned_eager = True
+        return self.module(*args)
+
+    def respecialize(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Any:
+        fn = self.by_signature.get(signature(args))
+        if fn is None:
+            message = shape_mismatch_message(specs, args)
+            if not self.recompile:
+                raise InputMismatchError(f"{message}; recompiling is off (opgen.compile(..., recompile=False))")
+            try:
+                fn = self.build(args)
+            except Exception as exc:
+                raise InputMismatchError(
+                    f"{message}; compiling for the new shapes failed: {type(exc).__name__}: {exc}"
+                ) from exc
+        return fn(*args)
+
+
+def _unflatten(spec: pytree.TreeSpec) -> Callable[[tuple[Any, ...]], Any]:
+    return lambda flat: pytree.tree_unflatten(list(flat), spec)

@@ -1,0 +1,71 @@
+"""The compiled artifact: generated source plus what binding it needs. It knows nothing of execution.
+
+A `CompiledGraph` is plain data: the source text, the input specs its check compares against, the
+kernels, ATen ops, symbols and constant keys the source binds, how outputs are rebuilt, and the
+report facts. It round-trips through JSON, which is how the disk cache stores it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from opgen.runtime.guards import InputSpec
+from opgen.runtime.ir import Program
+from opgen.runtime.python_backend import Source
+
+FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGraph:
+    key: str
+    name: str  # the generated function
+    source: str
+    inputs: tuple[InputSpec, ...]
+    kernels: tuple[str, ...]
+    fallbacks: tuple[str, ...]  # ATen ops the source calls (`aten.sort.default`)
+    symbols: tuple[tuple[str, str, str], ...]  # (local, kind, value)
+    constants: tuple[tuple[str, str], ...]  # (local, key into the constants mapping)
+    direct_nodes: int = 0
+    fallback_nodes: tuple[tuple[str, str], ...] = ()
+    passes: tuple[str, ...] = ()
+    codegen_seconds: float = 0.0
+    from_cache: bool = field(default=False, compare=False)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.pop("from_cache")
+        return json.dumps({"format": FORMAT, **data}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CompiledGraph:
+        data: dict[str, Any] = json.loads(text)
+        if data.pop("format", None) != FORMAT:
+            raise ValueError("compiled graph written by another opgen format version")
+        data["inputs"] = tuple(
+            InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"]) for s in data["inputs"]
+        )
+        for name in ("kernels", "fallbacks", "passes"):
+            data[name] = tuple(data[name])
+        for name in ("symbols", "constants", "fallback_nodes"):
+            data[name] = tuple(tuple(item) for item in data[name])
+        return cls(**data, from_cache=True)
+
+    def cached(self) -> CompiledGraph:
+        return replace(self, from_cache=True)
+
+
+def compiled_graph(key: str, program: Program, source: Source, **facts: Any) -> CompiledGraph:
+    return CompiledGraph(
+        key=key,
+        name=program.name,
+        source=source.text,
+        inputs=tuple(InputSpec.of(i) for i in program.inputs),
+        kernels=source.kernels,
+        fallbacks=source.fallbacks,
+        symbols=tuple((local, sym.kind, sym.value) for local, sym in source.symbols),
+        constants=source.constants,
+        **facts,
+    )

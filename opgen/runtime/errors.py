@@ -1,0 +1,40 @@
+"""The runtime's exceptions. Each message names what failed, where, and what to do about it."""
+
+from __future__ import annotations
+
+
+class OpgenError(RuntimeError):
+    """Base class of the runtime's own errors."""
+
+
+class UnsupportedOpError(OpgenError):
+    """A graph node calls an op that `kernel_ops` does not bind (and fallback was not asked for)."""
+
+    def __init__(self, op: str, node: str, reason: str = "") -> None:
+        self.op = op
+        self.node = node
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"opgen cannot lower graph node '{node}': op {op} has no kernel_ops binding{detail}. "
+            f"Add it to ops.yaml (under '# --- ops the runtime needs ---') and rebuild, or pass "
+            f"fallback=True to call the ATen op for this node instead."
+        )
+
+
+class RequiresGradError(OpgenError):
+    """opgen compiles inference graphs only; something needs autograd."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"opgen runs inference only, but {what} requires grad while grad mode is enabled. "
+            "Call it under torch.no_grad() or torch.inference_mode(), call model.requires_grad_(False), "
+            "or pass fallback=True to run the model eagerly."
+        )
+
+
+class InputMismatchError(ValueError):
+    """An input does not match what the graph was compiled for, and recompiling is off or failed."""
+
+
+class InputTypeError(TypeError):
+    """An input has the wrong type or dtype."""

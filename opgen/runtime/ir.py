@@ -1,0 +1,268 @@
+"""The wrapper IR: a compiled graph as a list of small frozen lines of plain data.
+
+A `Program` is a function's inputs, the tensor constants it binds, `setup` lines that run once when
+the executor binds the program (allocations of persistent buffers, folded constants, hoisted
+views) and `body` lines that run on every call. Lines refer to values by name (`Ref`); every value a
+line defines is a `Value` carrying its `TensorMeta` where known. Nothing here imports torch or
+refers to a graph, so programs can be built by hand, transformed by passes and printed by a
+backend in tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Union
+
+# Bytes per element of the dtypes the runtime plans memory for (others are never planned).
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A reference to a named value: an input, a constant or a value a line defined."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sym:
+    """A non-literal Python value printed by name: a dtype, device, layout, memory format or inf/nan."""
+
+    kind: str  # "dtype" | "device" | "layout" | "memory_format" | "float"
+    value: str  # "float32", "cpu", "strided", "channels_last", "-inf"
+
+
+# An argument: a reference, a symbol, a Python literal, or a tuple of arguments (lists print as tuples).
+Arg = Union[Ref, Sym, int, float, bool, str, None, tuple["Arg", ...]]  # noqa: UP007
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    device: str
+    offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def span(self) -> int:
+        """Elements of storage the tensor reaches, from element 0 of its storage."""
+        if self.numel == 0:
+            return self.offset
+        return self.offset + 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
+
+    def is_contiguous(self) -> bool:
+        """Row-major dense, as torch.Tensor.is_contiguous (strides of size-1 dims do not matter)."""
+        expected = contiguous_strides(self.shape)
+        return self.numel <= 1 or all(
+            n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected, strict=True)
+        )
+
+    def with_shape(self, shape: tuple[int, ...]) -> TensorMeta:
+        return replace(self, shape=shape, stride=contiguous_strides(shape), offset=0)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    name: str
+    meta: TensorMeta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """A positional tensor argument of the compiled function."""
+
+    name: str
+    meta: TensorMeta
+
+
+@dataclass(frozen=True, slots=True)
+class TensorConstant:
+    """A tensor bound once, by `key`, from the constants the executor is given (parameters, buffers)."""
+
+    name: str
+    key: str
+    meta: TensorMeta
+    mutable: bool = False  # the graph writes it (a buffer mutation): never folded
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCall:
+    """`outputs = kernel(*args, **kwargs)`; `kernel` is a kernel_ops name, or an ATen overload if `fallback`."""
+
+    kernel: str
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...]
+    outputs: tuple[Value | None, ...]  # () for a call kept only for its writes; None: an unused result
+    node: str  # the graph node it came from, for the trailing comment
+    target: str  # "aten.add.Tensor"
+    unpack: bool = False  # the kernel returns a tuple or list, unpacked into `outputs`
+    mutates: tuple[str, ...] = ()  # names of arguments the call writes (in-place and out= variants)
+    fallback: bool = False  # `kernel` names a torch op (bound from `ops`), not a kernel_ops function
+    pointwise: bool = False
+    fresh: bool = False  # a torch-op call known to return new tensors (else assumed to alias its arguments)
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """A fresh uninitialised tensor with the value's meta."""
+
+    value: Value
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """`value` reinterprets the storage of `source` with the value's size, stride and offset."""
+
+    value: Value
+    source: str
+    node: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """A literal bound to a name once (a folded shape, a shape list)."""
+
+    name: str
+    value: Arg
+
+
+@dataclass(frozen=True, slots=True)
+class Comment:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """Check the inputs against the compiled metadata; a mismatch goes to the executor's slow path."""
+
+    inputs: tuple[str, ...]
+    grad_mode: bool = False  # also refuse to run while grad mode is on (constants require grad)
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    values: tuple[Arg, ...]
+    form: str = "tuple"  # "single" | "tuple" | "list" | "pytree" (rebuilt by the executor's unflatten)
+
+
+Line = Union[KernelCall, Alloc, View, Free, Constant, Comment, Guard, Return]  # noqa: UP007
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    name: str
+    inputs: tuple[Input, ...]
+    constants: tuple[TensorConstant, ...]
+    setup: tuple[Line, ...]
+    body: tuple[Line, ...]
+
+
+def refs(arg: Arg) -> Iterator[str]:
+    """Names an argument refers to, in order."""
+    if isinstance(arg, Ref):
+        yield arg.name
+    elif isinstance(arg, tuple):
+        for item in arg:
+            yield from refs(item)
+
+
+def uses(line: Line) -> tuple[str, ...]:
+    """Names a line reads (or writes in place)."""
+    match line:
+        case KernelCall(args=args, kwargs=kwargs):
+            return tuple(refs(args)) + tuple(refs(tuple(v for _, v in kwargs)))
+        case View(source=source):
+            return (source,)
+        case Free(names=names) | Guard(inputs=names):
+            return names
+        case Return(values=values):
+            return tuple(refs(values))
+        case Constant(value=value):
+            return tuple(refs(value))
+    return ()
+
+
+def defs(line: Line) -> tuple[Value, ...]:
+    """Values a line defines."""
+    match line:
+        case KernelCall(outputs=outputs):
+            return tuple(v for v in outputs if v is not None)
+        case Alloc(value=value) | View(value=value):
+            return (value,)
+        case Constant(name=name):
+            return (Value(name),)
+    return ()
+
+
+def substitute(arg: Arg, mapping: Mapping[str, Arg]) -> Arg:
+    """Replace references by the mapping's arguments."""
+    if isinstance(arg, Ref):
+        return mapping.get(arg.name, arg)
+    if isinstance(arg, tuple):
+        return tuple(substitute(a, mapping) for a in arg)
+    return arg
+
+
+def substitute_all(args: tuple[Arg, ...], mapping: Mapping[str, Arg]) -> tuple[Arg, ...]:
+    return tuple(substitute(a, mapping) for a in args)
+
+
+def substitute_line(line: Line, mapping: Mapping[str, Arg]) -> Line:
+    if not mapping:
+        return line
+
+    def name(n: str) -> str:
+        new = mapping.get(n, Ref(n))
+        return new.name if isinstance(new, Ref) else n
+
+    match line:
+        case KernelCall(args=args, kwargs=kwargs, mutates=mutates):
+            kw = tuple((k, substitute(v, mapping)) for k, v in kwargs)
+            return replace(line, args=substitute_all(args, mapping), kwargs=kw, mutates=tuple(map(name, mutates)))
+        case View(source=source):
+            return replace(line, source=name(source))
+        case Return(values=values):
+            return replace(line, values=substitute_all(values, mapping))
+        case Guard(inputs=inputs):
+            return replace(line, inputs=tuple(map(name, inputs)))
+        case Free(names=names):
+            return replace(line, names=tuple(map(name, names)))
+        case Constant(value=value):
+            return replace(line, value=substitute(value, mapping))
+    return line
+
+
+def meta_table(program: Program) -> dict[str, TensorMeta]:
+    """The meta of every named tensor value of a program."""
+    table = {i.name: i.meta for i in program.inputs}
+    table.update((c.name, c.meta) for c in program.constants)
+    for line in (*program.setup, *program.body):
+        table.update((v.name, v.meta) for v in defs(line) if v.meta is not None)
+    return table
+
+
+def map_body(program: Program, fn: Callable[[Line], Line]) -> Program:
+    return replace(program, body=tuple(fn(line) for line in program.body))

@@ -1,0 +1,65 @@
+"""IR passes. Each is a pure function `(Program, KernelRegistry) -> Program`, optional and testable alone.
+
+`PASSES` names them; `DEFAULT_PIPELINE` is the order `opgen.compile` runs them in. Order matters
+only for quality, not correctness: batch-norm folding wants the raw conv -> bn pattern; view
+simplification and shape folding leave dead code, removed before `prepack` looks for single
+readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
+again, removed before memory planning; constant folding and memory planning decide what lives in
+setup; `hoist_views` then moves views of setup values out of the call; `insert_frees` comes last
+because it needs the final body. `prepack` needs oneDNN at run time, so
+`opgen.runtime.pipeline.default_pipeline()` leaves it out where torch has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from opgen.runtime.ir import Program
+from opgen.runtime.passes.constants import fold_constants
+from opgen.runtime.passes.conv_bn import fold_conv_bn
+from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.layout import channels_last_pooling
+from opgen.runtime.passes.memory import insert_frees, plan_memory
+from opgen.runtime.passes.prepack import prepack_linear
+from opgen.runtime.passes.shapes import fold_shapes
+from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
+from opgen.runtime.registry import KernelRegistry
+
+Pass = Callable[[Program, KernelRegistry], Program]
+
+PASSES: dict[str, Pass] = {
+    "conv_bn": fold_conv_bn,
+    "layout": channels_last_pooling,
+    "identity_views": drop_identity_views,
+    "sink_reshapes": sink_reshapes,
+    "shapes": fold_shapes,
+    "constants": fold_constants,
+    "prepack": prepack_linear,
+    "dead_code": eliminate_dead_code,
+    "memory": plan_memory,
+    "hoist_views": hoist_views,
+    "frees": insert_frees,
+}
+
+DEFAULT_PIPELINE = (
+    "conv_bn",
+    "layout",
+    "identity_views",
+    "sink_reshapes",
+    "shapes",
+    "dead_code",
+    "constants",
+    "prepack",
+    "dead_code",
+    "memory",
+    "hoist_views",
+    "frees",
+)
+
+
+def run_passes(program: Program, registry: KernelRegistry, names: Iterable[str] = DEFAULT_PIPELINE) -> Program:
+    for name in names:
+        if name not in PASSES:
+            raise ValueError(f"unknown opgen pass '{name}' (known: {', '.join(PASSES)})")
+        program = PASSES[name](program, registry)
+    return program

@@ -1,0 +1,144 @@
+"""Facts passes share: uses, last uses, which values alias which, which escape to the caller."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from opgen.runtime.ir import Arg, Constant, KernelCall, Line, Program, Ref, Return, View, defs, refs, uses
+from opgen.runtime.registry import KernelRegistry, OpInfo
+
+
+def use_counts(lines: Iterable[Line | None]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for line in lines:
+        if line is not None:
+            counts.update(uses(line))
+    return counts
+
+
+def last_uses(lines: Sequence[Line]) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        for name in uses(line):
+            last[name] = i
+    return last
+
+
+def setup_names(program: Program) -> set[str]:
+    """Values that exist before the first call: constants and whatever setup defines."""
+    names = {c.name for c in program.constants}
+    for line in program.setup:
+        names.update(v.name for v in defs(line))
+    return names
+
+
+def constant_names(program: Program) -> set[str]:
+    """Non-mutable tensor constants and the setup values computed from them alone."""
+    constant = {c.name for c in program.constants if not c.mutable}
+    for line in program.setup:
+        if isinstance(line, Constant) or (isinstance(line, KernelCall) and set(uses(line)) <= constant):
+            constant.update(v.name for v in defs(line))
+    return constant
+
+
+def info_of(line: KernelCall, registry: KernelRegistry) -> OpInfo | None:
+    return None if line.fallback else registry.by_name.get(line.kernel)
+
+
+def arg_value(line: KernelCall, info: OpInfo, name: str) -> Arg:
+    """The value a call passes for a schema argument (its default if the call leaves it out)."""
+    positional = [a.name for a in info.args if not a.kwarg_only]
+    if name in positional and positional.index(name) < len(line.args):
+        return line.args[positional.index(name)]
+    return dict(line.kwargs).get(name, info.arg(name).default)
+
+
+def alias_sources(line: Line, registry: KernelRegistry) -> tuple[str, ...]:
+    """Names whose storage the values `line` defines may share (conservative for fallback ops)."""
+    match line:
+        case View(source=source):
+            return (source,)
+        case KernelCall(fallback=True, fresh=False):
+            return tuple(uses(line))
+        case KernelCall(fallback=True):
+            return ()
+        case KernelCall():
+            info = info_of(line, registry)
+            if info is None or info.view_source is None:
+                return ()
+            return tuple(refs(arg_value(line, info, info.view_source)))
+    return ()
+
+
+def is_view_call(line: Line, registry: KernelRegistry) -> bool:
+    if not isinstance(line, KernelCall) or line.fallback:
+        return False
+    info = registry.by_name.get(line.kernel)
+    return info is not None and info.is_view
+
+
+def escaping(program: Program, registry: KernelRegistry) -> set[str]:
+    """Names whose storage the caller can reach through the returned values."""
+    lines = (*program.setup, *program.body)
+    sources = {v.name: alias_sources(line, registry) for line in lines for v in defs(line)}
+    todo = [n for line in program.body if isinstance(line, Return) for n in uses(line)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(sources.get(name, ()))
+    return seen
+
+
+@dataclass
+class Groups:
+    """Union-find over value names: values in one group share storage."""
+
+    parent: dict[str, str] = field(default_factory=dict)
+
+    def find(self, name: str) -> str:
+        root = self.parent.setdefault(name, name)
+        while root != self.parent[root]:
+            root = self.parent[root]
+        self.parent[name] = root
+        return root
+
+    def union(self, a: str, b: str) -> str:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+        return ra
+
+    def members(self, name: str) -> list[str]:
+        root = self.find(name)
+        return [n for n in list(self.parent) if self.find(n) == root]
+
+
+def alias_groups(lines: Iterable[Line], registry: KernelRegistry) -> Groups:
+    groups = Groups()
+    for line in lines:
+        for value in defs(line):
+            groups.find(value.name)
+            for source in alias_sources(line, registry):
+                groups.union(source, value.name)
+    return groups
+
+
+def fresh_namer(program: Program, prefix: str) -> Iterator[str]:
+    """Names `prefix0`, `prefix1`, ... not used anywhere in the program."""
+    taken = {i.name for i in program.inputs} | {c.name for c in program.constants}
+    for line in (*program.setup, *program.body):
+        taken.update(v.name for v in defs(line))
+        taken.update(uses(line))
+    n = 0
+    while True:
+        if f"{prefix}{n}" not in taken:
+            yield f"{prefix}{n}"
+        n += 1
+
+
+def ref_names(args: Iterable[Arg]) -> list[str]:
+    return [a.name for a in args if isinstance(a, Ref)]

@@ -1,0 +1,78 @@
+"""One FX graph -> one `CompiledGraph`: cache lookup, lowering, passes, Python backend.
+
+Shared by `opgen.compile` (export graphs) and the torch.compile backend (AOT graphs).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from opgen.runtime import cache
+from opgen.runtime.artifact import CompiledGraph, compiled_graph
+from opgen.runtime.export import graph_fingerprint
+from opgen.runtime.lower import GraphSignature, LowerOptions, lower
+from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
+from opgen.runtime.python_backend import emit
+from opgen.runtime.registry import KernelRegistry, load_registry
+
+
+def default_pipeline() -> tuple[str, ...]:
+    """All passes, less `prepack` where torch lacks the oneDNN ops it calls."""
+    has_onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return DEFAULT_PIPELINE if has_onednn else tuple(p for p in DEFAULT_PIPELINE if p != "prepack")
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    fallback: bool = False
+    passes: tuple[str, ...] = DEFAULT_PIPELINE
+    cache: bool = True
+    guard: bool = True  # check inputs at the top (off under torch.compile: Dynamo guards already)
+    grad_mode: bool = False  # the check also refuses grad mode (bound constants require grad)
+
+
+@functools.cache
+def default_registry() -> KernelRegistry:
+    from opgen import kernel_ops
+
+    return load_registry(kernel_ops)
+
+
+def kernel_ops_module() -> object:
+    from opgen import kernel_ops
+
+    return kernel_ops
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    signature: GraphSignature,
+    options: CompileOptions,
+    name: str,
+    out_spec: str = "",
+) -> tuple[CompiledGraph, str]:
+    """The compiled graph and the file name its source is registered under; `out_spec` joins the key."""
+    registry = default_registry()
+    parts = [torch.__version__, registry.build_id, repr(options), repr(signature), out_spec, graph_fingerprint(gm)]
+    key = cache.cache_key(parts)
+    if options.cache and (graph := cache.load(key)) is not None:
+        return graph, str(cache.source_path(key))
+    start = time.perf_counter()
+    lowered = lower(gm, signature, registry, LowerOptions(options.fallback, options.guard, options.grad_mode))
+    program = run_passes(lowered.program, registry, options.passes)
+    source = emit(program, header=f"{name}, graph {key[:16]}")
+    graph = compiled_graph(
+        key,
+        program,
+        source,
+        direct_nodes=lowered.direct,
+        fallback_nodes=lowered.fallbacks,
+        passes=options.passes,
+        codegen_seconds=time.perf_counter() - start,
+    )
+    path = cache.store(graph) if options.cache else None
+    return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"

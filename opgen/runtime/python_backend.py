@@ -1,0 +1,239 @@
+"""The Python backend: a `Program` -> straight-line Python source calling kernel_ops.
+
+The source defines `make(kernel_ops, ops, constants, symbols, rt)`, run once by the executor. It
+binds every kernel, ATen fallback op, symbol and constant to a local, runs the setup lines, and
+returns the inner function, whose body is one statement per line of the program with a trailing
+comment naming the graph node. Everything the call path touches is a closure local.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import assert_never
+
+from opgen.runtime.ir import (
+    Alloc,
+    Arg,
+    Comment,
+    Constant,
+    Free,
+    Guard,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    Return,
+    Sym,
+    View,
+)
+
+_FLOAT_NAMES = {"inf": "inf", "-inf": "neg_inf", "nan": "nan"}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    text: str
+    kernels: tuple[str, ...]  # kernel_ops functions the source binds
+    fallbacks: tuple[str, ...]  # ATen ops (`aten.sort.default`) it binds
+    symbols: tuple[tuple[str, Sym], ...]  # (local, symbol)
+    constants: tuple[tuple[str, str], ...]  # (local, key)
+    helpers: tuple[str, ...]  # rt attributes it binds
+
+
+def sym_local(sym: Sym) -> str:
+    match sym.kind:
+        case "device":
+            return re.sub(r"\W", "", sym.value)
+        case "float":
+            return _FLOAT_NAMES[sym.value]
+    return sym.value
+
+
+def fallback_local(target: str) -> str:
+    """The local a torch op is bound to: `aten.sort.default` -> `aten_sort`, `py:_operator.mul` -> `op_operator_mul`."""
+    if target.startswith("py:"):
+        return "op_" + re.sub(r"\W+", "_", target[3:]).strip("_")
+    namespace, name, overload = [*target.split("."), "default"][:3]
+    parts = [namespace, name.strip("_")] + ([] if overload == "default" else [overload])
+    return re.sub(r"\W", "_", "_".join(parts))
+
+
+def literal(arg: Arg) -> str:
+    """Python source for an IR argument."""
+    match arg:
+        case Ref(name=name):
+            return name
+        case Sym():
+            return sym_local(arg)
+        case tuple():
+            items = ", ".join(literal(a) for a in arg)
+            return f"({items},)" if len(arg) == 1 else f"({items})"
+        case bool() | None | int() | str():
+            return repr(arg)
+        case float():
+            return repr(arg)
+    raise TypeError(f"cannot print IR argument {arg!r}")
+
+
+def call_expr(line: KernelCall) -> str:
+    callee = fallback_local(line.kernel) if line.fallback else line.kernel
+    parts = [literal(a) for a in line.args] + [f"{k}={literal(v)}" for k, v in line.kwargs]
+    return f"{callee}({', '.join(parts)})"
+
+
+def call_text(line: KernelCall) -> str:
+    call = call_expr(line)
+    names = [v.name if v else "_" for v in line.outputs]
+    if line.unpack and any(v is not None for v in line.outputs):
+        call = f"{', '.join(names)}{',' if len(names) == 1 else ''} = {call}"
+    elif len(line.outputs) == 1 and line.outputs[0] is not None:
+        call = f"{names[0]} = {call}"
+    return f"{call}  # {line.node}: {line.target}"
+
+
+def return_text(line: Return) -> str:
+    values = [literal(v) for v in line.values]
+    match line.form:
+        case "single":
+            return f"return {values[0]}"
+        case "list":
+            return f"return [{', '.join(values)}]"
+        case "pytree":
+            return f"return _unflatten(({', '.join(values)}{',' if len(values) == 1 else ''}))"
+    return f"return ({', '.join(values)}{',' if len(values) == 1 else ''})"
+
+
+def guard_text(line: Guard) -> list[str]:
+    """The input check; the slow path returns another specialization's result, raises, or says proceed."""
+    args = ", ".join(line.inputs)
+    test = f"not _check({args})" + (" or _grad_enabled()" if line.grad_mode else "")
+    return [
+        f"if {test}:",
+        f"    result = _on_mismatch({args})",
+        "    if result is not _PROCEED:",
+        "        return result",
+    ]
+
+
+def line_text(line: Line) -> list[str]:
+    match line:
+        case KernelCall():
+            return [call_text(line)]
+        case Alloc(value=value):
+            meta = value.meta
+            assert meta is not None, f"Alloc of {value.name} has no meta"
+            dev = sym_local(Sym("device", meta.device))
+            size = f"{literal(meta.shape)}, {literal(meta.stride)}"
+            return [f"{value.name} = empty_strided({size}, dtype={meta.dtype}, device={dev})"]
+        case View(value=value, source=source, node=node):
+            meta = value.meta
+            assert meta is not None, f"View {value.name} has no meta"
+            comment = f"  # {node}" if node else ""
+            size = f"{literal(meta.shape)}, {literal(meta.stride)}, {meta.offset}"
+            return [f"{value.name} = as_strided({source}, {size}){comment}"]
+        case Free(names=names):
+            return [f"del {', '.join(names)}"] if names else []
+        case Constant(name=name, value=value):
+            return [f"{name} = {literal(value)}"]
+        case Comment(text=text):
+            return [f"# {t}" for t in text.splitlines()]
+        case Guard():
+            return guard_text(line)
+        case Return():
+            return [return_text(line)]
+        case _:
+            assert_never(line)
+
+
+def _symbols(args: Iterable[Arg], found: dict[str, Sym]) -> None:
+    for arg in args:
+        if isinstance(arg, Sym):
+            found.setdefault(sym_local(arg), arg)
+        elif isinstance(arg, tuple):
+            _symbols(arg, found)
+
+
+def _collect(program: Program) -> tuple[list[str], list[str], dict[str, Sym], list[str]]:
+    kernels: dict[str, None] = {}
+    fallbacks: dict[str, None] = {}
+    symbols: dict[str, Sym] = {}
+    helpers: dict[str, None] = {}
+    for line in (*program.setup, *program.body):
+        match line:
+            case KernelCall(kernel=kernel, fallback=fallback, args=args, kwargs=kwargs):
+                (fallbacks if fallback else kernels)[kernel] = None
+                _symbols(args, symbols)
+                _symbols((v for _, v in kwargs), symbols)
+            case Alloc(value=value):
+                helpers["empty_strided"] = None
+                assert value.meta is not None
+                _symbols((Sym("dtype", value.meta.dtype), Sym("device", value.meta.device)), symbols)
+            case View():
+                helpers["as_strided"] = None
+            case Constant(value=value):
+                _symbols((value,), symbols)
+            case Return(values=values, form=form):
+                _symbols(values, symbols)
+                if form == "pytree":
+                    helpers["_unflatten"] = None
+            case Guard(grad_mode=grad_mode):
+                helpers.update(dict.fromkeys(("_check", "_on_mismatch", "_PROCEED")))
+                if grad_mode:
+                    helpers["_grad_enabled"] = None
+    if any(isinstance(line, Alloc) for line in program.setup):
+        helpers["_lock"] = None  # persistent buffers: one call at a time
+    return list(kernels), list(fallbacks), symbols, list(helpers)
+
+
+def _returns_last_call(lines: Sequence[Line]) -> bool:
+    """`buf = call(...); return buf` prints as `return call(...)`."""
+    if len(lines) < 2 or not isinstance(lines[-1], Return) or not isinstance(lines[-2], KernelCall):
+        return False
+    ret, call = lines[-1], lines[-2]
+    single = len(call.outputs) == 1 and call.outputs[0] is not None and not call.unpack
+    return single and ret.form == "single" and ret.values == (Ref(call.outputs[0].name),)  # type: ignore[union-attr]
+
+
+def _body_text(program: Program, locked: bool) -> list[str]:
+    """The function body; with persistent buffers, everything after the input check holds the lock."""
+    rest = [line for line in program.body if not isinstance(line, Guard)]
+    out = ["        " + t for line in program.body if isinstance(line, Guard) for t in line_text(line)]
+    if locked:
+        out.append("        with _lock:")
+    indent = "            " if locked else "        "
+    if _returns_last_call(rest):
+        *rest, last, _ = rest
+        assert isinstance(last, KernelCall)
+        tail = [f"return {call_expr(last)}  # {last.node}: {last.target}"]
+    else:
+        tail = []
+    return out + [indent + t for line in rest for t in line_text(line)] + [indent + t for t in tail]
+
+
+def emit(program: Program, header: str = "") -> Source:
+    """Print a program as the source of its `make` factory."""
+    kernels, fallbacks, symbols, helpers = _collect(program)
+    out = [f"# @generated by opgen{': ' + header if header else ''}. Do not edit.", "", ""]
+    out.append("def make(kernel_ops, ops, constants, symbols, rt):")
+    out += [f"    {k} = kernel_ops.{k}" for k in kernels]
+    out += [f'    {fallback_local(f)} = ops["{f}"]' for f in fallbacks]
+    out += [f'    {name} = symbols["{name}"]' for name in symbols]
+    out += [f'    {c.name} = constants["{c.key}"]' for c in program.constants]
+    out += [f"    {h} = rt.{h.lstrip('_')}" for h in helpers]
+    out += ["    " + t for line in program.setup for t in line_text(line)]
+    args = ", ".join(i.name for i in program.inputs)
+    out += ["", f"    def {program.name}({args}):"]
+    for i in program.inputs:
+        out.append(f"        # {i.name}: {i.meta.dtype}{list(i.meta.shape)} on {i.meta.device}")
+    out += _body_text(program, "_lock" in helpers)
+    out += ["", f"    return {program.name}", ""]
+    return Source(
+        "\n".join(out),
+        tuple(kernels),
+        tuple(fallbacks),
+        tuple(symbols.items()),
+        tuple((c.name, c.key) for c in program.constants),
+        tuple(helpers),
+    )

@@ -1,0 +1,181 @@
+"""The kernel_ops args-info registry, indexed by ATen overload, and argument binding against it.
+
+This is the runtime's only source of op metadata: which ATen overloads have a kernel, their
+argument names, kinds and defaults, and the in-place/out siblings memory planning may call. It is
+built from `kernel_ops.get_kernel_ops_args_info()` (plain dicts), never from ops.yaml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opgen.runtime.ir import Arg, Sym
+
+# ScalarType spellings of schema defaults -> torch dtype names.
+_SCALAR_TYPES = {
+    "Byte": "uint8", "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64", "Half": "float16",
+    "Float": "float32", "Double": "float64", "Bool": "bool", "BFloat16": "bfloat16",
+}  # fmt: skip
+_SYM_KINDS = {"MemoryFormat": "memory_format", "Layout": "layout", "Device": "device", "ScalarType": "dtype"}
+
+
+class _NoDefault:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _NoDefault()
+
+
+@dataclass(frozen=True, slots=True)
+class ArgInfo:
+    name: str
+    type: str
+    is_tensor: bool
+    kwarg_only: bool
+    default: Any  # an IR argument, or REQUIRED
+    mutable: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    name: str  # the kernel_ops function
+    aten: str  # "aten::add.Tensor"
+    args: tuple[ArgInfo, ...]
+    returns: tuple[str, ...]  # return types
+    returns_tuple: bool
+    variant: str
+    functional: str | None
+    inplace: str | None
+    out: str | None
+    is_view: bool
+    mutates: tuple[str, ...]
+    view_source: str | None = None  # the argument a view's result aliases
+
+    @property
+    def returns_list(self) -> bool:
+        return len(self.returns) == 1 and self.returns[0].endswith("[]")
+
+    def arg(self, name: str) -> ArgInfo:
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(f"kernel_ops.{self.name} has no argument '{name}'")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRegistry:
+    by_name: Mapping[str, OpInfo]
+    by_aten: Mapping[str, OpInfo]
+    build_id: str
+
+    def lookup(self, aten: str) -> OpInfo | None:
+        """The functional binding of an overload (`aten::relu` or `aten::relu.default`)."""
+        return self.by_aten.get(aten.removesuffix(".default"))
+
+    def sibling(self, info: OpInfo, variant: str) -> OpInfo | None:
+        name = {"inplace": info.inplace, "out": info.out, "functional": info.functional}[variant]
+        return self.by_name.get(name) if name else None
+
+
+def scalar_overload(registry: KernelRegistry, info: OpInfo, names: set[str]) -> OpInfo | None:
+    """The same op's overload taking `Scalar` where `info` takes the tensors `names` (mul.Scalar for mul.Tensor)."""
+    base = info.aten.split(".")[0]
+    for other in registry.by_aten.values():
+        if other.variant != "functional" or other.aten.split(".")[0] != base or other is info:
+            continue
+        if [a.name for a in other.args] != [a.name for a in info.args]:
+            continue
+        if all(other.arg(n).type.startswith("Scalar") for n in names):
+            return other
+    return None
+
+
+def load_registry(kernel_ops: Any) -> KernelRegistry:
+    raw = kernel_ops.get_kernel_ops_args_info()
+    infos = {name: op_info(entry) for name, entry in raw.items()}
+    return KernelRegistry(infos, {i.aten: i for i in infos.values()}, str(kernel_ops.BUILD_ID))
+
+
+def op_info(entry: Mapping[str, Any]) -> OpInfo:
+    return OpInfo(
+        name=entry["name"],
+        aten=entry["aten"],
+        args=tuple(arg_info(a) for a in entry["args"]),
+        returns=tuple(r["type"] for r in entry["returns"]),
+        returns_tuple=bool(entry["returns_tuple"]),
+        variant=entry["variant"],
+        functional=entry.get("functional"),
+        inplace=entry.get("inplace"),
+        out=entry.get("out"),
+        is_view=bool(entry["is_view"]),
+        mutates=tuple(entry.get("mutates", ())),
+        view_source=next((r["aliases_arg"] for r in entry["returns"] if "aliases_arg" in r), None)
+        if entry["is_view"]
+        else None,
+    )
+
+
+def arg_info(entry: Mapping[str, Any]) -> ArgInfo:
+    default = default_arg(entry["type"], entry["default"]) if "default" in entry else REQUIRED
+    return ArgInfo(
+        name=entry["name"],
+        type=entry["type"],
+        is_tensor=entry["kind"] == "input",
+        kwarg_only=bool(entry["kwarg_only"]),
+        default=default,
+        mutable=bool(entry.get("mutable", False)),
+    )
+
+
+def default_arg(type_: str, value: Any) -> Arg:
+    """A registry default as the IR argument a graph would carry for it."""
+    kind = _SYM_KINDS.get(type_.rstrip("?"))
+    if kind is not None and isinstance(value, str):
+        return Sym(kind, _SCALAR_TYPES.get(value, value))
+    if isinstance(value, list):
+        return tuple(value)
+    if (isinstance(value, float) and value != value) or value in (float("inf"), float("-inf")):
+        return Sym("float", repr(value))
+    return value  # type: ignore[no-any-return]
+
+
+class BindError(ValueError):
+    """The graph's arguments do not fit the kernel's schema."""
+
+
+def bind(info: OpInfo, args: Sequence[Arg], kwargs: Mapping[str, Arg]) -> dict[str, Arg]:
+    """Map a call's positional and keyword arguments onto the kernel's argument names, with defaults."""
+    positional = [a for a in info.args if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise BindError(f"{info.aten} takes {len(positional)} positional arguments, the graph passes {len(args)}")
+    values: dict[str, Arg] = {a.name: v for a, v in zip(positional, args, strict=False)}
+    for key, value in kwargs.items():
+        if key in values or all(a.name != key for a in info.args):
+            raise BindError(f"{info.aten}: unexpected or repeated argument '{key}'")
+        values[key] = value
+    for a in info.args:
+        if a.name not in values:
+            if a.required:
+                raise BindError(f"{info.aten}: the graph passes no value for required argument '{a.name}'")
+            values[a.name] = a.default
+    return values
+
+
+def is_default(a: ArgInfo, value: Arg) -> bool:
+    return not a.required and type(value) is type(a.default) and value == a.default
+
+
+def call_args(info: OpInfo, values: Mapping[str, Arg]) -> tuple[tuple[Arg, ...], tuple[tuple[str, Arg], ...]]:
+    """Positional arguments where the schema allows, keywords only where it forces them; defaults left out."""
+    positional = [a for a in info.args if not a.kwarg_only]
+    while positional and is_default(positional[-1], values[positional[-1].name]):
+        positional.pop()
+    keywords = tuple((a.name, values[a.name]) for a in info.args if a.kwarg_only and not is_default(a, values[a.name]))
+    return tuple(values[a.name] for a in positional), keywords

@@ -1,0 +1,41 @@
+"""What `compiled.report()` returns: how the graph runs, node by node counts, and any fallbacks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    model: str
+    direct: int  # graph nodes that call kernel_ops
+    fallbacks: tuple[tuple[str, str], ...]  # (node, ATen op) of nodes that call the ATen op
+    torch_ops: tuple[str, ...] = ()  # other torch ops the code calls, chosen by passes (oneDNN linear)
+    eager_reason: str | None = None  # set when the whole model runs eagerly instead
+    from_cache: bool = False
+    export_seconds: float = 0.0
+    codegen_seconds: float = 0.0
+    specializations: int = 1
+
+    @property
+    def runs_eagerly(self) -> bool:
+        return self.eager_reason is not None
+
+    def __str__(self) -> str:
+        if self.eager_reason is not None:
+            return f"opgen report for {self.model}: runs eagerly (not compiled): {self.eager_reason}"
+        total = self.direct + len(self.fallbacks)
+        source = "loaded from the disk cache" if self.from_cache else f"codegen {self.codegen_seconds * 1e3:.0f} ms"
+        lines = [
+            f"opgen report for {self.model}: {total} graph nodes (export {self.export_seconds:.2f} s, {source})",
+            f"  direct through kernel_ops: {self.direct}",
+            f"  fallback to the ATen op:   {len(self.fallbacks)}",
+        ]
+        lines += [f"    node '{node}': {op}" for node, op in self.fallbacks]
+        if self.fallbacks:
+            lines.append("  (add these ops to ops.yaml to run them direct)")
+        if self.torch_ops:
+            lines.append(f"  also calls through torch.ops, chosen by passes: {', '.join(self.torch_ops)}")
+        if self.specializations > 1:
+            lines.append(f"  specializations for input shapes so far: {self.specializations}")
+        return "\n".join(lines)

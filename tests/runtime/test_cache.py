@@ -1,0 +1,66 @@
+"""The disk cache: a second process loads the compiled graph instead of generating it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from opgen.runtime import cache
+from opgen.runtime.artifact import CompiledGraph
+
+SCRIPT = """
+import json, torch, opgen
+from opgen.bench.models import ReshapeAdd
+with torch.no_grad():
+    x, y = torch.randn(16), torch.randn(16)
+    compiled = opgen.compile(ReshapeAdd(), (x, y))
+    ok = bool(torch.equal(compiled(x, y), (x + y)))
+graph = compiled.artifact
+print(json.dumps({"key": graph.key, "from_cache": graph.from_cache, "report": compiled.report().from_cache, "ok": ok}))
+"""
+
+
+def run_in_fresh_process(cache_dir: Path) -> dict:
+    env = {**os.environ, "OPGEN_CACHE_DIR": str(cache_dir)}
+    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_skips_codegen(tmp_path: Path) -> None:
+    first = run_in_fresh_process(tmp_path)
+    second = run_in_fresh_process(tmp_path)
+    assert first["ok"] and second["ok"]
+    assert first["from_cache"] is False and second["from_cache"] is True and second["report"] is True
+    assert first["key"] == second["key"]
+    entry = tmp_path / first["key"][:2] / first["key"]
+    assert "add(x, y)  # add: aten.add.Tensor" in (entry / "graph.py").read_text()
+    stored = CompiledGraph.from_json((entry / "graph.json").read_text())
+    assert stored.key == first["key"] and stored.kernels == ("add",)
+
+
+def test_key_covers_torch_version_build_and_graph() -> None:
+    base = ["2.13.0", "build-a", "graph-1"]
+    assert cache.cache_key(base) == cache.cache_key(list(base))
+    assert cache.cache_key(base) != cache.cache_key(["2.14.0", "build-a", "graph-1"])
+    assert cache.cache_key(base) != cache.cache_key(["2.13.0", "build-b", "graph-1"])
+    assert cache.cache_key(base) != cache.cache_key(["2.13.0", "build-a", "graph-2"])
+
+
+def test_cache_dir_default_and_override(monkeypatch) -> None:
+    monkeypatch.delenv("OPGEN_CACHE_DIR")
+    assert cache.cache_dir() == Path.home() / ".cache" / "opgen"
+    monkeypatch.setenv("OPGEN_CACHE_DIR", "/somewhere/else")
+    assert cache.cache_dir() == Path("/somewhere/else")
+
+
+def test_unreadable_or_foreign_entries_are_misses(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    key = "ab" * 32
+    assert cache.load(key) is None
+    (tmp_path / key[:2] / key).mkdir(parents=True)
+    (tmp_path / key[:2] / key / "graph.json").write_text(json.dumps({"format": 999}))
+    assert cache.load(key) is None

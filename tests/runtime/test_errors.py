@@ -1,0 +1,196 @@
+"""Errors are part of the interface: unsupported ops, fallback reports, bad inputs, grad, export failures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import opgen
+from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
+
+
+class Sorts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x).values + 1
+
+
+class Adds(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+def test_unsupported_op_names_the_op_the_node_and_what_to_do() -> None:
+    with torch.no_grad(), pytest.raises(opgen.UnsupportedOpError) as info:
+        opgen.compile(Sorts(), (torch.randn(5),))
+    message = str(info.value)
+    assert "graph node 'sort'" in message and "op aten.sort.default has no kernel_ops binding" in message
+    assert "ops.yaml" in message and "fallback=True" in message
+    assert info.value.op == "aten.sort.default" and info.value.node == "sort"
+
+
+def test_fallback_runs_the_aten_op_and_reports_it() -> None:
+    x = torch.randn(5)
+    with torch.no_grad():
+        compiled = opgen.compile(Sorts(), (x,), fallback=True)
+        torch.testing.assert_close(compiled(x), torch.sort(x).values + 1)
+    report = compiled.report()
+    assert report.fallbacks == (("sort", "aten.sort.default"),) and report.direct == 1
+    text = str(report)
+    assert "direct through kernel_ops: 1" in text and "fallback to the ATen op:   1" in text
+    assert "node 'sort': aten.sort.default" in text
+
+
+def test_backend_unsupported_op_and_fallback_option() -> None:
+    x = torch.randn(5)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(Exception, match=r"op aten\.sort\.default has no kernel_ops binding"):
+        torch.compile(Sorts(), backend="opgen")(x)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(Sorts(), backend="opgen", options={"fallback": True})(x)
+    torch.testing.assert_close(out, torch.sort(x).values + 1)
+
+
+@pytest.fixture
+def adds() -> object:
+    with torch.no_grad():
+        return opgen.compile(Adds(), (torch.randn(4), torch.randn(4)), recompile=False)
+
+
+def test_wrong_number_of_inputs(adds) -> None:
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'y'"):
+        adds(torch.randn(4))
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
+        adds(torch.randn(4), torch.randn(4), torch.randn(4))
+
+
+def test_wrong_dtype_device_rank_and_type_name_the_input(adds) -> None:
+    x = torch.randn(4)
+    with pytest.raises(
+        InputTypeError, match=r"input 'y' \(position 2\): expected dtype torch.float32, got torch.float64"
+    ):
+        adds(x, x.double())
+    with pytest.raises(
+        InputMismatchError, match=r"input 'x' \(position 1\): expected a tensor on cpu, got one on meta"
+    ):
+        adds(torch.empty(4, device="meta"), x)
+    with pytest.raises(
+        InputMismatchError, match=r"input 'y' \(position 2\): expected a 1-d tensor of shape \(4,\), got 2-d \(2, 2\)"
+    ):
+        adds(x, torch.randn(2, 2))
+    with pytest.raises(InputTypeError, match=r"input 'x' \(position 1\) must be a torch.Tensor, got float"):
+        adds(1.0, x)
+    assert issubclass(InputTypeError, TypeError) and issubclass(InputMismatchError, ValueError)
+
+
+def test_new_shapes_error_when_recompiling_is_off(adds) -> None:
+    with pytest.raises(
+        InputMismatchError,
+        match=r"input 'x' \(position 1\): compiled for shape \(4,\).*got shape \(6,\).*recompiling is off",
+    ):
+        adds(torch.randn(6), torch.randn(6))
+
+
+def test_new_shapes_recompile_by_default() -> None:
+    with torch.no_grad():
+        compiled = opgen.compile(Adds(), (torch.randn(4), torch.randn(4)))
+        for n in (6, 4, 6):
+            x, y = torch.randn(n), torch.randn(n)
+            torch.testing.assert_close(compiled(x, y), x + y)
+        x = torch.randn(8)[::2]  # other strides: another specialization, same answer
+        torch.testing.assert_close(compiled(x, x), x + x)
+    assert compiled.report().specializations == 3
+
+
+def test_the_same_tensor_for_two_inputs() -> None:
+    x = torch.randn(4)
+    with torch.no_grad():
+        compiled = opgen.compile(Adds(), (x, torch.randn(4)))
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x, x), x + x)
+    assert compiled.report().specializations == 1
+
+
+def test_inference_mode_and_plain_calls_share_one_specialization() -> None:
+    x, y = torch.randn(4), torch.randn(4)
+    with torch.no_grad():
+        compiled = opgen.compile(Adds(), (x, y))
+    for _ in range(2):
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(x, y), x + y)
+            xi = torch.randn(4)
+            torch.testing.assert_close(compiled(xi, y), xi + y)
+        torch.testing.assert_close(compiled(x, y), x + y)
+    assert compiled.report().specializations == 1
+
+
+def test_requires_grad_is_a_clear_error() -> None:
+    model = nn.Linear(3, 2)
+    with pytest.raises(RequiresGradError, match=r"parameter 'weight' of Linear requires grad.*torch.no_grad\(\)"):
+        opgen.compile(model, (torch.randn(1, 3),))
+    with torch.no_grad():
+        compiled = opgen.compile(model, (torch.randn(1, 3),))
+    with pytest.raises(RequiresGradError, match="inference only"):
+        compiled(torch.randn(1, 3))  # grad mode is on again: the result would lack its grad history
+    with pytest.raises(RequiresGradError, match="example input 1"):
+        opgen.compile(Adds(), (torch.randn(2, requires_grad=True), torch.randn(2)))
+
+
+def test_requires_grad_with_fallback_runs_eagerly_and_says_so() -> None:
+    model = nn.Linear(3, 2)
+    x = torch.randn(1, 3)
+    with pytest.warns(UserWarning, match="running Linear eagerly"):
+        compiled = opgen.compile(model, (x,), fallback=True)
+    out = compiled(x)
+    assert out.requires_grad and compiled.report().runs_eagerly
+    assert "runs eagerly" in str(compiled.report())
+
+
+def test_backend_requires_grad() -> None:
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="opgen runs inference only"):
+        torch.compile(nn.Linear(3, 2), backend="opgen")(torch.randn(1, 3))
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="running this graph eagerly"):
+        out = torch.compile(nn.Linear(3, 2), backend="opgen", options={"fallback": True})(torch.randn(1, 3))
+    assert out.requires_grad
+
+
+class DataDependent(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x + 1
+        return x - 1
+
+
+def test_export_failure_passes_on_exports_error_with_what_opgen_was_doing() -> None:
+    with torch.no_grad(), pytest.raises(Exception) as info:
+        opgen.compile(DataDependent(), (torch.randn(3),))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "opgen.compile: this happened while capturing DataDependent with torch.export.export" in notes
+    assert "float32[3]" in notes
+    assert type(info.value).__module__.startswith("torch")  # torch.export's own exception, passed on
+
+
+def test_example_inputs_must_be_tensors() -> None:
+    with torch.no_grad(), pytest.raises(TypeError, match="example input 2 is int"):
+        opgen.compile(Adds(), (torch.randn(2), 3))
+
+
+def test_opgen_debug_prints_the_generated_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPGEN_DEBUG", "1")
+    with torch.no_grad():
+        opgen.compile(Adds(), (torch.randn(3), torch.randn(3)))
+    err = capsys.readouterr().err
+    assert "def forward(x, y):" in err and "add(x, y)  # add: aten.add.Tensor" in err
+
+
+def test_unknown_pass_and_backend_option() -> None:
+    with torch.no_grad(), pytest.raises(ValueError, match="unknown opgen pass"):
+        opgen.compile(Adds(), (torch.randn(3), torch.randn(3)), passes=["memory", "nope"], cache=False)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(Exception, match="unknown options"):
+        torch.compile(Adds(), backend="opgen", options={"nope": 1})(torch.randn(3), torch.randn(3))

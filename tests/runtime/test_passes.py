@@ -1,0 +1,421 @@
+"""Each IR pass alone, on programs built by hand (no graph, no export)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from opgen import kernel_ops
+from opgen.runtime import executor
+from opgen.runtime.artifact import compiled_graph
+from opgen.runtime.ir import (
+    Alloc,
+    Free,
+    Input,
+    KernelCall,
+    Program,
+    Ref,
+    Return,
+    Sym,
+    TensorConstant,
+    TensorMeta,
+    Value,
+    View,
+    contiguous_strides,
+)
+from opgen.runtime.passes import PASSES, run_passes
+from opgen.runtime.passes.constants import fold_constants
+from opgen.runtime.passes.conv_bn import fold_conv_bn
+from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.layout import channels_last_pooling
+from opgen.runtime.passes.memory import insert_frees, plan_memory
+from opgen.runtime.passes.prepack import prepack_linear
+from opgen.runtime.passes.shapes import fold_shapes
+from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
+from opgen.runtime.python_backend import emit
+
+
+def meta(*shape: int, dtype: str = "float32") -> TensorMeta:
+    return TensorMeta(shape, contiguous_strides(shape), dtype, "cpu")
+
+
+def call(
+    kernel: str,
+    *args: object,
+    out: str | None = None,
+    shape: tuple[int, ...] = (),
+    pointwise: bool = False,
+    **kwargs: object,
+) -> KernelCall:
+    outputs = (Value(out, meta(*shape)),) if out else ()
+    return KernelCall(
+        kernel, tuple(args), tuple(kwargs.items()), outputs, out or kernel, f"aten.{kernel}", pointwise=pointwise
+    )
+
+
+def program(
+    *body: object, inputs: tuple[Input, ...] = (), constants: tuple[TensorConstant, ...] = (), setup: tuple = ()
+) -> Program:
+    return Program("forward", inputs, constants, tuple(setup), tuple(body))
+
+
+def kernels(lines: tuple) -> list[str]:
+    return [line.kernel for line in lines if isinstance(line, KernelCall)]
+
+
+X, Y = Input("x", meta(16)), Input("y", meta(16))
+
+
+def test_dead_code_drops_unused_calls_results_and_constants(registry) -> None:
+    w = TensorConstant("w", "w", meta(4))
+    p = program(
+        call("relu", Ref("x"), out="buf0", shape=(16,)),
+        KernelCall(
+            "max_dim",
+            (Ref("x"), 0),
+            (),
+            (Value("buf1", meta()), Value("buf2", meta())),
+            "max",
+            "aten.max.dim",
+            unpack=True,
+        ),
+        call("neg", Ref("buf1"), out="buf3", shape=()),
+        Return((Ref("buf3"),), "single"),
+        inputs=(X,),
+        constants=(w,),
+    )
+    out = eliminate_dead_code(p, registry)
+    assert kernels(out.body) == ["max_dim", "neg"]
+    assert out.body[0].outputs == (Value("buf1", meta()), None)
+    assert out.constants == ()
+
+
+def test_identity_views_become_the_source(registry) -> None:
+    p = program(
+        call("alias", Ref("x"), out="buf0", shape=(16,)),
+        call("view", Ref("buf0"), (16,), out="buf1", shape=(16,)),
+        call("view", Ref("buf1"), (4, 4), out="buf2", shape=(4, 4)),
+        Return((Ref("buf2"),), "single"),
+        inputs=(X,),
+    )
+    out = drop_identity_views(p, registry)
+    assert out.body == (call("view", Ref("x"), (4, 4), out="buf2", shape=(4, 4)), Return((Ref("buf2"),), "single"))
+
+
+def test_sink_reshapes_turns_reshape_add_into_one_add(registry) -> None:
+    p = program(
+        call("view", Ref("x"), (4, 4), out="buf0", shape=(4, 4)),
+        call("view", Ref("y"), (4, 4), out="buf1", shape=(4, 4)),
+        call("add", Ref("buf0"), Ref("buf1"), out="buf2", shape=(4, 4), pointwise=True),
+        call("view", Ref("buf2"), (16,), out="buf3", shape=(16,)),
+        Return((Ref("buf3"),), "single"),
+        inputs=(X, Y),
+    )
+    out = eliminate_dead_code(sink_reshapes(p, registry), registry)
+    assert out.body == (
+        call("add", Ref("x"), Ref("y"), out="buf2", shape=(16,), pointwise=True),
+        Return((Ref("buf2"),), "single"),
+    )
+
+
+def test_sink_reshapes_leaves_broadcasting_ops_alone(registry) -> None:
+    p = program(
+        call("view", Ref("x"), (4, 4), out="buf0", shape=(4, 4)),
+        call("view", Ref("z"), (1, 4), out="buf1", shape=(1, 4)),
+        call("add", Ref("buf0"), Ref("buf1"), out="buf2", shape=(4, 4), pointwise=True),
+        call("view", Ref("buf2"), (16,), out="buf3", shape=(16,)),
+        Return((Ref("buf3"),), "single"),
+        inputs=(X, Input("z", meta(4))),
+    )
+    assert sink_reshapes(p, registry) == p
+
+
+def test_hoist_views_moves_views_of_constants_into_setup(registry) -> None:
+    w = TensorConstant("w", "w", meta(4, 8))
+    p = program(
+        call("permute", Ref("w"), (1, 0), out="buf0", shape=(8, 4)),
+        call("mm", Ref("x2"), Ref("buf0"), out="buf1", shape=(2, 4)),
+        Return((Ref("buf1"),), "single"),
+        inputs=(Input("x2", meta(2, 8)),),
+        constants=(w,),
+    )
+    out = hoist_views(p, registry)
+    assert kernels(out.setup) == ["permute"] and kernels(out.body) == ["mm"]
+
+
+def test_constant_folding_hoists_constant_only_calls_but_not_outputs(registry) -> None:
+    mask = TensorConstant("mask", "mask", meta(4, dtype="bool"))
+    p = program(
+        call("bitwise_not", Ref("mask"), out="buf0", shape=(4,)),
+        call("scalar_tensor", Sym("float", "-inf"), out="buf1", shape=()),
+        call("where", Ref("buf0"), Ref("buf1"), Ref("x4"), out="buf2", shape=(4,)),
+        call("neg", Ref("mask"), out="buf3", shape=(4,)),
+        Return((Ref("buf2"), Ref("buf3")), "tuple"),
+        inputs=(Input("x4", meta(4)),),
+        constants=(mask,),
+    )
+    out = fold_constants(p, registry)
+    assert kernels(out.setup) == ["bitwise_not", "scalar_tensor"]
+    assert kernels(out.body) == ["where", "neg"]  # neg(mask) is returned: it stays a fresh result
+
+
+def test_shape_folding_folds_size_queries_and_resolves_minus_one(registry) -> None:
+    size = KernelCall(
+        "aten.sym_size.int", (Ref("x"), 0), (), (Value("s0"),), "sym_size", "aten.sym_size.int", fallback=True
+    )
+    times = KernelCall("py:_operator.mul", (Ref("s0"), 2), (), (Value("s1"),), "mul", "py:_operator.mul", fallback=True)
+    p = program(
+        size,
+        times,
+        call("view", Ref("x"), (Ref("s1"), -1), out="buf0", shape=(32, 1)),
+        call("view", Ref("x"), (4, -1), out="buf1", shape=(4, 4)),
+        Return((Ref("buf0"), Ref("buf1")), "tuple"),
+        inputs=(X,),
+    )
+    out = fold_shapes(p, registry)
+    assert out.body[:2] == (
+        call("view", Ref("x"), (32, 1), out="buf0", shape=(32, 1)),
+        call("view", Ref("x"), (4, 4), out="buf1", shape=(4, 4)),
+    )
+
+
+def conv_bn_program(bias: bool) -> Program:
+    c = [
+        TensorConstant(n, n, m)
+        for n, m in (("w", meta(8, 3, 3, 3)), ("g", meta(8)), ("b", meta(8)), ("m", meta(8)), ("v", meta(8)))
+    ]
+    if bias:
+        c.append(TensorConstant("cb", "cb", meta(8)))
+    conv = call(
+        "convolution",
+        Ref("img"),
+        Ref("w"),
+        Ref("cb") if bias else None,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        False,
+        (0, 0),
+        1,
+        out="buf0",
+        shape=(1, 8, 6, 6),
+    )
+    bn = KernelCall(
+        "_native_batch_norm_legit_no_training",
+        (Ref("buf0"), Ref("g"), Ref("b"), Ref("m"), Ref("v"), 0.1, 1e-5),
+        (),
+        (Value("buf1", meta(1, 8, 6, 6)), None, None),
+        "bn",
+        "aten._native_batch_norm_legit_no_training.default",
+        unpack=True,
+    )
+    return program(
+        conv, bn, Return((Ref("buf1"),), "single"), inputs=(Input("img", meta(1, 3, 6, 6)),), constants=tuple(c)
+    )
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_bn_folding_rewrites_and_computes_the_same(registry, bias: bool) -> None:
+    p = conv_bn_program(bias)
+    out = fold_conv_bn(p, registry)
+    assert kernels(out.body) == ["convolution"] and out.body[0].outputs[0].name == "buf1"
+    assert "rsqrt" in kernels(out.setup)
+    torch.manual_seed(0)
+    values = {c.key: torch.randn(c.meta.shape) for c in p.constants}
+    values["v"] = values["v"].abs() + 0.5
+    img = torch.randn(1, 3, 6, 6)
+    graph = compiled_graph("k" * 64, out, emit(out))
+    fn = executor.bind(graph, values, executor.Runtime(lambda *a: None), kernel_ops)
+    conv = torch.nn.functional.conv2d(img, values["w"], values.get("cb"), 1, 1)
+    ref = torch.nn.functional.batch_norm(conv, values["m"], values["v"], values["g"], values["b"], False, 0.1, 1e-5)
+    torch.testing.assert_close(fn(img), ref, atol=1e-5, rtol=1e-5)
+
+
+def linear_program(rows: int) -> Program:
+    return program(
+        call("permute", Ref("w"), (1, 0), out="buf0", shape=(32, 24)),
+        call("addmm", Ref("b"), Ref("xs"), Ref("buf0"), out="buf1", shape=(rows, 24)),
+        Return((Ref("buf1"),), "single"),
+        inputs=(Input("xs", meta(rows, 32)),),
+        constants=(TensorConstant("w", "w", meta(24, 32)), TensorConstant("b", "b", meta(24))),
+    )
+
+
+def test_prepack_runs_linear_layers_through_onednn_with_packed_weights(registry) -> None:
+    p = fold_constants(linear_program(16), registry)
+    out = eliminate_dead_code(prepack_linear(p, registry), registry)
+    assert [line.kernel for line in out.setup] == ["mkldnn._reorder_linear_weight.default"]
+    assert out.body[0].kernel == "mkldnn._linear_pointwise.default" and out.body[0].args[1:3] == (
+        Ref("packed0"),
+        Ref("b"),
+    )
+    values = {"w": torch.randn(24, 32), "b": torch.randn(24)}
+    xs = torch.randn(16, 32)
+    fn = executor.bind(compiled_graph("p" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
+    torch.testing.assert_close(fn(xs), torch.nn.functional.linear(xs, values["w"], values["b"]), atol=1e-5, rtol=1e-5)
+
+
+def test_prepack_leaves_single_rows_and_runtime_weights_alone(registry) -> None:
+    single = fold_constants(linear_program(1), registry)
+    assert prepack_linear(single, registry) == single
+    weight_as_input = replace(
+        linear_program(16),
+        constants=(TensorConstant("b", "b", meta(24)),),
+        inputs=(Input("xs", meta(16, 32)), Input("w", meta(24, 32))),
+    )
+    assert prepack_linear(weight_as_input, registry) == weight_as_input
+
+
+def test_layout_pools_in_channels_last(registry) -> None:
+    pool = KernelCall(
+        "max_pool2d_with_indices", (Ref("img"), (3, 3), (2, 2), (1, 1)), (),
+        (Value("buf0", meta(1, 16, 4, 4)), None), "pool", "aten.max_pool2d_with_indices.default", unpack=True,
+    )  # fmt: skip
+    p = program(pool, Return((Ref("buf0"),), "single"), inputs=(Input("img", meta(1, 16, 8, 8)),))
+    out = channels_last_pooling(p, registry)
+    assert kernels(out.body) == ["clone", "max_pool2d_with_indices", "clone"]
+    assert out.body[0].kwargs == (("memory_format", Sym("memory_format", "channels_last")),)
+    assert out.body[1].outputs[0].meta.stride == (256, 1, 64, 16)
+    assert out.body[2].outputs[0].name == "buf0" and out.body[2].outputs[0].meta == meta(1, 16, 4, 4)
+
+
+def test_memory_planning_in_place_out_variants_and_fresh_outputs(registry) -> None:
+    p = program(
+        call("exp", Ref("x"), out="buf0", shape=(16,)),  # an intermediate: out= into a persistent slot
+        call("relu", Ref("buf0"), out="buf1", shape=(16,)),  # buf0 dies here: relu_ in place
+        call("mul", Ref("x"), Ref("buf1"), out="buf2", shape=(16,)),  # buf1 dies: mul_ with operands swapped
+        call("sin", Ref("x"), out="buf3", shape=(16,)),  # x is an input: never written
+        call("add", Ref("buf2"), Ref("buf3"), out="buf4", shape=(16,)),  # returned: a fresh tensor, not a slot
+        Return((Ref("buf4"),), "single"),
+        inputs=(X,),
+    )
+    out = plan_memory(p, registry)
+    assert kernels(out.body) == ["exp_out", "relu_", "mul_", "sin_out", "add"]
+    assert out.body[2].args == (Ref("buf0"), Ref("x")) and out.body[4].args == (Ref("buf0"), Ref("buf3"))
+    assert out.body[-1] == Return((Ref("buf4"),), "single")
+    assert [type(line) for line in out.setup] == [Alloc, Alloc, View, View]
+
+
+def test_memory_planning_writes_in_place_into_per_call_values_that_are_returned(registry) -> None:
+    p = program(
+        call(
+            "convolution",
+            Ref("img"),
+            Ref("w"),
+            None,
+            (1, 1),
+            (0, 0),
+            (1, 1),
+            False,
+            (0, 0),
+            1,
+            out="buf0",
+            shape=(1, 4, 2, 2),
+        ),
+        call("relu", Ref("buf0"), out="buf1", shape=(1, 4, 2, 2)),
+        Return((Ref("buf1"),), "single"),
+        inputs=(Input("img", meta(1, 4, 2, 2)),),
+        constants=(TensorConstant("w", "w", meta(4, 4, 1, 1)),),
+    )
+    out = plan_memory(p, registry)  # convolution has no out variant: a fresh tensor each call
+    assert kernels(out.body) == ["convolution", "relu_"] and out.body[-1] == Return((Ref("buf0"),), "single")
+    assert out.setup == ()
+
+
+def test_memory_planning_reuses_dead_slots_and_never_plans_outputs(registry) -> None:
+    p = program(
+        call("sin", Ref("x"), out="buf0", shape=(16,)),
+        call("cos", Ref("x"), out="buf1", shape=(16,)),
+        call("mul", Ref("buf0"), Ref("buf1"), out="buf2", shape=(16,)),
+        call("tanh", Ref("x"), out="buf3", shape=(16,)),
+        call("sub", Ref("buf2"), Ref("buf3"), out="buf4", shape=(16,)),
+        Return((Ref("buf4"),), "single"),
+        inputs=(X,),
+    )
+    out = plan_memory(p, registry)
+    allocs = [line for line in out.setup if isinstance(line, Alloc)]
+    views = {line.value.name: line.source for line in out.setup if isinstance(line, View)}
+    assert kernels(out.body) == ["sin_out", "cos_out", "mul_", "tanh_out", "sub"]
+    assert views == {"buf0": "slot0", "buf1": "slot1", "buf3": "slot1"}  # buf1 is dead after mul: tanh reuses its slot
+    assert len(allocs) == 2
+    assert out.body[-1] == Return((Ref("buf4"),), "single") and "buf4" not in views
+
+
+def test_frees_follow_last_use_for_big_values(registry) -> None:
+    big = Input("big", meta(256, 256))
+    p = program(
+        call("exp", Ref("big"), out="buf0", shape=(256, 256)),
+        call("sum", Ref("buf0"), out="buf1", shape=()),
+        call("neg", Ref("buf1"), out="buf2", shape=()),
+        Return((Ref("buf2"),), "single"),
+        inputs=(big,),
+    )
+    out = insert_frees(p, registry)
+    assert out.body[2] == Free(("buf0",)) and len(out.body) == 5
+
+
+def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registry) -> None:
+    expected = {
+        "conv_bn",
+        "layout",
+        "identity_views",
+        "sink_reshapes",
+        "shapes",
+        "constants",
+        "prepack",
+        "dead_code",
+        "memory",
+        "hoist_views",
+        "frees",
+    }
+    assert set(PASSES) == expected
+    out = run_passes(conv_bn_program(True), registry)
+    assert kernels(out.body) == ["convolution"]
+    with pytest.raises(ValueError, match="unknown opgen pass 'nope'"):
+        run_passes(conv_bn_program(True), registry, ["nope"])
+
+
+def test_programs_are_plain_frozen_data() -> None:
+    p = conv_bn_program(False)
+    with pytest.raises(AttributeError):
+        p.body = ()  # type: ignore[misc]
+    assert replace(p, name="other").name == "other" and p.name == "forward"
+
+
+def test_in_place_never_writes_an_operand_another_argument_views(registry) -> None:
+    p = program(
+        call("exp", Ref("sq"), out="buf0", shape=(4, 4)),
+        call("permute", Ref("buf0"), (1, 0), out="buf1", shape=(4, 4)),
+        call("add", Ref("buf0"), Ref("buf1"), out="buf2", shape=(4, 4), pointwise=True),
+        call("neg", Ref("buf2"), out="buf3", shape=(4, 4)),
+        Return((Ref("buf3"),), "single"),
+        inputs=(Input("sq", meta(4, 4)),),
+    )
+    out = plan_memory(p, registry)
+    assert kernels(out.body) == ["exp_out", "permute", "add_out", "neg"]  # not add_(buf0, buf0.T)
+
+
+def test_meta_contiguity_ignores_unit_dims() -> None:
+    assert TensorMeta((4, 1, 3), (3, 99, 1), "float32", "cpu").is_contiguous()
+    assert not TensorMeta((4, 3), (1, 4), "float32", "cpu").is_contiguous()
+
+
+def test_prepack_fuses_a_following_gelu(registry) -> None:
+    p = replace(
+        linear_program(16),
+        body=(
+            *linear_program(16).body[:2],
+            call("gelu", Ref("buf1"), out="buf2", shape=(16, 24), approximate="tanh"),
+            Return((Ref("buf2"),), "single"),
+        ),
+    )
+    out = eliminate_dead_code(prepack_linear(fold_constants(p, registry), registry), registry)
+    assert [line.kernel for line in out.body[:-1]] == ["mkldnn._linear_pointwise.default"]
+    assert out.body[0].args[3:] == ("gelu", (), "tanh") and out.body[0].outputs[0].name == "buf2"
+    values = {"w": torch.randn(24, 32), "b": torch.randn(24)}
+    xs = torch.randn(16, 32)
+    fn = executor.bind(compiled_graph("g" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(xs, values["w"], values["b"]), approximate="tanh")
+    torch.testing.assert_close(fn(xs), expected, atol=1e-4, rtol=1e-4)
