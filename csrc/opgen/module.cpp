@@ -1,5 +1,7 @@
 #include "opgen/module.h"
 
+#include "opgen/input_check.h"
+
 #include <string>
 
 namespace py = pybind11;
@@ -37,6 +39,7 @@ py::object op_info(std::span<const RegistryEntry> registry, const std::string& n
 
 void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> tables,
                      std::span<const RegistryEntry> registry, const char* build_id) {
+  add_input_check(parent);
   py::module_ m = parent.def_submodule("kernel_ops", kDoc);
   for (PyMethodDef* table : tables) {
     if (PyModule_AddFunctions(m.ptr(), table) != 0) throw py::error_already_set();

@@ -71,7 +71,8 @@ function(opgen_add_extension target)
     VERBATIM)
 
   Python_add_library(${target} MODULE WITH_SOABI
-    ${gen_cpp} "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp")
+    ${gen_cpp} "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
+    "${_OPGEN_CSRC}/opgen/input_check.cpp")
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${ARG_MODULE} CXX_STANDARD 20
                         CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)
   target_include_directories(${target} PRIVATE "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})

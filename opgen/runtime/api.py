@@ -137,7 +137,7 @@ class _Specializations:
                 return self.run_eagerly(args)
             if diagnose(specs, args):
                 return self.respecialize(specs, args)
-            set_check(fast_check(specs, args))  # the inputs fit: rebuild the check for the current dispatch state
+            set_check(fast_check(specs))  # the inputs fit: the first call, or a check built before they did
             return PROCEED
 
         return on_mismatch

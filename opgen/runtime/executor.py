@@ -26,7 +26,7 @@ from opgen.runtime.guards import PROCEED, Check, never
 from opgen.runtime.ir import Sym
 
 # The slow path: `handler(set_check, *args)` returns a result, raises, or returns PROCEED to run this
-# specialization; `set_check` replaces the function's input check (rebuilt under a new dispatch state).
+# specialization; `set_check` replaces the function's input check.
 Handler = Callable[..., Any]
 
 
