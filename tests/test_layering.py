@@ -37,3 +37,36 @@ def test_runtime_reads_ops_only_through_the_registry() -> None:
     for path in (ROOT / "runtime").rglob("*.py"):
         for name in imported_modules(path):
             assert not name.startswith(("opgen.spec", "opgen.gen", "yaml")), f"{path.name} imports {name}"
+
+
+RUNTIME = ROOT / "runtime"
+TORCH_FREE = [
+    "ir.py",
+    "python_backend.py",
+    "registry.py",
+    "report.py",
+    *(f"passes/{p.name}" for p in (RUNTIME / "passes").glob("*.py")),
+]
+
+
+def test_ir_passes_and_backend_do_not_import_torch() -> None:
+    """The IR, its passes and the Python backend are plain data and text: no torch, no graph."""
+    for rel in TORCH_FREE:
+        for name in imported_modules(RUNTIME / rel):
+            assert name.split(".")[0] != "torch", f"{rel} imports {name}"
+            assert not name.startswith(("opgen.runtime.lower", "opgen.runtime.export", "opgen.runtime.executor")), (
+                f"{rel} imports {name}"
+            )
+
+
+def test_modules_stay_small() -> None:
+    for path in RUNTIME.rglob("*.py"):
+        assert len(path.read_text().splitlines()) < 400, f"{path.name} has grown past 400 lines"
+
+
+def test_package_exports_resolve_lazily() -> None:
+    import opgen
+    from opgen.runtime.errors import UnsupportedOpError
+
+    assert opgen.UnsupportedOpError is UnsupportedOpError
+    assert callable(opgen.compile)
