@@ -63,10 +63,6 @@ class Type:
             text += f"[{self.size if self.size is not None else ''}]"
         return text + ("?" if self.optional else "")
 
-    @property
-    def is_tensor_like(self) -> bool:
-        return self.base == "Tensor"
-
 
 @dataclass(frozen=True, slots=True)
 class Alias:
@@ -186,4 +182,4 @@ class OpSpec:
 
     @property
     def tensor_args(self) -> tuple[Arg, ...]:
-        return tuple(a for a in self.schema.args if a.type.is_tensor_like)
+        return tuple(a for a in self.schema.args if a.type.base == "Tensor")
