@@ -12,28 +12,32 @@
 namespace py = pybind11;
 
 namespace opgen {
-namespace {
 
-struct Expected {
-  at::ScalarType dtype;
-  at::Device device;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
-};
-
-// A Python object whose call is a vectorcall: no argument tuple, no keyword parsing.
-struct InputCheck {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
-  std::vector<Expected>* expected;
-};
-
-bool matches(PyObject* o, const Expected& e) {
+bool matches(PyObject* o, const ExpectedTensor& e) {
   if (!THPVariable_CheckExact(o)) return false;
   const at::Tensor& t = THPVariable_Unpack(o);
   return t.scalar_type() == e.dtype && t.device() == e.device && !t.requires_grad() &&
          t.sizes() == at::IntArrayRef(e.sizes) && t.strides() == at::IntArrayRef(e.strides);
 }
+
+ExpectedTensor expected_tensor(const py::handle& spec) {
+  const auto item = spec.cast<py::tuple>();
+  if (item.size() != 4 || !THPDtype_Check(item[0].ptr()) || !THPDevice_Check(item[1].ptr())) {
+    throw py::type_error("each input spec is (torch.dtype, torch.device, sizes, strides)");
+  }
+  return {reinterpret_cast<THPDtype*>(item[0].ptr())->scalar_type,
+          reinterpret_cast<THPDevice*>(item[1].ptr())->device,
+          item[2].cast<std::vector<int64_t>>(), item[3].cast<std::vector<int64_t>>()};
+}
+
+namespace {
+
+// A Python object whose call is a vectorcall: no argument tuple, no keyword parsing.
+struct InputCheck {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  std::vector<ExpectedTensor>* expected;
+};
 
 PyObject* check(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   const auto& expected = *reinterpret_cast<InputCheck*>(self)->expected;
@@ -65,19 +69,9 @@ PyTypeObject* input_check_type() {
   return &type;
 }
 
-Expected expected_of(const py::handle& spec) {
-  const auto item = spec.cast<py::tuple>();
-  if (item.size() != 4 || !THPDtype_Check(item[0].ptr()) || !THPDevice_Check(item[1].ptr())) {
-    throw py::type_error("InputCheck: each spec is (torch.dtype, torch.device, sizes, strides)");
-  }
-  return {reinterpret_cast<THPDtype*>(item[0].ptr())->scalar_type,
-          reinterpret_cast<THPDevice*>(item[1].ptr())->device,
-          item[2].cast<std::vector<int64_t>>(), item[3].cast<std::vector<int64_t>>()};
-}
-
 py::object make_input_check(const py::sequence& specs) {
-  auto expected = std::make_unique<std::vector<Expected>>();
-  for (const py::handle spec : specs) expected->push_back(expected_of(spec));
+  auto expected = std::make_unique<std::vector<ExpectedTensor>>();
+  for (const py::handle spec : specs) expected->push_back(expected_tensor(spec));
   PyObject* self = PyType_GenericAlloc(input_check_type(), 0);
   if (self == nullptr) throw py::error_already_set();
   auto* check_object = reinterpret_cast<InputCheck*>(self);
