@@ -9,6 +9,9 @@
 2. Out variant: else, if the result does not escape to the caller, the call writes into a
    persistent buffer with `out=`. Buffers are views (set up once) of slots allocated at bind
    time; a slot whose values are all dead is reused by later results of the same dtype/device.
+   CPU values only: a CUDA buffer shared by calls on two streams would be written by one call
+   while the other's kernels still read it, and CUDA's caching allocator already reuses memory
+   in stream order for a fraction of a kernel launch.
 
 Graph outputs never land in a slot, so every returned tensor is fresh. Persistent buffers make the
 compiled function non-reentrant; the executor guards that with a lock. `insert_frees` then adds
@@ -153,6 +156,8 @@ class _Planner:
         out = line.outputs[0] if len(line.outputs) == 1 and not line.unpack else None
         meta = out.meta if out is not None else None
         if out is None or meta is None or out.name in self.escapes or meta.dtype not in ITEMSIZE:
+            return None
+        if meta.device != "cpu":
             return None
         if meta.offset != 0 or meta.span != meta.numel or meta.numel == 0:
             return None
