@@ -1,6 +1,9 @@
 #include "opgen/module.h"
 
 #include "opgen/input_check.h"
+#ifdef OPGEN_WITH_CUDA
+#include "opgen/cuda_graph.h"
+#endif
 
 #include <string>
 
@@ -40,6 +43,9 @@ py::object op_info(std::span<const RegistryEntry> registry, const std::string& n
 void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> tables,
                      std::span<const RegistryEntry> registry, const char* build_id) {
   add_input_check(parent);
+#ifdef OPGEN_WITH_CUDA
+  add_cuda_graph(parent);
+#endif
   py::module_ m = parent.def_submodule("kernel_ops", kDoc);
   for (PyMethodDef* table : tables) {
     if (PyModule_AddFunctions(m.ptr(), table) != 0) throw py::error_already_set();

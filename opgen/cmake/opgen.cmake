@@ -70,9 +70,12 @@ function(opgen_add_extension target)
     COMMENT "opgen: generating kernel_ops bindings from ${ARG_SPEC}"
     VERBATIM)
 
-  Python_add_library(${target} MODULE WITH_SOABI
-    ${gen_cpp} "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
-    "${_OPGEN_CSRC}/opgen/input_check.cpp")
+  set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
+      "${_OPGEN_CSRC}/opgen/input_check.cpp")
+  if(OPGEN_TORCH_CUDA)
+    list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
+  endif()
+  Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${ARG_MODULE} CXX_STANDARD 20
                         CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)
   target_include_directories(${target} PRIVATE "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})

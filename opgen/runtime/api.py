@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from opgen.runtime import executor
 from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
 from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
 from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, fast_check, shape_mismatch_message, signature
@@ -36,6 +37,8 @@ def compile(
     recompile: bool = True,
     passes: Sequence[str] | None = None,
     cache: bool = True,
+    cuda_graphs: bool = False,
+    static_outputs: bool = False,
 ) -> Compiled:
     """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
 
@@ -44,7 +47,14 @@ def compile(
     recompile: inputs with new sizes/strides compile a new specialization; False makes them an error.
     passes: IR passes to run (default: `opgen.runtime.pipeline.default_pipeline()`; see `passes.PASSES`).
     cache: read and write compiled graphs under OPGEN_CACHE_DIR (default ~/.cache/opgen).
+    cuda_graphs: capture each specialization into a CUDA graph on its first call and replay it
+        afterwards (see `opgen.runtime.cuda_graphs`); graphs that cannot be captured run plain, with
+        a warning and a line in `report()`.
+    static_outputs: with cuda_graphs, return the graph's own output buffers instead of fresh
+        tensors: no copy, but the next call overwrites them.
     """
+    if static_outputs and not cuda_graphs:
+        raise ValueError("opgen.compile: static_outputs=True needs cuda_graphs=True")
     inputs = _example_inputs(example_inputs)
     module = as_module(model)
     reason = _needs_grad(module, inputs)
@@ -53,7 +63,8 @@ def compile(
             raise RequiresGradError(reason)
         return _eager(module, f"{reason} requires grad")
     options = CompileOptions(fallback, tuple(passes) if passes is not None else default_pipeline(), cache)
-    return _Specializations(module, options, recompile).build(inputs)
+    graphs = CudaGraphs(GraphOptions(static_outputs), model_name(module), default_registry()) if cuda_graphs else None
+    return _Specializations(module, options, recompile, graphs).build(inputs)
 
 
 def _example_inputs(example_inputs: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -98,6 +109,7 @@ class _Specializations:
     module: torch.nn.Module
     options: CompileOptions
     recompile: bool
+    graphs: CudaGraphs | None = None
     by_signature: dict[Any, Compiled] = field(default_factory=dict)
     warned_eager: bool = False
 
@@ -114,12 +126,15 @@ class _Specializations:
         unflatten = _unflatten(spec) if sig.form == "pytree" else None
         rt = executor.Runtime(self.slow_path(graph.inputs, grad_mode), unflatten=unflatten)
         fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)
+        if self.graphs is not None:
+            fn = self.graphs.wrap(fn, graph, constants)
         fn.artifact = graph  # type: ignore[attr-defined]
-        fn.report = lambda: self.report(graph, export_seconds)  # type: ignore[attr-defined]
+        status = getattr(fn, "graph_status", None)
+        fn.report = lambda: self.report(graph, export_seconds, status)  # type: ignore[attr-defined]
         self.by_signature[signature(inputs)] = fn
         return fn
 
-    def report(self, graph: CompiledGraph, export_seconds: float) -> Report:
+    def report(self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None) -> Report:
         return Report(
             model_name(self.module),
             graph.direct_nodes,
@@ -129,6 +144,7 @@ class _Specializations:
             export_seconds=export_seconds,
             codegen_seconds=graph.codegen_seconds,
             specializations=len(self.by_signature),
+            cuda_graph=status.line() if status is not None else None,
         )
 
     def slow_path(self, specs: tuple[InputSpec, ...], grad_mode: bool) -> executor.Handler:

@@ -8,6 +8,7 @@ report facts. It round-trips through JSON, which is how the disk cache stores it
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -15,7 +16,7 @@ from opgen.runtime.guards import InputSpec
 from opgen.runtime.ir import Program
 from opgen.runtime.python_backend import Source
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,8 @@ class CompiledGraph:
     fallbacks: tuple[str, ...]  # ATen ops the source calls (`aten.sort.default`)
     symbols: tuple[tuple[str, str, str], ...]  # (local, kind, value)
     constants: tuple[tuple[str, str], ...]  # (local, key into the constants mapping)
+    written_inputs: tuple[int, ...] = ()  # positions of inputs the graph writes
+    written_constants: tuple[str, ...] = ()  # keys of constants (buffers) the graph writes
     direct_nodes: int = 0
     fallback_nodes: tuple[tuple[str, str], ...] = ()
     passes: tuple[str, ...] = ()
@@ -47,7 +50,7 @@ class CompiledGraph:
         data["inputs"] = tuple(
             InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"]) for s in data["inputs"]
         )
-        for name in ("kernels", "fallbacks", "passes"):
+        for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants"):
             data[name] = tuple(data[name])
         for name in ("symbols", "constants", "fallback_nodes"):
             data[name] = tuple(tuple(item) for item in data[name])
@@ -57,7 +60,10 @@ class CompiledGraph:
         return replace(self, from_cache=True)
 
 
-def compiled_graph(key: str, program: Program, source: Source, **facts: Any) -> CompiledGraph:
+def compiled_graph(
+    key: str, program: Program, source: Source, written: Collection[str] = frozenset(), **facts: Any
+) -> CompiledGraph:
+    """The artifact of a program; `written` names the inputs and constants its body writes."""
     return CompiledGraph(
         key=key,
         name=program.name,
@@ -67,5 +73,7 @@ def compiled_graph(key: str, program: Program, source: Source, **facts: Any) -> 
         fallbacks=source.fallbacks,
         symbols=tuple((local, sym.kind, sym.value) for local, sym in source.symbols),
         constants=source.constants,
+        written_inputs=tuple(i for i, spec in enumerate(program.inputs) if spec.name in written),
+        written_constants=tuple(c.key for c in program.constants if c.name in written),
         **facts,
     )

@@ -16,14 +16,18 @@ from opgen.runtime.artifact import CompiledGraph, compiled_graph
 from opgen.runtime.export import graph_fingerprint
 from opgen.runtime.lower import GraphSignature, LowerOptions, lower
 from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
+from opgen.runtime.passes.analysis import written_names
 from opgen.runtime.python_backend import emit
 from opgen.runtime.registry import KernelRegistry, load_registry
 
 
 def default_pipeline() -> tuple[str, ...]:
-    """All passes, less `prepack` where torch lacks the oneDNN ops it calls."""
+    """All passes, less `prepack` where torch lacks the oneDNN ops it calls, and `cudnn` where it lacks cuDNN."""
     has_onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    return DEFAULT_PIPELINE if has_onednn else tuple(p for p in DEFAULT_PIPELINE if p != "prepack")
+    missing = {"prepack"} if not has_onednn else set()
+    if not torch.backends.cudnn.is_available():
+        missing.add("cudnn")
+    return tuple(p for p in DEFAULT_PIPELINE if p not in missing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ def compile_graph(
         key,
         program,
         source,
+        written=written_names(program, registry),
         direct_nodes=lowered.direct,
         fallback_nodes=lowered.fallbacks,
         passes=options.passes,

@@ -16,6 +16,7 @@ class Report:
     export_seconds: float = 0.0
     codegen_seconds: float = 0.0
     specializations: int = 1
+    cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
 
     @property
     def runs_eagerly(self) -> bool:
@@ -36,6 +37,8 @@ class Report:
             lines.append("  (add these ops to ops.yaml to run them direct)")
         if self.torch_ops:
             lines.append(f"  also calls through torch.ops, chosen by passes: {', '.join(self.torch_ops)}")
+        if self.cuda_graph is not None:
+            lines.append(f"  {self.cuda_graph}")
         if self.specializations > 1:
             lines.append(f"  specializations for input shapes so far: {self.specializations}")
         return "\n".join(lines)

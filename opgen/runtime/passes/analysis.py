@@ -127,6 +127,14 @@ def alias_groups(lines: Iterable[Line], registry: KernelRegistry) -> Groups:
     return groups
 
 
+def written_names(program: Program, registry: KernelRegistry) -> set[str]:
+    """Inputs and constants whose storage the body writes, directly or through a view."""
+    groups = alias_groups((*program.setup, *program.body), registry)
+    roots = {groups.find(n) for line in program.body if isinstance(line, KernelCall) for n in line.mutates}
+    names = [i.name for i in program.inputs] + [c.name for c in program.constants]
+    return {n for n in names if groups.find(n) in roots}
+
+
 def fresh_namer(program: Program, prefix: str) -> Iterator[str]:
     """Names `prefix0`, `prefix1`, ... not used anywhere in the program."""
     taken = {i.name for i in program.inputs} | {c.name for c in program.constants}
