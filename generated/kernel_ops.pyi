@@ -1409,6 +1409,18 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Se
     Applies a 2D convolution over an input image composed of several input planes.
     """
 
+def cudnn_convolution_relu(self: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    """cudnn_convolution_relu(Tensor self, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
+
+    relu(conv2d(self, weight, bias)) in one cuDNN kernel.
+    """
+
+def cudnn_convolution_add_relu(self: Tensor, weight: Tensor, z: Tensor, alpha: complex | float | bool | Tensor | None, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    """cudnn_convolution_add_relu(Tensor self, Tensor weight, Tensor z, Scalar? alpha, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
+
+    relu(conv2d(self, weight, bias) + alpha * z) in one cuDNN kernel.
+    """
+
 def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
     """embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor
 

@@ -46,6 +46,7 @@
 #include <ATen/ops/bitwise_not_cuda_dispatch.h>
 #include <ATen/ops/cat_cuda_dispatch.h>
 #include <ATen/ops/clamp_cuda_dispatch.h>
+#include <ATen/ops/cudnn_convolution_add_relu_cuda_dispatch.h>
 #include <ATen/ops/empty_cuda_dispatch.h>
 #include <ATen/ops/erf_cuda_dispatch.h>
 #include <ATen/ops/ge_cuda_dispatch.h>
@@ -1285,7 +1286,35 @@ PyObject* kernel_ops_convolution(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:671: scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
+// ops.yaml:658: cudnn_convolution_add_relu(Tensor self, Tensor weight, Tensor z, Scalar? alpha, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
+PyObject* kernel_ops_cudnn_convolution_add_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("cudnn_convolution_add_relu", {"self", "weight", "z", "alpha", "bias", "stride", "padding", "dilation", "groups"}, 9, 0x1ff);
+  OPGEN_TRY
+  PyObject* slots[9];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& weight = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& z = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Scalar> alpha = opgen::convert_optional<at::Scalar>(slots[3], sig, 3);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[4], sig, 4);
+  const std::vector<int64_t> stride = opgen::int_list(slots[5], sig, 5, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[6], sig, 6, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[7], sig, 7, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[8], sig, 8);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(weight, 1).add(z, 2).add(bias, 4);
+  switch (devices.type()) {
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::cudnn_convolution_add_relu(self, weight, z, alpha, bias, stride, padding, dilation, groups));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:681: scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
 PyObject* kernel_ops_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter", {"self", "dim", "index", "value"}, 4, 0xf);
   OPGEN_TRY
@@ -1310,7 +1339,7 @@ PyObject* kernel_ops_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:689: full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:699: full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_full(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("full", {"size", "fill_value", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -1331,7 +1360,7 @@ PyObject* kernel_ops_full(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:693: empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:703: empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_empty(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty", {"size", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1358,7 +1387,7 @@ PyObject* kernel_ops_empty(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:698: arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:708: arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_arange(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("arange", {"start", "end", "step", "dtype", "layout", "device", "pin_memory"}, 3, 0x3);
   OPGEN_TRY
@@ -1380,7 +1409,7 @@ PyObject* kernel_ops_arange(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:723: tril(Tensor self, SymInt diagonal=0) -> Tensor
+// ops.yaml:733: tril(Tensor self, SymInt diagonal=0) -> Tensor
 PyObject* kernel_ops_tril(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tril", {"self", "diagonal"}, 2, 0x1);
   OPGEN_TRY
@@ -1403,7 +1432,7 @@ PyObject* kernel_ops_tril(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:725: tril.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:735: tril.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tril_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tril_out", {"self", "diagonal", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1429,7 +1458,7 @@ PyObject* kernel_ops_tril_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:728: triu(Tensor self, SymInt diagonal=0) -> Tensor
+// ops.yaml:738: triu(Tensor self, SymInt diagonal=0) -> Tensor
 PyObject* kernel_ops_triu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triu", {"self", "diagonal"}, 2, 0x1);
   OPGEN_TRY
@@ -1452,7 +1481,7 @@ PyObject* kernel_ops_triu(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:730: triu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:740: triu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triu_out", {"self", "diagonal", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1478,7 +1507,7 @@ PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:739: repeat(Tensor self, SymInt[] repeats) -> Tensor
+// ops.yaml:749: repeat(Tensor self, SymInt[] repeats) -> Tensor
 PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat", {"self", "repeats"}, 2, 0x3);
   OPGEN_TRY
@@ -1495,7 +1524,7 @@ PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:741: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:751: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat_out", {"self", "repeats", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1570,6 +1599,7 @@ PyMethodDef opgen_methods_0[] = {
 {"mm_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mm_out)), METH_FASTCALL | METH_KEYWORDS, "mm_out($module, self, mat2, *, out)\n--\n\nmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)\n\nPerforms a matrix multiplication of the matrices input and mat2."},
 {"native_group_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm($module, input, weight, bias, N, C, HxW, group, eps)\n--\n\nnative_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)\n\nGroup norm; returns (out, mean, rstd)."},
 {"convolution", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution)), METH_FASTCALL | METH_KEYWORDS, "convolution($module, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)\n--\n\nconvolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor\n\nN-d convolution, optionally transposed."},
+{"cudnn_convolution_add_relu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cudnn_convolution_add_relu)), METH_FASTCALL | METH_KEYWORDS, "cudnn_convolution_add_relu($module, self, weight, z, alpha, bias, stride, padding, dilation, groups)\n--\n\ncudnn_convolution_add_relu(Tensor self, Tensor weight, Tensor z, Scalar? alpha, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor\n\nrelu(conv2d(self, weight, bias) + alpha * z) in one cuDNN kernel."},
 {"scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter)), METH_FASTCALL | METH_KEYWORDS, "scatter($module, self, dim, index, value)\n--\n\nscatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor\n\nOut-of-place version of torch.Tensor.scatter_."},
 {"full", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_full)), METH_FASTCALL | METH_KEYWORDS, "full($module, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nfull(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nCreates a tensor of size size filled with fill_value."},
 {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty)), METH_FASTCALL | METH_KEYWORDS, "empty($module, size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nAn uninitialised tensor of the given size."},

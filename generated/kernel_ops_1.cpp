@@ -1595,7 +1595,7 @@ PyObject* kernel_ops_conv2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:657: index_select(Tensor self, int dim, Tensor index) -> Tensor
+// ops.yaml:667: index_select(Tensor self, int dim, Tensor index) -> Tensor
 PyObject* kernel_ops_index_select(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_select", {"self", "dim", "index"}, 3, 0x7);
   OPGEN_TRY
@@ -1619,7 +1619,7 @@ PyObject* kernel_ops_index_select(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:659: index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:669: index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_select_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_select_out", {"self", "dim", "index", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -1646,7 +1646,7 @@ PyObject* kernel_ops_index_select_out(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:662: index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
+// ops.yaml:672: index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
 PyObject* kernel_ops_index(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index", {"self", "indices"}, 2, 0x3);
   OPGEN_TRY
@@ -1669,7 +1669,7 @@ PyObject* kernel_ops_index(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:666: gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
+// ops.yaml:676: gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
 PyObject* kernel_ops_gather(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gather", {"self", "dim", "index", "sparse_grad"}, 3, 0x7);
   OPGEN_TRY
@@ -1694,7 +1694,7 @@ PyObject* kernel_ops_gather(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:668: gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:678: gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_gather_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gather_out", {"self", "dim", "index", "sparse_grad", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -1722,7 +1722,7 @@ PyObject* kernel_ops_gather_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:703: scalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:713: scalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_scalar_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scalar_tensor", {"s", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -1742,7 +1742,7 @@ PyObject* kernel_ops_scalar_tensor(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:715: full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:725: full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_full_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("full_like", {"self", "fill_value", "dtype", "layout", "device", "pin_memory", "memory_format"}, 2, 0x3);
   OPGEN_TRY
@@ -1764,7 +1764,7 @@ PyObject* kernel_ops_full_like(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:719: empty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:729: empty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_like", {"self", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1785,7 +1785,7 @@ PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:734: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:744: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -1802,7 +1802,7 @@ PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:744: lift_fresh_copy(Tensor self) -> Tensor
+// ops.yaml:754: lift_fresh_copy(Tensor self) -> Tensor
 PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lift_fresh_copy", {"self"}, 1, 0x1);
   OPGEN_TRY

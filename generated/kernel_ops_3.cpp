@@ -47,6 +47,7 @@
 #include <ATen/ops/avg_pool2d_cuda_dispatch.h>
 #include <ATen/ops/bmm_cuda_dispatch.h>
 #include <ATen/ops/ceil_cuda_dispatch.h>
+#include <ATen/ops/cudnn_convolution_relu_cuda_dispatch.h>
 #include <ATen/ops/div_cuda_dispatch.h>
 #include <ATen/ops/eq_cuda_dispatch.h>
 #include <ATen/ops/exp_cuda_dispatch.h>
@@ -1600,7 +1601,33 @@ PyObject* kernel_ops_avg_pool2d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:676: masked_select(Tensor self, Tensor mask) -> Tensor
+// ops.yaml:654: cudnn_convolution_relu(Tensor self, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
+PyObject* kernel_ops_cudnn_convolution_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("cudnn_convolution_relu", {"self", "weight", "bias", "stride", "padding", "dilation", "groups"}, 7, 0x7f);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& weight = opgen::tensor(slots[1], sig, 1);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(weight, 1).add(bias, 2);
+  switch (devices.type()) {
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::cudnn_convolution_relu(self, weight, bias, stride, padding, dilation, groups));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:686: masked_select(Tensor self, Tensor mask) -> Tensor
 PyObject* kernel_ops_masked_select(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_select", {"self", "mask"}, 2, 0x3);
   OPGEN_TRY
@@ -1623,7 +1650,7 @@ PyObject* kernel_ops_masked_select(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:685: ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:695: ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_ones(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ones", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -1643,7 +1670,7 @@ PyObject* kernel_ops_ones(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:707: zeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:717: zeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("zeros_like", {"self", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1731,6 +1758,7 @@ PyMethodDef opgen_methods_3[] = {
 {"max_pool2d_with_indices", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices($module, self, kernel_size, stride=[], padding=[0, 0], dilation=[1, 1], ceil_mode=False)\n--\n\nmax_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)\n\n2-D max pooling; returns (values, indices)."},
 {"avg_pool2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d($module, self, kernel_size, stride=[], padding=[0, 0], ceil_mode=False, count_include_pad=True, divisor_override=None)\n--\n\navg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor\n\n2-D average pooling."},
 {"avg_pool2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d_out($module, self, kernel_size, stride=[], padding=[0, 0], ceil_mode=False, count_include_pad=True, divisor_override=None, *, out)\n--\n\navg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)\n\n2-D average pooling."},
+{"cudnn_convolution_relu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cudnn_convolution_relu)), METH_FASTCALL | METH_KEYWORDS, "cudnn_convolution_relu($module, self, weight, bias, stride, padding, dilation, groups)\n--\n\ncudnn_convolution_relu(Tensor self, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor\n\nrelu(conv2d(self, weight, bias)) in one cuDNN kernel."},
 {"masked_select", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_masked_select)), METH_FASTCALL | METH_KEYWORDS, "masked_select($module, self, mask)\n--\n\nmasked_select(Tensor self, Tensor mask) -> Tensor\n\n1-D tensor of the elements where mask is True."},
 {"ones", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ones)), METH_FASTCALL | METH_KEYWORDS, "ones($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA tensor of ones."},
 {"zeros_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zeros_like)), METH_FASTCALL | METH_KEYWORDS, "zeros_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nzeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor filled with the scalar value 0, with the same size as input."},

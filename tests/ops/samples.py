@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-F32, F64, I64, BOOL = torch.float32, torch.float64, torch.int64, torch.bool
+F32, F64, F16, I64, BOOL = torch.float32, torch.float64, torch.float16, torch.int64, torch.bool
 FLOAT = (F32, F64)
 FLOAT_INT = (F32, I64)
 NUMERIC = (F32, F64, I64)
@@ -582,6 +582,23 @@ def _conv2d(m: Maker) -> list[Sample]:
     ]
 
 
+def _cudnn_conv_relu(m: Maker) -> list[Sample]:
+    return [
+        S(m(1, 4, 6, 6), m(6, 4, 3, 3), m(6), [1, 1], [1, 1], [1, 1], 1),
+        S(m(2, 4, 7, 7), m(4, 2, 3, 3), None, [2, 2], [0, 0], [2, 2], 2),
+        S(m(1, 4, 6, 6).to(memory_format=CL), m(6, 4, 3, 3).to(memory_format=CL), m(6), [1, 1], [1, 1], [1, 1], 1),
+    ]
+
+
+def _cudnn_conv_add_relu(m: Maker) -> list[Sample]:
+    return [
+        S(m(1, 4, 6, 6), m(6, 4, 3, 3), m(1, 6, 6, 6), 1.0, m(6), [1, 1], [1, 1], [1, 1], 1),
+        S(m(2, 4, 7, 7), m(4, 4, 3, 3), m(2, 4, 3, 3), 0.5, None, [2, 2], [0, 0], [1, 1], 1),
+        S(m(1, 4, 6, 6).to(memory_format=CL), m(6, 4, 3, 3).to(memory_format=CL),
+          m(1, 6, 6, 6).to(memory_format=CL), None, m(6), [1, 1], [1, 1], [1, 1], 1),
+    ]  # fmt: skip
+
+
 # --- embedding and indexing -----------------------------------------------------------------------
 def _embedding(m: Maker) -> list[Sample]:
     return [
@@ -779,6 +796,8 @@ SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
         "adaptive_avg_pool2d": OpSamples(FLOAT, _adaptive_pool),
         "convolution": OpSamples(FLOAT, _convolution),
         "conv2d": OpSamples(FLOAT, _conv2d),
+        "cudnn_convolution_relu": OpSamples((F32, F16), _cudnn_conv_relu),
+        "cudnn_convolution_add_relu": OpSamples((F32, F16), _cudnn_conv_add_relu),
         # embedding and indexing
         "embedding": OpSamples(FLOAT_INT, _embedding),
         "index_select": OpSamples(FLOAT_INT, _index_select),

@@ -172,17 +172,35 @@ def _run_with_context(name: str, index: int, mine: samples.Sample, ref: samples.
         raise AssertionError(f"kernel_ops.{name}, sample {index}: {mine!r}: {e}") from e
 
 
-# --- tests ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "dtype"), OP_CASES)
-def test_op(name: str, dtype: torch.dtype) -> None:
+def has_kernel(name: str, device: str) -> bool:
+    return device in INFO[name]["backends"] or "default" in INFO[name]["backends"]
+
+
+def raises_like_eager(name: str, mine: samples.Sample, ref: samples.Sample) -> None:
+    """Where the build binds no kernel for the device, both sides refuse it (ATen has none either)."""
+    with pytest.raises(NotImplementedError, match=rf"^kernel_ops\.{name}\(\): has no kernel for device type"):
+        getattr(kernel_ops, name)(*mine.args, **mine.kwargs)
+    with pytest.raises(NotImplementedError):
+        aten_op(name)(*ref.args, **ref.kwargs)
+
+
+def check_op(name: str, dtype: torch.dtype, device: str, move: Callable[[samples.Sample], samples.Sample]) -> None:
+    """Every sample of the function, moved to `device`, checked against eager."""
     spec = samples.SAMPLES[sample_key(name)]
     variant = INFO[name]["variant"]
+    check = partial(run_sample, values=spec.values) if has_kernel(name, device) else raises_like_eager
     checked = 0
     for index, (mine, ref) in enumerate(zip(spec.build(dtype), spec.build(dtype))):
         if mine.applies_to(variant):
-            _run_with_context(name, index, mine, ref, partial(run_sample, values=spec.values))
+            _run_with_context(name, index, move(mine), move(ref), check)
             checked += 1
     assert checked, f"no sample of {sample_key(name)!r} applies to {name} ({variant})"
+
+
+# --- tests ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "dtype"), OP_CASES)
+def test_op(name: str, dtype: torch.dtype) -> None:
+    check_op(name, dtype, "cpu", lambda sample: sample)
 
 
 # --- inputs that only the dispatcher handles -------------------------------------------------------
