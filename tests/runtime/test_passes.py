@@ -360,6 +360,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
     expected = {
         "conv_bn",
         "layout",
+        "cudnn",
         "identity_views",
         "sink_reshapes",
         "shapes",

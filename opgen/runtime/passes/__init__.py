@@ -1,13 +1,14 @@
 """IR passes. Each is a pure function `(Program, KernelRegistry) -> Program`, optional and testable alone.
 
 `PASSES` names them; `DEFAULT_PIPELINE` is the order `opgen.compile` runs them in. Order matters
-only for quality, not correctness: batch-norm folding wants the raw conv -> bn pattern; view
+only for quality, not correctness: batch-norm folding wants the raw conv -> bn pattern, and
+cuDNN fusion the conv -> relu pattern folding leaves; view
 simplification and shape folding leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
 again, removed before memory planning; constant folding and memory planning decide what lives in
 setup; `hoist_views` then moves views of setup values out of the call; `insert_frees` comes last
-because it needs the final body. `prepack` needs oneDNN at run time, so
-`opgen.runtime.pipeline.default_pipeline()` leaves it out where torch has none.
+because it needs the final body. `prepack` needs oneDNN and `cudnn` cuDNN at run time, so
+`opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from opgen.runtime.ir import Program
 from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
+from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
@@ -30,6 +32,7 @@ Pass = Callable[[Program, KernelRegistry], Program]
 PASSES: dict[str, Pass] = {
     "conv_bn": fold_conv_bn,
     "layout": channels_last_pooling,
+    "cudnn": fuse_cudnn,
     "identity_views": drop_identity_views,
     "sink_reshapes": sink_reshapes,
     "shapes": fold_shapes,
@@ -44,6 +47,7 @@ PASSES: dict[str, Pass] = {
 DEFAULT_PIPELINE = (
     "conv_bn",
     "layout",
+    "cudnn",
     "identity_views",
     "sink_reshapes",
     "shapes",
