@@ -215,6 +215,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if "--device" in argv:  # `--device cuda` is its own benchmark (graphs_cuda.py); `--device cpu` is this one
+        at = argv.index("--device")
+        device = argv[at + 1] if at + 1 < len(argv) else ""
+        del argv[at : at + 2]
+        if device == "cuda":
+            from opgen.bench import graphs_cuda
+
+            return graphs_cuda.main(argv)
+        if device != "cpu":
+            raise SystemExit(f"python -m opgen.bench graphs: --device takes cpu or cuda, not {device!r}")
     args = _parser().parse_args(argv)
     torch.set_num_threads(1)
     selected = [

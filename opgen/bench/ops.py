@@ -2,7 +2,8 @@
 
 Interleaved in one process (../shared/BENCH.md), one thread, tensors of shape (s, s) for the sizes
 1 element, 16 elements and 256x256. Prints per op and size the medians and the ratio
-kernel_ops / torch, then the median ratio over tiny tensors.
+kernel_ops / torch, then the median ratio over tiny tensors. With `--device cuda` the tensors live
+on the GPU and the time is the enqueue time (host time of one call, the GPU idle at its start).
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def _cat(s: int) -> tuple[Call, Call]:
 
 def _factory(kind: str) -> Callable[[int], tuple[Call, Call]]:
     def make(s: int) -> tuple[Call, Call]:
-        size = [s, s]
+        size, device = [s, s], torch.get_default_device()
         if kind == "zeros":
-            return (lambda: k.zeros(size)), (lambda: torch.zeros(size))
-        return (lambda: k.arange(0, s * s)), (lambda: torch.arange(0, s * s))
+            return (lambda: k.zeros(size, device=device)), (lambda: torch.zeros(size, device=device))
+        return (lambda: k.arange(0, s * s, device=device)), (lambda: torch.arange(0, s * s, device=device))
 
     return make
 
@@ -170,13 +171,14 @@ CASES = [
 ]
 
 
-def run(cases: list[Case], sizes: list[str], repeats: int) -> list[dict[str, object]]:
+def run(cases: list[Case], sizes: list[str], repeats: int, cuda: bool = False) -> list[dict[str, object]]:
+    sync = torch.cuda.synchronize if cuda else None
     rows = []
     for case in cases:
         for label in sizes:
             torch.manual_seed(0)
             ours, eager = case.make(SIZES[label])
-            eager_t, ours_t = interleaved([eager, ours], repeats=repeats)
+            eager_t, ours_t = interleaved([eager, ours], repeats=repeats, sync=sync, enqueue=cuda)
             rows.append(
                 {
                     "op": case.name,
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated of {', '.join(SIZES)}")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per candidate (median reported)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the tensors live")
     args = parser.parse_args(argv)
     sizes = args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
@@ -231,11 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"unknown size(s) {unknown} or op(s) {args.ops}; ops: {', '.join(c.name.split()[0] for c in CASES)}"
         )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU")
     torch.set_num_threads(1)
+    torch.set_default_device(args.device)
+    where = f"{torch.cuda.get_device_name()}, enqueue time" if args.device == "cuda" else "CPU"
     print(
-        f"opgen op benchmark: torch {torch.__version__}, 1 thread, {args.repeats} interleaved repeats, median us/call"
+        f"opgen op benchmark: torch {torch.__version__}, {where}, 1 thread, {args.repeats} interleaved repeats, "
+        "median us/call"
     )
-    rows = run(cases, sizes, args.repeats)
+    rows = run(cases, sizes, args.repeats, cuda=args.device == "cuda")
     print()
     print(
         format_table(

@@ -37,11 +37,17 @@ def interleaved(
     warmup: int = 3,
     target_s: float = 0.01,
     sync: Callable[[], None] | None = None,
+    enqueue: bool = False,
 ) -> list[Timing]:
     """Time each candidate in round-robin repeats; every repeat runs `n` calls of one candidate.
 
-    `sync` (e.g. torch.cuda.synchronize) runs after each repeat's calls, inside the timed region.
+    `sync` (e.g. torch.cuda.synchronize) runs after each repeat's calls, inside the timed region
+    ("sync" time: calls plus waiting for the device). With `enqueue`, each call is timed alone and
+    followed by `sync` outside the timed region: the host time of a call, the device idle at its start.
     """
+    if enqueue:
+        assert sync is not None, "enqueue timing needs the device's sync"
+        return _enqueue(candidates, repeats, warmup, target_s, sync)
     for fn in candidates:
         for _ in range(warmup):
             fn()
@@ -56,6 +62,33 @@ def interleaved(
             if sync is not None:
                 sync()
             samples[i].append((time.perf_counter() - start) / n * 1e6)
+    return [Timing(statistics.median(s), min(s), max(s)) for s in samples]
+
+
+def _enqueue(
+    candidates: Sequence[Callable[[], object]],
+    repeats: int,
+    warmup: int,
+    target_s: float,
+    sync: Callable[[], None],
+) -> list[Timing]:
+    for fn in candidates:
+        for _ in range(warmup):
+            fn()
+    sync()
+    counts = [max(1, calls_for(fn, target_s) // 2) for fn in candidates]
+    samples: list[list[float]] = [[] for _ in candidates]
+    clock = time.perf_counter
+    for _ in range(repeats):
+        for i, fn in enumerate(candidates):
+            total = 0.0
+            for _ in range(counts[i]):
+                sync()
+                start = clock()
+                fn()
+                total += clock() - start
+            sync()
+            samples[i].append(total / counts[i] * 1e6)
     return [Timing(statistics.median(s), min(s), max(s)) for s in samples]
 
 

@@ -1,0 +1,166 @@
+"""`python -m opgen.bench graphs --device cuda`: the BENCH.md graph cases on the GPU.
+
+Candidates: eager, torch.compile (Inductor default), torch.compile(mode="reduce-overhead") (CUDA
+graphs), opgen.compile plain and with cuda_graphs=True. One process, interleaved, no_grad, torch's
+default numerics (cuDNN TF32 on). Two timings per candidate (../shared/BENCH.md): **sync**, N calls
+then one torch.cuda.synchronize(), per call; and **enqueue**, the host time of one call with the
+GPU idle at its start (each call is followed by a synchronize outside the timed region). Compile
+time is the first call, synchronized, including capture for the graph modes; reduce-overhead
+records its graph on a later call, so its compile time includes its first three calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opgen.bench import models
+from opgen.bench.timing import format_table, interleaved
+
+CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
+LABELS = {
+    "eager": "eager",
+    "inductor": "torch.compile (inductor)",
+    "reduce_overhead": "torch.compile reduce-overhead",
+    "opgen": "opgen.compile",
+    "opgen_graphs": "opgen.compile cuda_graphs",
+}
+FIRST_CALLS = {"reduce_overhead": 3}  # cudagraph trees warm up, then record on a later call
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    case: str
+    candidate: str
+    sync_us: float
+    sync_min_us: float
+    sync_max_us: float
+    enqueue_us: float
+    enqueue_min_us: float
+    enqueue_max_us: float
+    sync_ratio: float
+    enqueue_ratio: float
+    compile_s: float
+    max_abs_err: float
+
+
+def _build(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    import opgen
+
+    match name:
+        case "eager":
+            fn: Callable[..., Any] = model.forward
+        case "inductor":
+            fn = torch.compile(model)
+        case "reduce_overhead":
+            fn = torch.compile(model, mode="reduce-overhead")
+        case "opgen":
+            fn = opgen.compile(model, inputs)
+        case "opgen_graphs":
+            fn = opgen.compile(model, inputs, cuda_graphs=True)
+        case _:
+            raise ValueError(f"unknown candidate {name}")
+    return functools.partial(fn, *inputs)
+
+
+def _max_err(out: Any, ref: Any) -> float:
+    outs, refs = torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(ref)
+    return max((float((o - r).abs().max()) for o, r in zip(outs, refs, strict=True) if o.numel()), default=0.0)
+
+
+def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_s: float) -> list[Result]:
+    sync = torch.cuda.synchronize
+    with torch.no_grad():
+        model, inputs = case.model().cuda(), tuple(t.cuda() for t in case.inputs())
+        reference = model(*inputs)
+        calls, compile_s, errors = [], [], []
+        for name in candidates:
+            torch._dynamo.reset()
+            sync()
+            start = time.perf_counter()
+            call = _build(name, model, inputs)
+            for _ in range(FIRST_CALLS.get(name, 1)):
+                out = call()
+            sync()
+            compile_s.append(time.perf_counter() - start)
+            errors.append(_max_err(out, reference))
+            calls.append(call)
+            print(f"  {case.name}: {LABELS[name]} ready in {compile_s[-1]:.2f} s (max abs err {errors[-1]:.1e})",
+                  flush=True)  # fmt: skip
+        warmup = 3
+        synced = interleaved(calls, repeats=repeats, warmup=warmup, target_s=target_s, sync=sync)
+        enqueued = interleaved(calls, repeats=repeats, warmup=warmup, target_s=target_s, sync=sync, enqueue=True)
+    return [
+        Result(case.name, name, s.median_us, s.min_us, s.max_us, e.median_us, e.min_us, e.max_us,
+               s.ratio_to(synced[0]), e.ratio_to(enqueued[0]), compile_s[i], errors[i])
+        for i, (name, s, e) in enumerate(zip(candidates, synced, enqueued, strict=True))
+    ]  # fmt: skip
+
+
+def results_table(results: Sequence[Result]) -> str:
+    headers = ["case", "candidate", "sync us", "(min-max)", "x eager", "enqueue us", "(min-max)", "x eager",
+               "compile s", "max abs err"]  # fmt: skip
+    rows = [
+        [r.case, LABELS[r.candidate], r.sync_us, f"{r.sync_min_us:.1f}-{r.sync_max_us:.1f}", f"{r.sync_ratio:.3f}",
+         r.enqueue_us, f"{r.enqueue_min_us:.1f}-{r.enqueue_max_us:.1f}", f"{r.enqueue_ratio:.3f}",
+         f"{r.compile_s:.2f}", f"{r.max_abs_err:.1e}"]
+        for r in results
+    ]  # fmt: skip
+    return format_table(headers, rows)
+
+
+def target_lines(results: Sequence[Result]) -> list[str]:
+    """The GPU issue's definition of done, as measured in this run."""
+    by = {(r.case, r.candidate): r for r in results}
+    lines = []
+
+    def check(what: str, value: float, limit: float) -> None:
+        lines.append(f"  {what}: {value:.3f} (target <= {limit:.3f}): {'met' if value <= limit else 'NOT met'}")
+
+    for case in ("resnet18_b1", "resnet18_b10"):
+        ours, theirs = by.get((case, "opgen_graphs")), by.get((case, "reduce_overhead"))
+        if ours and theirs:
+            check(f"{case} graph-mode sync / reduce-overhead sync", ours.sync_us / theirs.sync_us, 1.0)
+            check(f"{case} graph-mode enqueue / reduce-overhead enqueue", ours.enqueue_us / theirs.enqueue_us, 0.5)
+            check(f"{case} graph-mode first call / reduce-overhead compile", ours.compile_s / theirs.compile_s, 0.5)
+    if (single := by.get(("single_add", "opgen_graphs"))) is not None:
+        check("single_add graph-mode enqueue / eager enqueue", single.enqueue_ratio, 0.5)
+    if (plain := by.get(("resnet18_b1", "opgen"))) is not None:
+        check("resnet18_b1 plain sync / eager sync", plain.sync_ratio, 0.5)
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opgen.bench graphs --device cuda", description=__doc__)
+    parser.add_argument("--cases", nargs="+", choices=[c.name for c in models.cases()], help="default: all")
+    parser.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=list(CANDIDATES))
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per candidate and timing")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU")
+    candidates = ["eager"] + [c for c in args.candidates if c != "eager"]
+    print(f"opgen graph benchmark: torch {torch.__version__}, {torch.cuda.get_device_name()}, no_grad, interleaved",
+          flush=True)  # fmt: skip
+    results: list[Result] = []
+    for case in models.cases():
+        if not args.cases or case.name in args.cases:
+            results += run_case(case, candidates, args.repeats, 0.2 if case.heavy else 0.05)
+    print("\n" + results_table(results) + "\n\ntargets:\n" + "\n".join(target_lines(results)))
+    if args.json:
+        payload = {
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(),
+            "results": [asdict(r) for r in results],
+        }
+        args.json.write_text(json.dumps(payload, indent=1))
+        print(f"wrote {args.json}")
+    return 0

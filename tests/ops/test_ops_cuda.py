@@ -1,0 +1,58 @@
+"""Every kernel_ops function against eager PyTorch on CUDA, with the CPU samples moved to the GPU.
+
+The same checks as test_ops_eager.py (values, dtype, shape, strides, storage offset, aliasing,
+in-place and out identity). Each sample tensor moves to the GPU with its exact strides and storage
+offset (its whole storage is copied), and factory functions (those with a `device` argument) are
+asked for a CUDA tensor. Skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import pytest
+import samples
+import torch
+from test_ops_eager import INFO, OP_CASES, check_op
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def to_cuda(value: Any) -> Any:
+    """The same value on the GPU: tensors keep sizes, strides and storage offset; containers recurse."""
+    if isinstance(value, torch.Tensor):
+        elements = value.untyped_storage().nbytes() // value.element_size()
+        storage = torch.as_strided(value, (elements,), (1,), 0).cuda()
+        return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cuda(v) for v in value)
+    return value
+
+
+def on_cuda(name: str, sample: samples.Sample) -> samples.Sample:
+    kwargs = {k: to_cuda(v) for k, v in sample.kwargs.items()}
+    if any(a["name"] == "device" for a in INFO[name]["args"]):
+        kwargs["device"] = torch.device("cuda")
+    return samples.Sample(to_cuda(sample.args), kwargs, sample.variants)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _exact_math() -> Any:
+    """cuDNN's TF32 would make convolutions differ between two equal calls' algorithm picks."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize(("name", "dtype"), OP_CASES)
+def test_op_cuda(name: str, dtype: torch.dtype) -> None:
+    check_op(name, dtype, "cuda", partial(on_cuda, name))
+
+
+def test_mixed_devices_are_a_clear_error() -> None:
+    from opgen import kernel_ops
+
+    with pytest.raises((RuntimeError, ValueError), match=r"kernel_ops\.add"):
+        kernel_ops.add(torch.ones(3, device="cuda"), torch.ones(3))

@@ -1,0 +1,234 @@
+"""The runtime on CUDA: every runtime graph in plain and CUDA-graph mode, through both entry points,
+plus what graph mode promises (fresh or static outputs, static inputs, streams, devices, fallbacks).
+
+Skipped without a GPU. cuDNN's TF32 is off here: with it on (torch's default), folding batch norm
+into the convolution weights changes ResNet-18's logits by about 1e-2 (by about 1e-5 with it off).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from runtime_cases import CASES, GraphCase
+from test_correctness import assert_same
+from torch import nn
+
+import opgen
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Cases whose models make CPU tensors in forward (a CPU tensor times a CUDA one fails in eager too).
+CPU_ONLY = {"constants"}
+CUDA_CASES = [c for c in CASES if c.name not in CPU_ONLY]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_tf32() -> Any:
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
+def _cuda_inputs(case: GraphCase, device: str) -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(device) for t in case.inputs())
+
+
+def run_calls(case: GraphCase, compile_fn: Callable[..., Any], device: str = "cuda", calls: int = 4) -> Any:
+    """Compile on copies, call with new values each time (copies into static buffers must follow)."""
+    model = case.model().to(device)
+    eager_model = copy.deepcopy(model)
+    with torch.no_grad():
+        compiled = compile_fn(model, _cuda_inputs(case, device))
+        for _ in range(calls):
+            args = _cuda_inputs(case, device)
+            eager_args = tuple(a.clone() for a in args)
+            out = compiled(*args)
+            ref = eager_model(*eager_args)
+            assert_same(out, ref, case.atol)
+            if case.mutates:
+                assert_same(args, eager_args, case.atol)
+                assert_same(list(model.buffers()), list(eager_model.buffers()), case.atol)
+    torch.cuda.synchronize()
+    return compiled
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.name for c in CUDA_CASES])
+def test_plain_on_cuda(case: GraphCase) -> None:
+    run_calls(case, lambda m, x: opgen.compile(m, x))
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.name for c in CUDA_CASES])
+def test_graph_mode_on_cuda(case: GraphCase) -> None:
+    compiled = run_calls(case, lambda m, x: opgen.compile(m, x, cuda_graphs=True))
+    assert compiled.graph_status.captured, compiled.report()
+    assert "CUDA graph: captured" in str(compiled.report())
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.name for c in CUDA_CASES])
+def test_graph_mode_static_outputs_on_cuda(case: GraphCase) -> None:
+    run_calls(case, lambda m, x: opgen.compile(m, x, cuda_graphs=True, static_outputs=True))
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.name for c in CUDA_CASES])
+def test_backend_graph_mode_on_cuda(case: GraphCase) -> None:
+    torch._dynamo.reset()
+    options = {"cuda_graphs": True}
+    run_calls(case, lambda m, x: torch.compile(m, backend="opgen", dynamic=False, options=options))
+
+
+def _mlp() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).cuda().eval()
+    return model, torch.randn(4, 32, device="cuda")
+
+
+def test_fresh_outputs_survive_later_calls() -> None:
+    model, x = _mlp()
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        fn(x)  # capture
+        first = fn(x)
+        kept = first.clone()
+        second = fn(torch.randn_like(x))
+        torch.testing.assert_close(first, kept)
+        assert first.data_ptr() != second.data_ptr()
+
+
+def test_a_dropped_result_is_recycled_but_never_one_still_seen() -> None:
+    """A fresh result the caller dropped may back the next result; one it kept, or viewed, never does."""
+    model, x = _mlp()
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        fn(x)
+        view = fn(x).view(-1)  # the result itself is dropped, its storage is not
+        expected = model(x).view(-1)
+        for _ in range(3):
+            torch.testing.assert_close(fn(y), model(y))
+        torch.testing.assert_close(view, expected)
+
+
+def test_static_outputs_are_overwritten_by_the_next_call() -> None:
+    """The opt-in: no copy, the same buffer every call, so a result kept across calls changes."""
+    model, x = _mlp()
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True, static_outputs=True)
+        fn(x)  # capture
+        first = fn(x)
+        expected_first = model(x)
+        second = fn(y)
+        assert first.data_ptr() == second.data_ptr()
+        torch.testing.assert_close(first, model(y))  # the old result now holds the new values
+        assert not torch.allclose(first, expected_first)
+        kept = fn(x).clone()  # what a caller who keeps a result does
+        fn(y)
+        torch.testing.assert_close(kept, expected_first)
+
+
+def test_static_inputs_skip_the_copy() -> None:
+    """Passing the static input buffer itself skips its copy; another tensor is copied into it."""
+    model, x = _mlp()
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        fn(x)
+        (static,) = fn.static_inputs
+        static.copy_(x)
+        torch.testing.assert_close(fn(static), model(x))
+        torch.testing.assert_close(fn(x * 2), model(x * 2))
+        torch.testing.assert_close(static, x * 2)  # the call copied its input into the buffer
+        static.copy_(x + 1)
+        torch.testing.assert_close(fn(static), model(x + 1))
+
+
+def test_runs_on_the_callers_stream() -> None:
+    model, x = _mlp()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    with torch.no_grad():
+        for graphs in (False, True):
+            fn = opgen.compile(model, (x,), cuda_graphs=graphs)
+            results = []
+            for i in range(6):
+                stream = streams[i % 2]
+                inp = torch.full_like(x, float(i))
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    results.append((fn(inp), inp))
+                    torch.cuda._sleep(1_000_000)  # keep the stream busy, so an unordered switch would race
+            torch.cuda.synchronize()
+            for out, inp in results:
+                torch.testing.assert_close(out, model(inp))
+
+
+def test_new_shapes_capture_their_own_graph() -> None:
+    model, x = _mlp()
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        for rows in (4, 7, 4, 7, 1):
+            inp = torch.randn(rows, 32, device="cuda")
+            torch.testing.assert_close(fn(inp), model(inp))
+        assert "specializations for input shapes so far: 3" in str(fn.report())
+
+
+def test_wrong_input_is_still_a_clear_error() -> None:
+    model, x = _mlp()
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        fn(x)
+        fn(x)
+        with pytest.raises(opgen.InputTypeError, match=r"expected dtype torch\.float32"):
+            fn(x.double())
+        with pytest.raises(opgen.InputMismatchError, match="expected a tensor on cuda"):
+            fn(x.cpu())
+
+
+class _CopiesCpuInput(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y.to(x.device)
+
+
+class _Random(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x)
+
+
+def test_a_failed_capture_falls_back_with_a_warning() -> None:
+    """A pageable host-to-device copy cannot be captured: the plain function runs, and says so."""
+    x, y = torch.randn(8, device="cuda"), torch.randn(8)
+    with torch.no_grad():
+        fn = opgen.compile(_CopiesCpuInput(), (x, y), cuda_graphs=True)
+        with pytest.warns(RuntimeWarning, match="CUDA graphs not used for _CopiesCpuInput"):
+            torch.testing.assert_close(fn(x, y), x + y.cuda())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once
+            for _ in range(3):
+                y = torch.randn(8)
+                torch.testing.assert_close(fn(x, y), x + y.cuda())
+    assert not fn.graph_status.captured
+    assert "CUDA graph: not used" in str(fn.report())
+
+
+def test_random_ops_are_not_replayed() -> None:
+    x = torch.zeros(1000, device="cuda")
+    with torch.no_grad():
+        with pytest.warns(RuntimeWarning, match="random ops"):
+            fn = opgen.compile(_Random(), (x,), cuda_graphs=True, fallback=True)
+        first = fn(x)
+        second = fn(x)
+    assert not torch.equal(first, second)
+    assert "random ops" in str(fn.report())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_second_device(graphs: bool) -> None:
+    torch.cuda.set_device(0)
+    case = next(c for c in CASES if c.name == "resnet18_small")
+    compiled = run_calls(case, lambda m, x: opgen.compile(m, x, cuda_graphs=graphs), device="cuda:1")
+    assert compiled.graph_status.captured if graphs else True
