@@ -19,22 +19,22 @@ from test_ops_eager import INFO, OP_CASES, check_op
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def to_cuda(value: Any) -> Any:
+def to_cuda(value: Any, device: str) -> Any:
     """The same value on the GPU: tensors keep sizes, strides and storage offset; containers recurse."""
     if isinstance(value, torch.Tensor):
         elements = value.untyped_storage().nbytes() // value.element_size()
-        storage = torch.as_strided(value, (elements,), (1,), 0).cuda()
+        storage = torch.as_strided(value, (elements,), (1,), 0).to(device)
         return storage.as_strided(value.shape, value.stride(), value.storage_offset())
     if isinstance(value, (list, tuple)):
-        return type(value)(to_cuda(v) for v in value)
+        return type(value)(to_cuda(v, device) for v in value)
     return value
 
 
-def on_cuda(name: str, sample: samples.Sample) -> samples.Sample:
-    kwargs = {k: to_cuda(v) for k, v in sample.kwargs.items()}
+def on_cuda(name: str, device: str, sample: samples.Sample) -> samples.Sample:
+    kwargs = {k: to_cuda(v, device) for k, v in sample.kwargs.items()}
     if any(a["name"] == "device" for a in INFO[name]["args"]):
-        kwargs["device"] = torch.device("cuda")
-    return samples.Sample(to_cuda(sample.args), kwargs, sample.variants)
+        kwargs["device"] = torch.device(device)
+    return samples.Sample(to_cuda(sample.args, device), kwargs, sample.variants)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -48,7 +48,15 @@ def _exact_math() -> Any:
 
 @pytest.mark.parametrize(("name", "dtype"), OP_CASES)
 def test_op_cuda(name: str, dtype: torch.dtype) -> None:
-    check_op(name, dtype, "cuda", partial(on_cuda, name))
+    check_op(name, dtype, "cuda", partial(on_cuda, name, "cuda"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize(("name", "dtype"), OP_CASES)
+def test_op_second_gpu(name: str, dtype: torch.dtype) -> None:
+    """Tensors on cuda:1 while cuda:0 is current: each kernel runs on its tensors' device."""
+    torch.cuda.set_device(0)
+    check_op(name, dtype, "cuda", partial(on_cuda, name, "cuda:1"))
 
 
 def test_mixed_devices_are_a_clear_error() -> None:
@@ -56,3 +64,11 @@ def test_mixed_devices_are_a_clear_error() -> None:
 
     with pytest.raises((RuntimeError, ValueError), match=r"kernel_ops\.add"):
         kernel_ops.add(torch.ones(3, device="cuda"), torch.ones(3))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_in_one_call_are_a_clear_error() -> None:
+    from opgen import kernel_ops
+
+    with pytest.raises(RuntimeError, match=r"kernel_ops\.add\(\): expected all tensors on one device"):
+        kernel_ops.add(torch.ones(3, device="cuda:0"), torch.ones(3, device="cuda:1"))
