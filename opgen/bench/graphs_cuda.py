@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from opgen.bench import models
+from opgen.bench.graphs import _max_err
 from opgen.bench.timing import format_table, interleaved
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
@@ -69,11 +70,6 @@ def _build(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) 
         case _:
             raise ValueError(f"unknown candidate {name}")
     return functools.partial(fn, *inputs)
-
-
-def _max_err(out: Any, ref: Any) -> float:
-    outs, refs = torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(ref)
-    return max((float((o - r).abs().max()) for o, r in zip(outs, refs, strict=True) if o.numel()), default=0.0)
 
 
 def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_s: float) -> list[Result]:

@@ -16,7 +16,10 @@ import samples
 import torch
 from test_ops_eager import INFO, OP_CASES, check_op
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("cudnn_exact"),
+]
 
 
 def to_cuda(value: Any, device: str) -> Any:
@@ -35,15 +38,6 @@ def on_cuda(name: str, device: str, sample: samples.Sample) -> samples.Sample:
     if any(a["name"] == "device" for a in INFO[name]["args"]):
         kwargs["device"] = torch.device(device)
     return samples.Sample(to_cuda(sample.args, device), kwargs, sample.variants)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _exact_math() -> Any:
-    """cuDNN's TF32 would make convolutions differ between two equal calls' algorithm picks."""
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.mark.parametrize(("name", "dtype"), OP_CASES)

@@ -20,19 +20,14 @@ from torch import nn
 
 import opgen
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("cudnn_exact"),
+]
 
 # Cases whose models make CPU tensors in forward (a CPU tensor times a CUDA one fails in eager too).
 CPU_ONLY = {"constants"}
 CUDA_CASES = [c for c in CASES if c.name not in CPU_ONLY]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_tf32() -> Any:
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = saved
 
 
 def _cuda_inputs(case: GraphCase, device: str) -> tuple[torch.Tensor, ...]:
