@@ -25,6 +25,7 @@ synchronizes with the host, a CPU tensor copied in).
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -181,6 +182,7 @@ class _Capture:
     fixed: frozenset[int]
     status: GraphStatus
     runner: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one capture, even from several threads
 
     def forward(self) -> Compiled:
         """The function handed out: the C++ runner, which calls `first_call` until it holds a graph."""
@@ -195,20 +197,25 @@ class _Capture:
         result = self.plain(*args)  # checks the inputs; others go to their own specialization
         if not fast_check(self.graph.inputs)(*args):
             return result
-        self.runner.fallback = self.plain  # from now on, inputs that do not fit run plain
+        with self.lock:
+            if self.runner.fallback is not self.plain:  # not captured (or refused) by another thread meanwhile
+                self.runner.fallback = self.plain  # from now on, inputs that do not fit run plain
+                self.capture_or_refuse(args)
+        return result
+
+    def capture_or_refuse(self, args: tuple[Any, ...]) -> None:
         start = time.perf_counter()
         try:
             self.capture(args)
         except CaptureRefused as exc:
-            self.graphs.refuse(self.status, str(exc), stacklevel=2)  # first_call <- caller
+            self.graphs.refuse(self.status, str(exc), stacklevel=3)  # capture_or_refuse <- first_call <- caller
         except Exception as exc:  # a capture that fails for any reason: never the caller's problem
             torch.cuda.synchronize(self.pool.device)
             reason = f"capture failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-            self.graphs.refuse(self.status, reason, stacklevel=2)
+            self.graphs.refuse(self.status, reason, stacklevel=3)
         else:
             self.status.captured = True
             self.status.capture_seconds = time.perf_counter() - start
-        return result
 
     def capture(self, args: tuple[Any, ...]) -> None:
         from opgen._C import arm_graph_runner

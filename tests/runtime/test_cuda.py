@@ -227,3 +227,28 @@ def test_second_device(graphs: bool) -> None:
     case = next(c for c in CASES if c.name == "resnet18_small")
     compiled = run_calls(case, lambda m, x: opgen.compile(m, x, cuda_graphs=graphs), device="cuda:1")
     assert compiled.graph_status.captured if graphs else True
+
+
+def test_first_calls_from_several_threads_capture_once() -> None:
+    import threading
+
+    model, x = _mlp()
+    inputs = [torch.randn_like(x) for _ in range(4)]
+    results: list[Any] = [None] * 4
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+
+        def call(i: int) -> None:
+            with torch.no_grad():
+                results[i] = [fn(inputs[i]) for _ in range(3)]
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        for i in range(4):
+            for out in results[i]:
+                torch.testing.assert_close(out, model(inputs[i]))
+    assert fn.graph_status.captured
