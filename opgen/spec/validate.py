@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from opgen.spec.defaults import parse_default
+from opgen.spec.kernels import KernelIndex
 from opgen.spec.loader import RawEntry, SpecError, load_entries
 from opgen.spec.model import (
     BACKENDS,
@@ -54,8 +55,14 @@ class _Problems:
         self.items.append(where + (f"op '{op}': " if op else "") + message)
 
 
-def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec, ...]:
-    """Load and validate a spec file. Raises SpecError listing every problem."""
+def load_spec(
+    path: Path | str, display_name: str | None = None, kernels: KernelIndex | None = None
+) -> tuple[OpSpec, ...]:
+    """Load and validate a spec file. Raises SpecError listing every problem.
+
+    Kernels are checked against `kernels` (default: the dispatch headers of the installed torch,
+    when there is one), so that a kernel torch lacks is a spec error, not a C++ compiler error.
+    """
     name, entries = load_entries(Path(path), display_name)
     problems = _Problems(name)
     ops: list[OpSpec] = []
@@ -69,6 +76,8 @@ def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec
     if not entries:
         problems.add(1, None, "the spec lists no ops")
     _check_unique(ops, problems)
+    if not problems.items:
+        _check_kernels(ops, kernels or KernelIndex.find(), problems)
     if problems.items:
         raise SpecError(problems.items)
     return tuple(ops)
@@ -305,3 +314,14 @@ def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
                 f"python name '{spec.python_name}' is already used by '{first.schema.qualified_name}' "
                 f"(line {first.location.line}); set 'python:' to another name",
             )
+
+
+def _check_kernels(ops: list[OpSpec], index: KernelIndex | None, problems: _Problems) -> None:
+    """Each kernel is declared by torch with the schema's number of arguments (the binding passes all)."""
+    if index is None:
+        return
+    for op in ops:
+        for kernel in op.kernels:
+            problem = index.problem(kernel, len(op.schema.args))
+            if problem:
+                problems.add(op.location.line, op.schema.qualified_name, problem)
