@@ -8,6 +8,7 @@ of another dtype, device or rank are an error naming the input.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -100,6 +101,7 @@ class _Specializations:
     recompile: bool
     by_signature: dict[Any, Compiled] = field(default_factory=dict)
     warned_eager: bool = False
+    lock: Any = field(default_factory=threading.RLock, repr=False)  # guards by_signature and compiling
 
     def build(self, inputs: tuple[torch.Tensor, ...]) -> Compiled:
         start = time.perf_counter()
@@ -152,6 +154,11 @@ class _Specializations:
         return self.module(*args)
 
     def respecialize(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Any:
+        with self.lock:  # threads that bring the same new shapes at once compile it once
+            fn = self._specialization(specs, args)
+        return fn(*args)
+
+    def _specialization(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Compiled:
         fn = self.by_signature.get(signature(args))
         if fn is None:
             message = shape_mismatch_message(specs, args)
@@ -163,7 +170,7 @@ class _Specializations:
                 raise InputMismatchError(
                     f"{message}; compiling for the new shapes failed: {type(exc).__name__}: {exc}"
                 ) from exc
-        return fn(*args)
+        return fn
 
 
 def _unflatten(spec: pytree.TreeSpec) -> Callable[[tuple[Any, ...]], Any]:
