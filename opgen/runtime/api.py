@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from opgen.runtime import executor
 from opgen.runtime.artifact import CompiledGraph
-from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
+from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, fast_check, shape_mismatch_message, signature
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
@@ -83,7 +83,12 @@ def _needs_grad(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> str 
 
 
 def _eager(module: torch.nn.Module, reason: str) -> Compiled:
-    warnings.warn(f"opgen.compile: {reason}; running {model_name(module)} eagerly (fallback=True)", stacklevel=3)
+    warnings.warn(
+        f"opgen.compile: {reason}; running {model_name(module)} eagerly (fallback=True). To run it compiled, "
+        "compile and call it under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)",
+        OpgenWarning,
+        stacklevel=3,
+    )
 
     def eager(*args: Any) -> Any:
         return module(*args)
@@ -149,7 +154,12 @@ class _Specializations:
         if not self.options.fallback:
             raise RequiresGradError(what)
         if not self.warned_eager:
-            warnings.warn(f"opgen: {what} requires grad and grad mode is on; running eagerly", stacklevel=3)
+            warnings.warn(
+                f"opgen: {what} requires grad and grad mode is on; running eagerly (this warning is given once). "
+                "Call it under torch.no_grad() or torch.inference_mode() to run it compiled",
+                OpgenWarning,
+                stacklevel=3,
+            )
             self.warned_eager = True
         return self.module(*args)
 

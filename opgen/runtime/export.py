@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.lower import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.torch_noise import torch_noise_silenced
 
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -61,7 +62,7 @@ def export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: Ke
     module fail with `Unexpected key _export_root.fc1@2`), and compiled functions export on their
     slow path, from whichever threads call them with new shapes.
     """
-    with _EXPORT_LOCK:
+    with _EXPORT_LOCK, torch_noise_silenced():
         return _export_program(model, inputs, registry)
 
 
