@@ -23,6 +23,7 @@ def test_call_fuzz(shard: int) -> None:
         f"--shard={shard}/{SHARDS}",
         timeout=60 + per_function * 10,
     )
+    print(f"call fuzz, shard {shard}: {result.summary}")
     verdict = result.verdict()
     assert verdict is None, verdict
     assert result.counts()["calls"] >= per_function * 100 // SHARDS, result.summary

@@ -24,6 +24,6 @@ def test_no_leak(what: str, variable: str, default: int) -> None:
     result = run_child(
         "leak_check.py", what, f"--count={count}", timeout=120 + count * (1.0 if what == "compiles" else 0.0005)
     )
-    print(result.summary)
+    print(f"leaks, {what}: {result.summary}")
     verdict = result.verdict()
     assert verdict is None, verdict

@@ -18,6 +18,7 @@ def test_spec_fuzz() -> None:
     mutations = budget("OPGEN_FUZZ_SPEC_MUTATIONS", 300)
     seed = budget("OPGEN_FUZZ_SEED", 0)
     result = run_child("spec_fuzz.py", f"--mutations={mutations}", f"--seed={seed}", timeout=60 + mutations)
+    print(f"spec fuzz: {result.summary}")
     verdict = result.verdict()
     assert verdict is None, verdict
     counts = result.counts()
