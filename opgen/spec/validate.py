@@ -39,8 +39,10 @@ from opgen.spec.schema import SchemaSyntaxError, parse_schema
 ENTRY_KEYS = ("func", "python", "kernels", "inplace", "out", "release_gil", "doc")
 VARIANT_KEYS = ("func", "python", "kernels")
 LIST_BASES = ("Tensor", "int", "SymInt", "float")
-_KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
+_KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab and newline, and DEL
 
 
 class _Problems:
@@ -99,6 +101,9 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     doc = fields.get("doc", "")
     if not isinstance(doc, str):
         problems.add(lines["doc"], op_name, "'doc' must be a string")
+    elif control := _CONTROL.search(doc):
+        code = f"U+{ord(control.group()):04X}"
+        problems.add(lines["doc"], op_name, f"'doc' holds the control character {code}; write printable text")
     release_gil = fields.get("release_gil", False)
     if not isinstance(release_gil, bool):
         problems.add(lines["release_gil"], op_name, f"'release_gil' must be true or false, not {release_gil!r}")
@@ -143,6 +148,9 @@ def variant_of(schema: Schema) -> Variant:
 
 
 def _schema(text: str, line: int, op: str, problems: _Problems) -> Schema | None:
+    if control := _CONTROL.search(text.replace("\t", " ").replace("\n", " ")):  # YAML may fold a long line
+        problems.add(line, op, f"the schema holds the control character U+{ord(control.group()):04X}")
+        return None
     try:
         schema = parse_schema(text)
     except SchemaSyntaxError as exc:
@@ -271,6 +279,9 @@ def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Proble
     """Derive `add_.Tensor` or `add.out` from the functional schema."""
     op = base.qualified_name
     schema_name, _, overload = name.partition(".")
+    if overload and not _IDENT.match(overload):
+        problems.add(line, op, f"'{kind.value}' names {name!r}, whose overload {overload!r} is not a valid name")
+        return None
     tensor_return = len(base.returns) == 1 and str(base.returns[0].type) == "Tensor"
     if not tensor_return:
         problems.add(

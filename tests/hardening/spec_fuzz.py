@@ -183,17 +183,33 @@ def check_output(files: dict[str, str], ops: tuple, index: KernelIndex | None) -
         return f"the stub is not valid Python: {exc}"
     for name, text in files.items():
         if name.endswith(".cpp"):
-            for line in text.splitlines():
-                if "//" in line and line.rstrip().endswith("\\"):
-                    return f"{name}: a comment ending in a backslash continues onto the next line: {line[:200]}"
-            if text.count('R"opgen(') != text.count(')opgen"'):
-                return f"{name}: a raw string is broken open"
+            problem = cpp_lexical_problem(text)
+            if problem:
+                return f"{name}: {problem}"
     if index is not None:
         for op in ops:
             for kernel in op.kernels:
                 problem = index.problem(kernel, len(op.schema.args))
                 if problem:
                     return f"{op.python_name}: {problem}"
+    return None
+
+
+def cpp_lexical_problem(text: str) -> str | None:
+    """What would break the generated C++ before any type checking: a comment or string literal that
+    the spec's text ends early or joins to the next line, or a raw string opened and not closed."""
+    if text.count('R"opgen(') != text.count(')opgen"'):
+        return "a raw string is broken open"
+    for line in text.split("\n"):  # not splitlines(): C++ does not end lines at U+2028 and the like
+        if line.rstrip().endswith("\\"):
+            return f"a line ending in a backslash joins the next one: {line[:200]!r}"
+        if re.search(r"[\x00-\x08\x0b-\x1f\x7f]", line):
+            return f"a raw control character: {line[:200]!r}"
+        if line.lstrip().startswith("//") or 'R"opgen(' in line:
+            continue
+        quotes = len(re.findall(r'(?<!\\)(?:\\\\)*"', line))
+        if quotes % 2:
+            return f"a string literal is not closed on its line: {line[:200]!r}"
     return None
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from children import budget, run_child
 
+from opgen.gen.bindings import c_string
 from opgen.spec.kernels import KernelIndex, count_params
 from opgen.spec.loader import SpecError
 from opgen.spec.validate import load_spec
@@ -42,6 +43,28 @@ def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 def test_control_character(tmp_path: Path) -> None:
     data = RELU.encode() + b"- func: f(Tensor self) -> Tensor\n  doc: 'a\x00b'\n"
     assert problems_of(tmp_path, data) == ["ops.yaml:4: invalid YAML: character U+0000 is not allowed in YAML"]
+
+
+# Found by the spec fuzzer: text that reached the generated files and broke them (a NUL byte in the
+# stub is a SyntaxError; a carriage return inside a C++ string literal ends the line).
+@pytest.mark.parametrize(
+    ("field", "problem"),
+    [
+        ('doc: "a\\0b"', "ops.yaml:3: op 'relu': 'doc' holds the control character U+0000; write printable text"),
+        ('doc: "a\\rb"', "ops.yaml:3: op 'relu': 'doc' holds the control character U+000D; write printable text"),
+        (
+            'out: "relu.out\\0"',
+            "ops.yaml:3: op 'relu': 'out' names 'relu.out\\x00', whose overload 'out\\x00' is not a valid name",
+        ),
+        ('python: "relu\\n"', "ops.yaml:3: op 'relu': python name 'relu\\n' is not a valid Python identifier"),
+    ],
+)
+def test_text_that_broke_generated_files(tmp_path: Path, field: str, problem: str) -> None:
+    assert problems_of(tmp_path, (RELU + f"  {field}\n").encode()) == [problem]
+
+
+def test_c_string_escapes_control_characters() -> None:
+    assert c_string('a"b\\c\nd\x00e\r\x7fé') == '"a\\"b\\\\c\\nd\\000e\\015\\177é"'
 
 
 # Kernels torch lacks, or with another number of arguments, gave C++ that failed in the compiler.
