@@ -17,8 +17,10 @@ What counts as a failure (each prints a `FAIL` line; the exit status is 1 if the
   return its argument itself.
 - `accepted`: kernel_ops returned where eager raised, unless eager's error is one kernel_ops skips
   by design (autograd: in-place on a leaf that requires grad; see ALLOWED_EAGER_ONLY).
-Calls that kernel_ops refuses cleanly while eager accepts them (the binding is stricter on types,
-lazy neg/conj bits, ...) are counted as `stricter`, not failures. Calls on a tensor that another
+Calls that kernel_ops refuses with a TypeError or OverflowError (an argument's type or range) are
+not run eagerly (`refused_argument`): eager torch takes some such values and then misbehaves (an int
+-295 as a dtype made it segfault). Other calls that kernel_ops refuses cleanly while eager accepts
+them (lazy neg/conj bits, ...) are counted as `stricter`, not failures. Calls on a tensor that another
 thread keeps resizing (`racy`) are checked for crashes and clean errors only.
 """
 
@@ -85,6 +87,13 @@ def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
     if recipe.racy:
         tally.counts["racy"] += 1
         return
+    if not ok and isinstance(got, (TypeError, OverflowError)):
+        # The binding refused an argument's type or range. Eager is not asked: its dispatcher takes
+        # some such values and then misbehaves (an int where a dtype goes indexes torch's dtype
+        # table: dtype=-295 gives a UnicodeDecodeError, or a segfault).
+        tally.counts["refused_argument"] += 1
+        return
+    print("EAGER", flush=True)  # a crash after this line is eager torch's
     eager_ok, expected = call(aten_op(name), *ref)
     if ok and eager_ok:
         tally.counts["both_ok"] += 1

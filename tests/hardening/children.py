@@ -45,7 +45,8 @@ class ChildResult:
         if self.returncode is None:
             return f"hang (killed after the time limit) at: {self.last_call}"
         if self.crashed:
-            return f"crashed with signal {-self.returncode} at: {self.last_call}"
+            side = " (in eager torch, after kernel_ops returned)" if self.lines[-1:] == ["EAGER"] else ""
+            return f"crashed with signal {-self.returncode}{side} at: {self.last_call}"
         if self.returncode != 0 or self.failures or not self.summary:
             shown = "\n".join(self.failures[:20]) or self.stderr[-3000:]
             return f"exit status {self.returncode}, {len(self.failures)} failures:\n{shown}"
