@@ -165,7 +165,7 @@ def text_edit(rng: random.Random, text: str) -> str:
                 extra = ("\n", "  ", ":", "- ", "{", "[", "&a", "*a", "!!python/object", "\udc80")
                 text = text[:i] + rng.choice(ODD + extra) + text[i:]
             case 2:
-                lines = text.splitlines(keepends=True)
+                lines = text.splitlines(keepends=True) or [""]  # an earlier edit may have emptied it
                 j = rng.randrange(len(lines))
                 lines.insert(j, lines[j])
                 text = "".join(lines)

@@ -3,6 +3,7 @@ file, and a truncated, corrupt, stale or foreign entry is compiled again and ove
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -46,7 +47,7 @@ def test_two_processes_write_one_entry(tmp_path: Path, monkeypatch: pytest.Monke
     graph = compile_once().artifact
     artifact = tmp_path / "graph.json"
     artifact.write_text(graph.to_json())
-    env = {"OPGEN_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "OPGEN_CACHE_DIR": str(tmp_path / "cache")}  # keeps LD_PRELOAD under make asan
     children = [
         subprocess.Popen(
             [sys.executable, "-c", WRITER, str(artifact), role, "300"], env=env, stdout=subprocess.PIPE, text=True
