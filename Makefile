@@ -1,10 +1,23 @@
 # The two commands of the README: `make demo` (set up, build, run the main job) and `make test`.
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
+# The interpreter to install into: $(PYTHON) itself where pip may install into it (a virtual
+# environment, or no PEP 668 EXTERNALLY-MANAGED marker), else a local .venv (tools/python_env.sh).
+# Worked out once per make run, and only by targets that need it.
+PY = $(eval PY := $$(shell PYTHON='$(PYTHON)' sh tools/python_env.sh))$(PY)
+PIP = $(PY) -m pip
 # torch is pinned to the CPU build that lies on this kind of machine; an open range pulls CUDA.
-DEPS := torch==2.13.0 pyyaml jinja2 pytest scikit-build-core pybind11
+DEPS := torch==2.13.0 pyyaml jinja2 pytest hypothesis scikit-build-core pybind11
+# Bigger budgets for `make fuzz` (CI runs the same suites with small ones, in `make test`).
+FUZZ_ENV := OPGEN_FUZZ_CALLS_PER_FUNCTION=400 OPGEN_FUZZ_SPEC_MUTATIONS=10000 OPGEN_LEAK_CALLS=1000000 \
+	OPGEN_LEAK_COMPILES=1000
+# AddressSanitizer + UBSan: the extension is built instrumented (in build/asan) and Python, which is
+# not, preloads the runtime (and libstdc++, or ASan cannot intercept C++ throws from a C program).
+# Python's own allocations at exit are not leaks of ours: no leak check.
+ASAN_LIB = $(shell $${CXX:-g++} -print-file-name=libasan.so) $(shell $${CXX:-g++} -print-file-name=libstdc++.so)
+ASAN_ENV = LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: setup build demo test bench clean
+.PHONY: setup build demo test fuzz asan bench clean
 
 setup:
 	$(PIP) install -q $(DEPS)
@@ -14,13 +27,25 @@ build: setup
 	$(PIP) install -q --no-build-isolation -e .
 
 demo: build
-	$(PYTHON) -m opgen.demo
+	$(PY) -m opgen.demo
 
 test: build
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# The fuzz, leak and thread suites with the large budgets (over 100,000 calls, 10,000 spec mutations,
+# a million calls for the leak check), printing the figures; about 35 minutes on 2 cores.
+fuzz: build
+	$(FUZZ_ENV) $(PY) -m pytest -q -s -p no:cacheprovider tests/hardening
+
+# The whole test suite against an ASan + UBSan build of the extension, then the normal build again.
+asan: setup
+	$(PIP) install -q --no-build-isolation -e . -Cbuild-dir=build/asan -Ccmake.define.OPGEN_SANITIZE=ON \
+		-Ccmake.build-type=RelWithDebInfo
+	$(ASAN_ENV) $(PY) -m pytest -q -p no:cacheprovider -x; status=$$?; \
+		$(PIP) install -q --no-build-isolation -e .; exit $$status
 
 bench: build
-	$(PYTHON) -m opgen.bench ops
+	$(PY) -m opgen.bench ops
 
 clean:
 	rm -rf build

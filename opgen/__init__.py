@@ -13,6 +13,7 @@ __all__ = [
     "InputMismatchError",
     "InputTypeError",
     "OpgenError",
+    "OpgenWarning",
     "RequiresGradError",
     "UnsupportedOpError",
     "compile",

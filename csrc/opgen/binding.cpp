@@ -43,8 +43,10 @@ void Signature::bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
     PyObject* keyword = PyTuple_GET_ITEM(kwnames, k);
     const int i = index_of(keyword);
     if (i < 0) {
-      raise(PyExc_TypeError, *this,
-            std::string("got an unexpected keyword argument '") + PyUnicode_AsUTF8(keyword) + "'");
+      // %R, not PyUnicode_AsUTF8: a keyword need not be encodable (a lone surrogate gives NULL).
+      PyErr_Format(PyExc_TypeError, "kernel_ops.%s(): got an unexpected keyword argument %R", op_,
+                   keyword);
+      throw PythonError{};
     }
     if (slots[i] != nullptr) {
       raise(PyExc_TypeError, *this,
@@ -85,6 +87,17 @@ int64_t as_int64(PyObject* o, const Signature& sig, int i) {
   return v;
 }
 
+// An int where a float goes: like Python's float(), so only ints beyond ~1.8e308 overflow.
+double as_double(PyObject* o, const Signature& sig, int i) {
+  const double v = PyLong_AsDouble(o);
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    raise(PyExc_OverflowError, sig,
+          std::string("argument '") + sig.name(i) + "' does not fit in a float");
+  }
+  return v;
+}
+
 }  // namespace
 
 template <>
@@ -96,7 +109,7 @@ int64_t convert<int64_t>(PyObject* o, const Signature& sig, int i) {
 template <>
 double convert<double>(PyObject* o, const Signature& sig, int i) {
   if (PyFloat_Check(o)) return PyFloat_AS_DOUBLE(o);
-  if (is_int(o)) return static_cast<double>(as_int64(o, sig, i));
+  if (is_int(o)) return as_double(o, sig, i);
   type_error(o, sig, i, "float");
 }
 
@@ -130,7 +143,11 @@ std::string convert<std::string>(PyObject* o, const Signature& sig, int i) {
   if (!PyUnicode_Check(o)) type_error(o, sig, i, "str");
   Py_ssize_t size = 0;
   const char* data = PyUnicode_AsUTF8AndSize(o, &size);
-  if (data == nullptr) throw PythonError{};
+  if (data == nullptr) {  // a lone surrogate: not encodable as UTF-8
+    PyErr_Clear();
+    raise(PyExc_ValueError, sig,
+          std::string("argument '") + sig.name(i) + "' is not valid UTF-8 text");
+  }
   return std::string(data, size);
 }
 
@@ -204,8 +221,13 @@ template <>
 std::vector<double> convert<std::vector<double>>(PyObject* o, const Signature& sig, int i) {
   std::vector<double> out;
   for_each_item(o, sig, i, "a list of floats", [&](PyObject* item, Py_ssize_t k) {
-    if (!PyFloat_Check(item) && !is_int(item)) element_error(item, sig, i, k, "floats");
-    out.push_back(PyFloat_AsDouble(item));
+    if (PyFloat_Check(item)) {
+      out.push_back(PyFloat_AS_DOUBLE(item));
+    } else if (is_int(item)) {
+      out.push_back(as_double(item, sig, i));
+    } else {
+      element_error(item, sig, i, k, "floats");
+    }
   });
   return out;
 }

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ast
+import re
 
-from opgen.gen.cpp_types import cpp_arg
+from opgen.gen.cpp_types import c_string, cpp_arg
 from opgen.spec.defaults import parse_default
 from opgen.spec.model import Arg, Kernel, OpSpec
 
@@ -15,9 +16,10 @@ def c_function_name(spec: OpSpec) -> str:
     return f"kernel_ops_{spec.python_name}"
 
 
-def c_string(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
+def comment_text(text: str) -> str:
+    """Text for a `//` comment: control characters (a newline would end it) shown as escapes."""
+    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text + " " if text.endswith("\\") else text  # a final backslash would join the next line
 
 
 def required_mask(args: tuple[Arg, ...]) -> int:
@@ -101,7 +103,7 @@ def emit_function(spec: OpSpec) -> str:
     ]
     indented = "\n".join(("  " + line) if not line.startswith("#") else line for line in body)
     return (
-        f"// {spec.location}: {spec.schema}\n"
+        f"// {spec.location}: {comment_text(str(spec.schema))}\n"
         f"PyObject* {c_function_name(spec)}(PyObject*, PyObject* const* args, Py_ssize_t nargs, "
         f"PyObject* kwnames) {{\n{indented}\n}}\n"
     )

@@ -6,6 +6,7 @@ Each function here is small and pure, with a unit test; the binding emitter only
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from opgen.spec.defaults import parse_default
@@ -97,6 +98,12 @@ def decl_type(arg: Arg) -> str:
     return f"const {value_type(type_)}"
 
 
+def c_string(text: str) -> str:
+    """A C++ string literal: quotes, backslashes, newlines and other control characters escaped."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\{ord(m.group()):03o}", escaped) + '"'
+
+
 def default_expr(arg: Arg) -> str | None:
     """The C++ value of the schema default, or None for a required argument."""
     if arg.default is None:
@@ -114,7 +121,7 @@ def _literal(type_: Type, value: object) -> str:
         case "bool":
             return "true" if value else "false"
         case "str":
-            return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            return c_string(str(value))
         case "MemoryFormat":
             return _MEMORY_FORMAT_CPP[str(value)]
         case "ScalarType":

@@ -14,6 +14,7 @@ from opgen.runtime.errors import (
     InputMismatchError,
     InputTypeError,
     OpgenError,
+    OpgenWarning,
     RequiresGradError,
     UnsupportedOpError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "InputMismatchError",
     "InputTypeError",
     "OpgenError",
+    "OpgenWarning",
     "Report",
     "RequiresGradError",
     "UnsupportedOpError",

@@ -8,6 +8,7 @@ of another dtype, device or rank are an error naming the input.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -20,7 +21,7 @@ from torch.utils import _pytree as pytree
 from opgen.runtime import executor
 from opgen.runtime.artifact import CompiledGraph
 from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
-from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
+from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, fast_check, shape_mismatch_message, signature
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
@@ -93,7 +94,12 @@ def _needs_grad(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> str 
 
 
 def _eager(module: torch.nn.Module, reason: str) -> Compiled:
-    warnings.warn(f"opgen.compile: {reason}; running {model_name(module)} eagerly (fallback=True)", stacklevel=3)
+    warnings.warn(
+        f"opgen.compile: {reason}; running {model_name(module)} eagerly (fallback=True). To run it compiled, "
+        "compile and call it under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)",
+        OpgenWarning,
+        stacklevel=3,
+    )
 
     def eager(*args: Any) -> Any:
         return module(*args)
@@ -112,6 +118,7 @@ class _Specializations:
     graphs: CudaGraphs | None = None
     by_signature: dict[Any, Compiled] = field(default_factory=dict)
     warned_eager: bool = False
+    lock: Any = field(default_factory=threading.RLock, repr=False)  # guards by_signature and compiling
 
     def build(self, inputs: tuple[torch.Tensor, ...]) -> Compiled:
         start = time.perf_counter()
@@ -163,11 +170,21 @@ class _Specializations:
         if not self.options.fallback:
             raise RequiresGradError(what)
         if not self.warned_eager:
-            warnings.warn(f"opgen: {what} requires grad and grad mode is on; running eagerly", stacklevel=3)
+            warnings.warn(
+                f"opgen: {what} requires grad and grad mode is on; running eagerly (this warning is given once). "
+                "Call it under torch.no_grad() or torch.inference_mode() to run it compiled",
+                OpgenWarning,
+                stacklevel=3,
+            )
             self.warned_eager = True
         return self.module(*args)
 
     def respecialize(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Any:
+        with self.lock:  # threads that bring the same new shapes at once compile it once
+            fn = self._specialization(specs, args)
+        return fn(*args)
+
+    def _specialization(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Compiled:
         fn = self.by_signature.get(signature(args))
         if fn is None:
             message = shape_mismatch_message(specs, args)
@@ -179,7 +196,7 @@ class _Specializations:
                 raise InputMismatchError(
                     f"{message}; compiling for the new shapes failed: {type(exc).__name__}: {exc}"
                 ) from exc
-        return fn(*args)
+        return fn
 
 
 def _unflatten(spec: pytree.TreeSpec) -> Callable[[tuple[Any, ...]], Any]:

@@ -20,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from opgen.runtime import executor
 from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions
-from opgen.runtime.errors import RequiresGradError
+from opgen.runtime.errors import OpgenWarning, RequiresGradError
 from opgen.runtime.export import attr_constants, decompose_uncovered
 from opgen.runtime.guards import PROCEED
 from opgen.runtime.lower import GraphSignature, OutputSpec, PlaceholderSpec
@@ -88,7 +88,12 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
         what = f"graph input {grad_inputs[0]} of the graph torch.compile captured (a parameter or an input)"
         if not fallback:
             raise RequiresGradError(what)
-        warnings.warn(f"opgen backend: {what} requires grad; running this graph eagerly", stacklevel=2)
+        warnings.warn(
+            f"opgen backend: {what} requires grad; running this graph eagerly. To run it compiled, call the "
+            "model under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)",
+            OpgenWarning,
+            stacklevel=2,
+        )
         return gm.forward
     compile_options = CompileOptions(fallback, passes, use_cache, guard=False)
     name = type(gm).__name__

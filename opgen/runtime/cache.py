@@ -3,7 +3,9 @@
 Keys hash the graph (code, every node's meta, the signature), the options, the torch version,
 `kernel_ops.BUILD_ID` and the runtime's own source, so a change to any of them misses. Entries
 hold source and metadata only, never tensors: constants are bound from the live model. Writes go
-to a temporary file renamed into place, so concurrent processes never read half an entry.
+to a temporary file renamed into place, so concurrent processes never read half an entry. The
+entry's first line is the SHA-256 of the rest: an entry that is truncated, corrupt, of another
+format or for another key is a miss, so the graph is compiled again and the entry overwritten.
 """
 
 from __future__ import annotations
@@ -46,10 +48,17 @@ def entry_dir(key: str) -> Path:
 def load(key: str) -> CompiledGraph | None:
     path = entry_dir(key) / "graph.json"
     try:
-        graph = CompiledGraph.from_json(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError):
+        digest, _, body = path.read_text(encoding="utf-8").partition("\n")
+        if digest != _digest(body):
+            return None
+        graph = CompiledGraph.from_json(body)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
         return None
     return graph if graph.key == key else None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def source_path(key: str) -> Path:
@@ -62,7 +71,8 @@ def store(graph: CompiledGraph) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write(folder / "graph.py", graph.source)
-        _write(folder / "graph.json", graph.to_json())
+        body = graph.to_json()
+        _write(folder / "graph.json", f"{_digest(body)}\n{body}")
     except OSError:
         return None
     return folder / "graph.py"
@@ -70,6 +80,10 @@ def store(graph: CompiledGraph) -> Path | None:
 
 def _write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full disk or an interrupt leaves no temporary file behind
+        raise

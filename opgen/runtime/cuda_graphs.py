@@ -36,6 +36,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.errors import OpgenWarning
 from opgen.runtime.executor import resolve_op
 from opgen.runtime.guards import fast_check
 from opgen.runtime.registry import KernelRegistry
@@ -131,7 +132,7 @@ class CudaGraphs:
             warnings.warn(
                 f"opgen: CUDA graphs not used for {self.model}: {reason}; it runs as plain generated code "
                 "(compile with cuda_graphs=False to say so and silence this)",
-                RuntimeWarning,
+                OpgenWarning,
                 stacklevel=stacklevel + 1,
             )
 

@@ -38,3 +38,7 @@ class InputMismatchError(ValueError):
 
 class InputTypeError(TypeError):
     """An input has the wrong type or dtype."""
+
+
+class OpgenWarning(UserWarning):
+    """The category of every warning opgen itself gives; each says what to do about it."""

@@ -7,6 +7,7 @@ it does not bring in ops kernel_ops lacks (torch's own tables often lower to `pr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch.utils import _pytree as pytree
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.lower import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.torch_noise import torch_noise_silenced
 
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -54,7 +56,20 @@ def describe_inputs(inputs: Sequence[Any]) -> str:
 
 
 def export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry) -> ExportedProgram:
-    """torch.export the model and decompose it; export's own error passes on, with what opgen was doing."""
+    """torch.export the model and decompose it; export's own error passes on, with what opgen was doing.
+
+    One export at a time in a process: torch.export is not thread-safe (two threads exporting one
+    module fail with `Unexpected key _export_root.fc1@2`), and compiled functions export on their
+    slow path, from whichever threads call them with new shapes.
+    """
+    with _EXPORT_LOCK, torch_noise_silenced():
+        return _export_program(model, inputs, registry)
+
+
+_EXPORT_LOCK = threading.Lock()  # process-wide by nature: it guards torch's own global tracing state
+
+
+def _export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry) -> ExportedProgram:
     try:
         ep = torch.export.export(model, inputs)
     except Exception as exc:

@@ -47,6 +47,21 @@ class _LinedDict(dict):  # type: ignore[type-arg]
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _character(exc: yaml.reader.ReaderError) -> str:
+    code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "?")
+    return f"character U+{code:04X}"
+
+
+def _decode(data: bytes, name: str) -> str:
+    """The file as text; bytes that are not UTF-8 are a SpecError naming their line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        byte = data[exc.start : exc.start + 1].hex()
+        raise SpecError([f"{name}:{line}: the spec is not valid UTF-8 (byte 0x{byte})"]) from None
+
+
 def load_entries(path: Path, display_name: str | None = None) -> tuple[str, list[RawEntry | tuple[int, Any]]]:
     """Parse `path`; return the name used in messages and the top-level items: a RawEntry for each
     mapping, a (line, value) pair for anything else.
@@ -55,10 +70,15 @@ def load_entries(path: Path, display_name: str | None = None) -> tuple[str, list
     """
     name = display_name or path.name
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise SpecError([f"{name}: cannot read the spec: {exc.strerror}"]) from None
-    loader = _LineLoader(text)
+    text = _decode(data, name)
+    try:
+        loader = _LineLoader(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, most controls)
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecError([f"{name}:{line}: invalid YAML: {_character(exc)} is not allowed in YAML"]) from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -70,6 +90,11 @@ def load_entries(path: Path, display_name: str | None = None) -> tuple[str, list
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
         raise SpecError([f"{name}:{line}: invalid YAML: {exc.problem}"]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecError([f"{name}:{line}: invalid YAML: {_character(exc)} is not allowed in YAML"]) from None
+    except RecursionError:
+        raise SpecError([f"{name}:1: invalid YAML: nested too deeply"]) from None
     finally:
         loader.dispose()
     entries: list[RawEntry | tuple[int, Any]] = []

@@ -19,7 +19,7 @@ class SchemaSyntaxError(ValueError):
     pass
 
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: `$` would accept a trailing newline
 _TYPE = re.compile(
     r"^(?P<base>[A-Za-z_][A-Za-z0-9_]*)"
     r"(?:\((?P<alias>[a-z][a-z0-9]*)(?P<write>!)?(?P<wild>\s*->\s*\*)?\))?"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from opgen.spec.defaults import parse_default
+from opgen.spec.kernels import KernelIndex
 from opgen.spec.loader import RawEntry, SpecError, load_entries
 from opgen.spec.model import (
     BACKENDS,
@@ -38,8 +39,10 @@ from opgen.spec.schema import SchemaSyntaxError, parse_schema
 ENTRY_KEYS = ("func", "python", "kernels", "inplace", "out", "release_gil", "doc")
 VARIANT_KEYS = ("func", "python", "kernels")
 LIST_BASES = ("Tensor", "int", "SymInt", "float")
-_KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
+_KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab and newline, and DEL
 
 
 class _Problems:
@@ -54,8 +57,14 @@ class _Problems:
         self.items.append(where + (f"op '{op}': " if op else "") + message)
 
 
-def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec, ...]:
-    """Load and validate a spec file. Raises SpecError listing every problem."""
+def load_spec(
+    path: Path | str, display_name: str | None = None, kernels: KernelIndex | None = None
+) -> tuple[OpSpec, ...]:
+    """Load and validate a spec file. Raises SpecError listing every problem.
+
+    Kernels are checked against `kernels` (default: the dispatch headers of the installed torch,
+    when there is one), so that a kernel torch lacks is a spec error, not a C++ compiler error.
+    """
     name, entries = load_entries(Path(path), display_name)
     problems = _Problems(name)
     ops: list[OpSpec] = []
@@ -69,6 +78,8 @@ def load_spec(path: Path | str, display_name: str | None = None) -> tuple[OpSpec
     if not entries:
         problems.add(1, None, "the spec lists no ops")
     _check_unique(ops, problems)
+    if not problems.items:
+        _check_kernels(ops, kernels or KernelIndex.find(), problems)
     if problems.items:
         raise SpecError(problems.items)
     return tuple(ops)
@@ -90,6 +101,9 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     doc = fields.get("doc", "")
     if not isinstance(doc, str):
         problems.add(lines["doc"], op_name, "'doc' must be a string")
+    elif control := _CONTROL.search(doc):
+        code = f"U+{ord(control.group()):04X}"
+        problems.add(lines["doc"], op_name, f"'doc' holds the control character {code}; write printable text")
     release_gil = fields.get("release_gil", False)
     if not isinstance(release_gil, bool):
         problems.add(lines["release_gil"], op_name, f"'release_gil' must be true or false, not {release_gil!r}")
@@ -134,6 +148,9 @@ def variant_of(schema: Schema) -> Variant:
 
 
 def _schema(text: str, line: int, op: str, problems: _Problems) -> Schema | None:
+    if control := _CONTROL.search(text.replace("\t", " ").replace("\n", " ")):  # YAML may fold a long line
+        problems.add(line, op, f"the schema holds the control character U+{ord(control.group()):04X}")
+        return None
     try:
         schema = parse_schema(text)
     except SchemaSyntaxError as exc:
@@ -262,6 +279,9 @@ def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Proble
     """Derive `add_.Tensor` or `add.out` from the functional schema."""
     op = base.qualified_name
     schema_name, _, overload = name.partition(".")
+    if overload and not _IDENT.match(overload):
+        problems.add(line, op, f"'{kind.value}' names {name!r}, whose overload {overload!r} is not a valid name")
+        return None
     tensor_return = len(base.returns) == 1 and str(base.returns[0].type) == "Tensor"
     if not tensor_return:
         problems.add(
@@ -305,3 +325,14 @@ def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
                 f"python name '{spec.python_name}' is already used by '{first.schema.qualified_name}' "
                 f"(line {first.location.line}); set 'python:' to another name",
             )
+
+
+def _check_kernels(ops: list[OpSpec], index: KernelIndex | None, problems: _Problems) -> None:
+    """Each kernel is declared by torch with the schema's number of arguments (the binding passes all)."""
+    if index is None:
+        return
+    for op in ops:
+        for kernel in op.kernels:
+            problem = index.problem(kernel, len(op.schema.args))
+            if problem:
+                problems.add(op.location.line, op.schema.qualified_name, problem)

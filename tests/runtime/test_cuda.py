@@ -198,7 +198,7 @@ def test_a_failed_capture_falls_back_with_a_warning() -> None:
     x, y = torch.randn(8, device="cuda"), torch.randn(8)
     with torch.no_grad():
         fn = opgen.compile(_CopiesCpuInput(), (x, y), cuda_graphs=True)
-        with pytest.warns(RuntimeWarning, match="CUDA graphs not used for _CopiesCpuInput"):
+        with pytest.warns(opgen.OpgenWarning, match="CUDA graphs not used for _CopiesCpuInput"):
             torch.testing.assert_close(fn(x, y), x + y.cuda())
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once
@@ -212,7 +212,7 @@ def test_a_failed_capture_falls_back_with_a_warning() -> None:
 def test_random_ops_are_not_replayed() -> None:
     x = torch.zeros(1000, device="cuda")
     with torch.no_grad():
-        with pytest.warns(RuntimeWarning, match="random ops"):
+        with pytest.warns(opgen.OpgenWarning, match="random ops"):
             fn = opgen.compile(_Random(), (x,), cuda_graphs=True, fallback=True)
         first = fn(x)
         second = fn(x)

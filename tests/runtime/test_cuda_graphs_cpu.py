@@ -13,7 +13,9 @@ from opgen.runtime.cuda_graphs import CaptureRefused, output_plans
 def test_graph_mode_on_a_cpu_model_runs_plain_and_says_why() -> None:
     x, y = torch.randn(16), torch.randn(16)
     with torch.no_grad():
-        with pytest.warns(RuntimeWarning, match=r"CUDA graphs not used for SingleAdd: the graph has no CUDA tensors"):
+        with pytest.warns(
+            opgen.OpgenWarning, match=r"CUDA graphs not used for SingleAdd: the graph has no CUDA tensors"
+        ):
             fn = opgen.compile(models.SingleAdd(), (x, y), cuda_graphs=True, cache=False)
         torch.testing.assert_close(fn(x, y), x + y)
     assert not fn.graph_status.captured

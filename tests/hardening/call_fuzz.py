@@ -1,0 +1,225 @@
+"""Call fuzzing: every kernel_ops function with hypothesis-drawn arguments, compared with eager torch.
+
+Run in a child process (`test_call_fuzz.py`, `run_fuzz.py`) so that a crash or a hang fails the
+run instead of killing it; each call prints `CALL <recipe>` first, so the last line before a
+crash names it. Usage:
+
+    python tests/hardening/call_fuzz.py --per-function 20 [--seed 0] [--functions add,mm] [--shard 0/4]
+
+What counts as a failure (each prints a `FAIL` line; the exit status is 1 if there was any):
+- `unclean`: kernel_ops raised something other than TypeError, ValueError, RuntimeError,
+  IndexError, NotImplementedError, OverflowError or MemoryError, or a message that does not start
+  with `kernel_ops.<name>(): `.
+- `wrong`: both kernel_ops and eager (`torch.ops.aten.<op>.<overload>`) returned, and the results
+  differ in type, structure, shape, dtype or values (`torch.testing.assert_close`, NaN equal to
+  NaN; values are not compared for ops whose output is uninitialized memory, `empty*`), or the
+  inputs differ afterwards (what an in-place or out call wrote), or an in-place/out call did not
+  return its argument itself.
+- `accepted`: kernel_ops returned where eager raised, unless eager's error is one kernel_ops skips
+  by design (autograd: in-place on a leaf that requires grad; see ALLOWED_EAGER_ONLY).
+Calls that kernel_ops refuses with a TypeError or OverflowError (an argument's type or range) are
+not run eagerly (`refused_argument`): eager torch takes some such values and then misbehaves (an int
+-295 as a dtype made it segfault). Other calls that kernel_ops refuses cleanly while eager accepts
+them (lazy neg/conj bits, ...) are counted as `stricter`, not failures. Calls on a tensor that another
+thread keeps resizing (`racy`) are checked for crashes and clean errors only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from call_recipes import Recipe, aten_op, materialize, recipes, sample_key, samples
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from opgen import kernel_ops
+
+ALLOWED = (TypeError, ValueError, RuntimeError, IndexError, NotImplementedError, OverflowError, MemoryError)
+# Eager errors that come from the autograd layer kernel_ops skips on purpose (README: no autograd).
+ALLOWED_EAGER_ONLY = ("a leaf Variable that requires grad", "requires grad", "inference tensor")
+UNINITIALIZED = ("empty", "empty_like", "empty_strided", "new_empty")
+INFO = kernel_ops.get_kernel_ops_args_info()
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.failures: list[str] = []
+
+    def fail(self, kind: str, recipe: Recipe, message: str) -> None:
+        self.counts[kind] += 1
+        line = f"FAIL {kind} {recipe}: {message}"
+        self.failures.append(line)
+        print(line[:2000], flush=True)
+
+
+def call(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args, **kwargs)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return False, exc
+
+
+def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
+    name = recipe.name
+    print(f"CALL {recipe}", flush=True)
+    try:
+        mine = materialize(recipe, racy)
+        ref = materialize(recipe, racy)
+    except Exception:  # a mutation that cannot apply to this sample: not a call
+        tally.counts["skipped"] += 1
+        return
+    tally.counts["calls"] += 1
+    ok, got = call(getattr(kernel_ops, name), *mine)
+    if not ok:
+        clean = isinstance(got, ALLOWED) and str(got).startswith(f"kernel_ops.{name}(): ")
+        if not clean:
+            tally.fail("unclean", recipe, f"{type(got).__name__}: {got}")
+    if recipe.racy:
+        tally.counts["racy"] += 1
+        return
+    if not ok and isinstance(got, (TypeError, OverflowError)):
+        # The binding refused an argument's type or range. Eager is not asked: its dispatcher takes
+        # some such values and then misbehaves (an int where a dtype goes indexes torch's dtype
+        # table: dtype=-295 gives a UnicodeDecodeError, or a segfault).
+        tally.counts["refused_argument"] += 1
+        return
+    print("EAGER", flush=True)  # a crash after this line is eager torch's
+    eager_ok, expected = call(aten_op(name), *ref)
+    if ok and eager_ok:
+        tally.counts["both_ok"] += 1
+        problem = compare(name, got, expected, mine, ref)
+        if problem:
+            tally.fail("wrong", recipe, problem)
+    elif ok:
+        if any(s in str(expected) for s in ALLOWED_EAGER_ONLY):
+            tally.counts["eager_autograd_only"] += 1
+        else:
+            tally.fail("accepted", recipe, f"eager raised {type(expected).__name__}: {str(expected)[:300]}")
+    elif eager_ok:
+        tally.counts["stricter"] += 1
+    else:
+        tally.counts["both_raised"] += 1
+
+
+def compare(name: str, got: Any, expected: Any, mine: tuple, ref: tuple) -> str | None:
+    values = sample_values(name)
+    try:
+        same(got, expected, values, "result")
+        for j, (a, e) in enumerate(zip(tensors(mine), tensors(ref), strict=True)):
+            same(a, e, True, f"input tensor {j} after the call")
+        info = INFO[name]
+        if info["variant"] in ("inplace", "out"):
+            targets = [mine[1].get(n) if n in mine[1] else _positional(mine[0], name, n) for n in info["mutates"]]
+            returned = got if isinstance(got, tuple) else (got,)
+            if len(targets) == len(returned) and any(r is not t for r, t in zip(returned, targets)):
+                return "an in-place/out call did not return its argument itself"
+    except AssertionError as exc:
+        return str(exc)[:1000]
+    return None
+
+
+def _positional(args: list[Any], name: str, arg: str) -> Any:
+    index = [a["name"] for a in INFO[name]["args"]].index(arg)
+    return args[index] if index < len(args) else None
+
+
+def sample_values(name: str) -> bool:
+    base = name.removesuffix("_out").removesuffix("_")
+    return samples.SAMPLES[sample_key(name)].values and base not in UNINITIALIZED
+
+
+def same(actual: Any, expected: Any, values: bool, what: str) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{what}: got {type(actual).__name__}, eager a Tensor"
+        got, want = (tuple(actual.shape), actual.dtype), (tuple(expected.shape), expected.dtype)
+        assert got == want, f"{what}: (shape, dtype) {got}, eager {want}"
+        if values and expected.device.type != "meta":
+            torch.testing.assert_close(actual, expected, equal_nan=True, msg=lambda m: f"{what}: {m}")
+        return
+    assert type(actual) is type(expected), f"{what}: got {type(actual).__name__}, eager {type(expected).__name__}"
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), f"{what}: {len(actual)} items, eager {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            same(a, e, values, f"{what}[{i}]")
+    else:
+        assert actual == expected or actual != actual, f"{what}: {actual!r} != {expected!r}"
+
+
+def tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (list, tuple)):
+        return [t for item in tree for t in tensors(item)]
+    if isinstance(tree, dict):
+        return [t for item in tree.values() for t in tensors(item)]
+    return []
+
+
+def resizer(t: torch.Tensor, stop: threading.Event) -> None:
+    """Keeps resizing `t` (storage reallocated) while calls read it."""
+    sizes = ((3, 4), (0,), (64, 64), (), (2, 2, 2))
+    k = 0
+    while not stop.is_set():
+        t.resize_(sizes[k % len(sizes)])
+        k += 1
+        time.sleep(0)  # lets the calling thread take the GIL between resizes
+
+
+def fuzz_function(name: str, examples: int, seed_value: int, tally: Tally, racy: torch.Tensor) -> None:
+    spec = samples.SAMPLES.get(sample_key(name))
+    if spec is None:
+        return
+
+    @seed(seed_value)
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(recipes(name, spec, INFO[name]))
+    def run(recipe: Recipe) -> None:
+        check(recipe, tally, racy)
+
+    run()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-function", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--functions", default="")
+    parser.add_argument("--shard", default="0/1")
+    options = parser.parse_args()
+    names = options.functions.split(",") if options.functions else kernel_ops.get_kernel_op_names()
+    index, count = map(int, options.shard.split("/"))
+    names = names[index::count]
+    torch.set_num_threads(1)
+    racy, stop = torch.ones(3, 4), threading.Event()
+    thread = threading.Thread(target=resizer, args=(racy, stop), daemon=True)
+    thread.start()
+    tally, start = Tally(), time.perf_counter()
+    try:
+        for name in names:
+            fuzz_function(name, options.per_function, options.seed, tally, racy)
+    finally:
+        stop.set()
+        thread.join()
+    counts = " ".join(f"{k}={v}" for k, v in sorted(tally.counts.items()))
+    print(f"DONE functions={len(names)} {counts} seconds={time.perf_counter() - start:.1f}", flush=True)
+    return 1 if tally.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
