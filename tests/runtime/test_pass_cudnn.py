@@ -90,3 +90,21 @@ def _on_cpu(line: object) -> object:
         )
         return KernelCall(line.kernel, line.args, line.kwargs, outputs, line.node, line.target)
     return line
+
+
+def test_grouped_conv_add_relu_is_not_fused_with_the_add(registry) -> None:
+    grouped = KernelCall(
+        "convolution",
+        (Ref("x"), Ref("w"), Ref("b"), (1, 1), (1, 1), (1, 1), False, (0, 0), 2),
+        (),
+        (Value("c1", cuda(*SHAPE)),),
+        "c1",
+        "aten.convolution",
+    )
+    p = program(
+        grouped,
+        call("add", Ref("c1"), Ref("x"), out="a1"),
+        call("relu", Ref("a1"), out="r1"),
+        Return((Ref("r1"),), "single"),
+    )
+    assert "cudnn_convolution_add_relu" not in kernels(fuse_cudnn(p, registry))

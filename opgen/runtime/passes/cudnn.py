@@ -3,8 +3,9 @@
 Two rewrites of 2-d convolutions on CUDA (float32, float16, bfloat16), after batch-norm folding:
 
 1. Fusion: `relu(conv(x, W, b))` becomes `cudnn_convolution_relu(x, W, b, ...)` and
-   `relu(conv(x, W, b) + z)` becomes `cudnn_convolution_add_relu(x, W, z, 1, b, ...)`, where the
-   intermediate values have no other reader: one cuDNN kernel instead of three launches.
+   `relu(conv(x, W, b) + z)` becomes `cudnn_convolution_add_relu(x, W, z, 1, b, ...)` (ungrouped,
+   undilated convolutions: cuDNN has no engine for some others), where the intermediate values
+   have no other reader: one cuDNN kernel instead of three launches.
 2. Layout: convolutions with a constant weight run in channels-last (cuDNN's fast layout on
    tensor-core GPUs): the weight is copied to channels-last once, at bind time, so cuDNN returns
    channels-last results, and relu, add and max pooling of such results stay channels-last. Every
@@ -61,6 +62,12 @@ def _conv_args(line: KernelCall, registry: KernelRegistry) -> tuple[Arg, ...] | 
     return tuple(arg_value(line, info, n) for n in names)
 
 
+def _plain_conv(args: tuple[Arg, ...]) -> bool:
+    """Ungrouped and undilated: cuDNN has no fused conv-add-relu engine for some grouped or dilated ones."""
+    *_, dilation, groups = args
+    return groups == 1 and isinstance(dilation, tuple) and all(d == 1 for d in dilation)
+
+
 def fuse(program: Program, registry: KernelRegistry) -> Program:
     """Step 1: conv -> relu and conv -> add -> relu chains become one fused cuDNN call."""
     body: list[Line | None] = list(program.body)
@@ -93,7 +100,7 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
         for conv_arg, z in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
             match = single_conv(conv_arg)
             same = isinstance(z, Ref) and isinstance(conv_arg, Ref) and metas.get(z.name) == metas.get(conv_arg.name)
-            if match is None or not same:
+            if match is None or not same or not _plain_conv(match[1]):
                 continue
             index, (x, w, b, stride, padding, dilation, groups) = match
             body[index] = body[producer[source.name]] = None
