@@ -115,7 +115,8 @@ class CudaGraphs:
             refuse_random_ops(graph, self.registry)
         except CaptureRefused as exc:
             self.refuse(status, str(exc), stacklevel=4)  # wrap <- build <- compile <- caller
-            return _plain(plain, status)
+            plain.graph_status = status  # type: ignore[attr-defined]
+            return plain
         capture = _Capture(self, plain, graph, constants, self.pool(device), frozenset(fixed), status)
         return capture.forward()
 
@@ -135,14 +136,6 @@ class CudaGraphs:
                 OpgenWarning,
                 stacklevel=stacklevel + 1,
             )
-
-
-def _plain(plain: Compiled, status: GraphStatus) -> Compiled:
-    def forward(*args: Any) -> Any:
-        return plain(*args)
-
-    forward.graph_status = status  # type: ignore[attr-defined]
-    return forward
 
 
 def graph_device(graph: CompiledGraph, constants: Mapping[str, torch.Tensor]) -> torch.device:

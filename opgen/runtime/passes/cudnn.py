@@ -35,7 +35,7 @@ from opgen.runtime.ir import (
     uses,
 )
 from opgen.runtime.passes.analysis import arg_value, constant_names, fresh_namer, use_counts
-from opgen.runtime.passes.layout import channels_last_strides
+from opgen.runtime.passes.layout import channels_last as channels_last_meta
 from opgen.runtime.registry import KernelRegistry
 
 CONV, RELU, ADD, POOL = "convolution", "relu", "add", "max_pool2d_with_indices"
@@ -125,14 +125,13 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
         weight = line.args[1] if line.kernel in (CONV, CONV_RELU, CONV_ADD_RELU) else None
         if isinstance(weight, Ref) and weight.name not in packed:
             packed[weight.name] = next(names)
-            meta = metas[weight.name]
-            cl_meta = replace(meta, stride=channels_last_strides(meta.shape))
+            cl_meta = channels_last_meta(metas[weight.name])
             setup.append(KernelCall("clone", (weight,), CHANNELS_LAST, (Value(packed[weight.name], cl_meta),),
                                     line.node, "channels-last weight"))  # fmt: skip
         mapping = {n: Ref(cl) for n, cl in region.items()} | {w: Ref(cl) for w, cl in packed.items()}
         out = line.outputs[0]
         assert out is not None and out.meta is not None
-        cl_out = Value(next(names), replace(out.meta, stride=channels_last_strides(out.meta.shape)))
+        cl_out = Value(next(names), channels_last_meta(out.meta))
         region[out.name] = cl_out.name
         outputs = (cl_out, *line.outputs[1:])
         body.append(replace(substitute_line(line, mapping), outputs=outputs))  # type: ignore[type-var]

@@ -24,6 +24,11 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (h * w * c, 1, w * c, c)
 
 
+def channels_last(meta: TensorMeta) -> TensorMeta:
+    """The same 4-d tensor laid out channels-last."""
+    return replace(meta, stride=channels_last_strides(meta.shape))
+
+
 def _eligible(line: Line, metas: dict[str, TensorMeta]) -> bool:
     if not isinstance(line, KernelCall) or line.kernel != POOL or line.fallback or line.outputs[1:] != (None,):
         return False
@@ -51,8 +56,8 @@ def channels_last_pooling(program: Program, registry: KernelRegistry) -> Program
         source, out = line.args[0], line.outputs[0]
         assert isinstance(source, Ref) and out is not None and out.meta is not None
         src_meta = metas[source.name]
-        cl_in = Value(next(names), replace(src_meta, stride=channels_last_strides(src_meta.shape)))
-        cl_out = Value(next(names), replace(out.meta, stride=channels_last_strides(out.meta.shape)))
+        cl_in = Value(next(names), channels_last(src_meta))
+        cl_out = Value(next(names), channels_last(out.meta))
         to_cl = (("memory_format", Sym("memory_format", "channels_last")),)
         to_contiguous = (("memory_format", Sym("memory_format", "contiguous_format")),)
         body.append(KernelCall("clone", (source,), to_cl, (cl_in,), line.node, "channels-last input"))
