@@ -127,14 +127,8 @@ at::Scalar convert<at::Scalar>(PyObject* o, const Signature& sig, int i) {
   if (PyComplex_Check(o)) {
     return at::Scalar(c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o)));
   }
-  if (THPVariable_Check(o)) {
-    const at::Tensor& t = THPVariable_Unpack(o);
-    if (t.numel() != 1) {
-      raise(PyExc_ValueError, sig,
-            std::string("argument '") + sig.name(i) + "' must be a number or a one-element tensor");
-    }
-    return t.item();
-  }
+  // A tensor is refused, even a one-element one, as eager's torch.ops.aten.* refuses it: pass
+  // t.item() (which on CUDA synchronizes), or use the op's Tensor overload.
   type_error(o, sig, i, "a number (Scalar)");
 }
 

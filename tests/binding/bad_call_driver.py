@@ -58,7 +58,8 @@ def wrong(arg: dict[str, Any]) -> list[tuple[Any, type[BaseException], bool]]:
     elif t.startswith(("float", "bool", "str", "ScalarType", "Layout", "MemoryFormat")):
         cases.append(([], TypeError, True))
     elif t.startswith("Scalar"):
-        cases += [("x", TypeError, True), (torch.ones(3), ValueError, True)]
+        # Any tensor, even a one-element one, as torch.ops.aten refuses it.
+        cases += [("x", TypeError, True), (torch.ones(3), TypeError, True), (torch.ones(()), TypeError, True)]
     elif t.startswith("Device"):
         cases.append(("not-a-device", RuntimeError, False))
     return cases
