@@ -6,6 +6,7 @@ import ast
 import re
 
 from opgen.gen.cpp_types import c_string, cpp_arg
+from opgen.spec.checks import CHECKS
 from opgen.spec.defaults import parse_default
 from opgen.spec.model import Arg, Kernel, OpSpec
 
@@ -58,6 +59,17 @@ def device_lines(spec: OpSpec) -> list[str]:
     return lines
 
 
+def check_lines(spec: OpSpec) -> list[str]:
+    """Calls of the argument checks the spec asks for (`checks:`), each with its arguments by name."""
+    index = {a.name: i for i, a in enumerate(spec.schema.args)}
+    lines = []
+    for name in spec.checks:
+        check = CHECKS[name]
+        args = ", ".join(cpp_arg(spec.schema.args[index[a]], index[a]).var for a in check.args)
+        lines.append(f"{check.cpp_function}(sig, {args});")
+    return lines
+
+
 def kernel_call(spec: OpSpec, kernel: Kernel) -> str:
     args = ", ".join(cpp_arg(a, i).pass_expr for i, a in enumerate(spec.schema.args))
     call = f"{kernel.qualified_name}({args})"
@@ -98,6 +110,7 @@ def emit_function(spec: OpSpec) -> str:
         "sig.bind(args, nargs, kwnames, slots);",
         *arg_lines(spec),
         *device_lines(spec),
+        *check_lines(spec),
         *dispatch_lines(spec),
         "OPGEN_CATCH(sig)",
     ]

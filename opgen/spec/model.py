@@ -175,6 +175,7 @@ class OpSpec:
     doc: str
     release_gil: bool
     location: Location
+    checks: tuple[str, ...] = ()  # argument checks the binding runs before the kernel (spec/checks.py)
 
     @property
     def backends(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from opgen.spec.checks import check_problems
 from opgen.spec.defaults import parse_default
 from opgen.spec.kernels import KernelIndex
 from opgen.spec.loader import RawEntry, SpecError, load_entries
@@ -36,7 +37,7 @@ from opgen.spec.model import (
 )
 from opgen.spec.schema import SchemaSyntaxError, parse_schema
 
-ENTRY_KEYS = ("func", "python", "kernels", "inplace", "out", "release_gil", "doc")
+ENTRY_KEYS = ("func", "python", "kernels", "inplace", "out", "release_gil", "checks", "doc")
 VARIANT_KEYS = ("func", "python", "kernels")
 LIST_BASES = ("Tensor", "int", "SymInt", "float")
 # \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
@@ -108,13 +109,20 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     if not isinstance(release_gil, bool):
         problems.add(lines["release_gil"], op_name, f"'release_gil' must be true or false, not {release_gil!r}")
     python = fields.get("python")
+    checks: tuple[str, ...] = ()
+    if schema is not None and "checks" in fields:
+        checks, messages = check_problems(fields["checks"], schema)
+        for message in messages:
+            problems.add(lines["checks"], op_name, message)
     if schema is None or kernels is None or len(problems.items) > count:
         return []
     python_name = python if python is not None else default_python_name(schema)
     if not _python_name_ok(python_name, lines.get("python", entry.line), op_name, problems):
         return []
     location = Location(problems.path, lines["func"])
-    base = OpSpec(schema, python_name, kernels, variant_of(schema), python_name, str(doc), release_gil, location)
+    base = OpSpec(
+        schema, python_name, kernels, variant_of(schema), python_name, str(doc), release_gil, location, checks
+    )
     ops = [base]
     for kind in (Variant.INPLACE, Variant.OUT):
         if kind.value in fields:
@@ -272,7 +280,9 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Pr
     python_name = raw.get("python", base.python_name + ("_" if kind is Variant.INPLACE else "_out"))
     if kernels is None or not _python_name_ok(python_name, loc.line, op, problems):
         return None
-    return OpSpec(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc)
+    for message in check_problems(list(base.checks), schema)[1]:
+        problems.add(loc.line, op, f"'{kind.value}': {message}")
+    return OpSpec(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc, base.checks)
 
 
 def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Problems) -> Schema | None:

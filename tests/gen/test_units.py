@@ -154,3 +154,18 @@ def test_emitted_function_shape(tmp_path: Path) -> None:
 def test_release_gil_wraps_the_kernel_call(tmp_path: Path) -> None:
     ops = _ops(tmp_path, "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: at::cpu::relu}\n  release_gil: true\n")
     assert "opgen::without_gil([&] { return at::cpu::relu(self); })" in bindings.emit_function(ops[0])
+
+
+def test_checks_run_before_the_kernel(tmp_path: Path) -> None:
+    ops = _ops(
+        tmp_path,
+        "- func: _native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean,"
+        " Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)\n"
+        "  kernels: {default: at::compositeexplicitautograd::_native_batch_norm_legit_no_training}\n"
+        "  checks: [batch_norm_channels]\n",
+    )
+    assert ops[0].checks == ("batch_norm_channels",)
+    text = bindings.emit_function(ops[0])
+    check = "opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);"
+    assert check in text
+    assert text.index("devices.add(") < text.index(check) < text.index("at::compositeexplicitautograd::")

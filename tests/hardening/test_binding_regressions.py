@@ -34,3 +34,78 @@ def test_fuzzer_found_binding_bugs() -> None:
         "returned Tensor",
         "OverflowError kernel_ops.layer_norm(): argument 'eps' does not fit in a float",
     ]
+
+
+def test_scalar_arguments_refuse_tensors_as_eager_does() -> None:
+    """The fuzzer's `accepted` findings: a one-element tensor passed for a `Scalar` was taken (by
+    .item()) where torch.ops.aten refuses any tensor. Every Scalar argument of every function now
+    refuses it, 0-dim or not, with a TypeError naming the function and the argument."""
+    import torch
+    from call_recipes import Recipe, materialize, sample_key, samples
+
+    from opgen import kernel_ops
+
+    checked = 0
+    for name in kernel_ops.get_kernel_op_names():
+        info = kernel_ops.get_kernel_op_info(name)
+        spec = samples.SAMPLES.get(sample_key(name))
+        for position, arg in enumerate(info["args"]):
+            if arg["type"] not in ("Scalar", "Scalar?") or spec is None:
+                continue
+            for tensor in (torch.tensor(2.0), torch.tensor([2])):
+                args, kwargs = materialize(Recipe(name, spec.dtypes[0], 0, (), seed=1))
+                if position < len(args):
+                    args[position] = tensor
+                else:
+                    kwargs[arg["name"]] = tensor
+                try:
+                    getattr(kernel_ops, name)(*args, **kwargs)
+                except TypeError as exc:
+                    expected = (
+                        f"kernel_ops.{name}(): argument '{arg['name']}' (position {position + 1}) must be a number"
+                    )
+                    assert str(exc).startswith(expected), str(exc)
+                else:
+                    raise AssertionError(f"kernel_ops.{name} took a tensor for Scalar '{arg['name']}'")
+                checked += 1
+    assert checked >= 40, checked  # add/sub/mul/div/pow/clamp/fill/leaky_relu/elu/softplus/... with variants
+
+
+BATCH_NORM = r"""
+import torch
+from opgen import kernel_ops as k
+C = 40_000_000  # past the end of a one-element tensor far enough to fault, as eager did
+x, stats = torch.zeros(1, C, 1, 1), torch.zeros(C)
+calls = (
+    lambda: k._native_batch_norm_legit_no_training(x, torch.tensor(1.0), None, stats, stats, 0.1, 1e-5),
+    lambda: k._native_batch_norm_legit_no_training(x, None, torch.ones(2), stats, stats, 0.1, 1e-5),
+    lambda: k._native_batch_norm_legit_no_training(x, None, None, stats[:5], stats, 0.1, 1e-5),
+    lambda: k._native_batch_norm_legit_no_training(x, None, None, stats, torch.ones(()), 0.1, 1e-5),
+)
+for call in calls:
+    try:
+        call()
+        print("returned")
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+x, w = torch.randn(2, 3, 4, 4), torch.randn(3)
+got = k._native_batch_norm_legit_no_training(x, w, w, w.abs(), w.abs(), 0.1, 1e-5)[0]
+want = torch.ops.aten._native_batch_norm_legit_no_training.default(x, w, w, w.abs(), w.abs(), 0.1, 1e-5)[0]
+print("valid call matches eager:", torch.equal(got, want))
+"""
+
+
+def test_batch_norm_refuses_per_channel_tensors_of_the_wrong_size() -> None:
+    """The fuzzer's `wrong` findings: a 0-dim bias made kernel_ops and eager differ, because the
+    kernel (eager's too) reads bias[c] for every channel c: out of bounds, garbage, or a segfault for
+    enough channels. The binding now checks the sizes (`checks: [batch_norm_channels]` in ops.yaml)."""
+    done = subprocess.run([sys.executable, "-c", BATCH_NORM], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
+    prefix = "ValueError kernel_ops._native_batch_norm_legit_no_training(): argument"
+    assert done.stdout.splitlines() == [
+        f"{prefix} 'weight' must hold input.size(1) = 40000000 elements, not 1",
+        f"{prefix} 'bias' must hold input.size(1) = 40000000 elements, not 2",
+        f"{prefix} 'running_mean' must hold input.size(1) = 40000000 elements, not 5",
+        f"{prefix} 'running_var' must hold input.size(1) = 40000000 elements, not 1",
+        "valid call matches eager: True",
+    ]

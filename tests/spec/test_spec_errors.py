@@ -45,7 +45,7 @@ CASES = [
         "unknown_key",
         RELU + "  kernel: x\n",
         [
-            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, inplace, out, release_gil, doc); did you mean 'kernels'?"
+            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, inplace, out, release_gil, checks, doc); did you mean 'kernels'?"
         ],
     ),
     (
@@ -158,6 +158,28 @@ CASES = [
         "release_gil_not_bool",
         RELU + "  release_gil: yes please\n",
         ["ops.yaml:3: op 'relu': 'release_gil' must be true or false, not 'yes please'"],
+    ),
+    (
+        "checks_not_list",
+        RELU + "  checks: batch_norm_channels\n",
+        [
+            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels), not 'batch_norm_channels'"
+        ],
+    ),
+    (
+        "checks_unknown",
+        RELU + "  checks: [batch_norm_chanels]\n",
+        [
+            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels); did you mean 'batch_norm_channels'?"
+        ],
+    ),
+    (
+        "checks_missing_arguments",
+        RELU + "  checks: [batch_norm_channels]\n",
+        [
+            "ops.yaml:3: op 'relu': check 'batch_norm_channels' needs the arguments input, weight, bias, running_mean, "
+            "running_var; the schema lacks input, weight, bias, running_mean, running_var"
+        ],
     ),
     (
         "doc_not_string",

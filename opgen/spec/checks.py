@@ -1,0 +1,59 @@
+"""Argument checks a spec entry can ask for (`checks: [name, ...]`): hand-written C++ helpers in
+`csrc/opgen/checks.h`, called by the binding after its arguments are converted and before the kernel.
+
+They exist for kernels that trust their caller: torch's public entry points check these things
+before they reach the kernel, but `torch.ops.aten.*` and a direct kernel call do not, and the kernel
+then reads out of bounds (a crash, or garbage) instead of raising. Each check names the schema
+arguments it takes, in the order its C++ function takes them (after the Signature).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from opgen.spec.model import Schema
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    args: tuple[str, ...]  # schema argument names, passed in this order
+    doc: str
+
+    @property
+    def cpp_function(self) -> str:
+        return f"opgen::checks::{self.name}"
+
+
+CHECKS = {
+    c.name: c
+    for c in (
+        Check(
+            "batch_norm_channels",
+            ("input", "weight", "bias", "running_mean", "running_var"),
+            "weight, bias, running_mean and running_var hold input.size(1) elements each",
+        ),
+    )
+}
+
+
+def check_problems(value: object, schema: Schema) -> tuple[tuple[str, ...], list[str]]:
+    """The check names of a `checks:` value, and what is wrong with it (messages without location)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return (), [f"'checks' must be a list of check names (known: {', '.join(CHECKS)}), not {value!r}"]
+    problems = []
+    names = {a.name for a in schema.args}
+    for name in value:
+        check = CHECKS.get(name)
+        if check is None:
+            close = difflib.get_close_matches(name, CHECKS, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            problems.append(f"unknown check {name!r} (known: {', '.join(CHECKS)}){hint}")
+        elif missing := [a for a in check.args if a not in names]:
+            problems.append(
+                f"check '{name}' needs the arguments {', '.join(check.args)}; the schema lacks {', '.join(missing)}"
+            )
+    if len(set(value)) != len(value):
+        problems.append("'checks' names a check twice")
+    return tuple(value), problems
