@@ -1,15 +1,15 @@
 """The executor: turns a `CompiledGraph` into a callable. The artifact is data; this is what runs it.
 
 The source is compiled under a real file name (the cache entry's `graph.py`, or `<opgen:key>`),
-registered in `linecache` so tracebacks and debuggers show the generated lines, and executed
-once; its `make` factory binds kernels, ATen ops, symbols, constants and runtime helpers as
-closure locals and returns the function that runs the graph. OPGEN_DEBUG=1 prints the source.
+registered in `linecache` (`source_lines`: for as long as the function lives) so tracebacks and
+debuggers show the generated lines, and executed once; its `make` factory binds kernels, ATen ops,
+symbols, constants and runtime helpers as closure locals and returns the function that runs the
+graph. OPGEN_DEBUG=1 prints the source.
 """
 
 from __future__ import annotations
 
 import importlib
-import linecache
 import os
 import sys
 import threading
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from opgen.runtime import source_lines
 from opgen.runtime.artifact import CompiledGraph
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.fx_values import from_sym
@@ -60,10 +61,6 @@ def resolve_op(target: str) -> Any:
     return obj
 
 
-def register_source(filename: str, source: str) -> None:
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-
-
 def bind(
     graph: CompiledGraph,
     constants: Mapping[str, torch.Tensor],
@@ -76,7 +73,7 @@ def bind(
     missing = [key for _, key in graph.constants if key not in constants]
     if missing:
         raise OpgenError(f"cannot bind compiled graph {graph.key[:16]}: no value for constants {missing[:5]}")
-    register_source(filename, graph.source)
+    held = source_lines.hold(filename, graph.source)
     if os.environ.get("OPGEN_DEBUG", "") not in ("", "0"):
         print(f"# opgen: generated code for graph {graph.key[:16]} ({filename})\n{graph.source}", file=sys.stderr)
     namespace: dict[str, Any] = {"__name__": f"opgen.generated_{graph.key[:12]}"}
@@ -85,6 +82,7 @@ def bind(
     symbols = {local: from_sym(Sym(kind, value)) for local, kind, value in graph.symbols}
     fn: Callable[..., Any] = namespace["make"](kernel_ops, ops, constants, symbols, rt)
     rt.set_check = _cell_setter(fn, "_check")
+    source_lines.release_with(fn, filename, held)
     return fn
 
 
