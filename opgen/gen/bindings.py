@@ -65,7 +65,7 @@ def check_lines(spec: OpSpec) -> list[str]:
     lines = []
     for name in spec.checks:
         check = CHECKS[name]
-        args = ", ".join(cpp_arg(spec.schema.args[index[a]], index[a]).var for a in check.args)
+        args = ", ".join(cpp_arg(spec.schema.args[index[a]], index[a]).var for a in check.arg_names)
         lines.append(f"{check.cpp_function}(sig, {args});")
     return lines
 

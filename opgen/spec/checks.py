@@ -18,8 +18,12 @@ from opgen.spec.model import Schema
 @dataclass(frozen=True, slots=True)
 class Check:
     name: str
-    args: tuple[str, ...]  # schema argument names, passed in this order
+    args: tuple[tuple[str, str], ...]  # (schema argument name, its type), passed in this order
     doc: str
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.args)
 
     @property
     def cpp_function(self) -> str:
@@ -31,7 +35,13 @@ CHECKS = {
     for c in (
         Check(
             "batch_norm_channels",
-            ("input", "weight", "bias", "running_mean", "running_var"),
+            (
+                ("input", "Tensor"),
+                ("weight", "Tensor?"),
+                ("bias", "Tensor?"),
+                ("running_mean", "Tensor"),
+                ("running_var", "Tensor"),
+            ),
             "weight, bias, running_mean and running_var hold input.size(1) elements each",
         ),
     )
@@ -43,17 +53,16 @@ def check_problems(value: object, schema: Schema) -> tuple[tuple[str, ...], list
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         return (), [f"'checks' must be a list of check names (known: {', '.join(CHECKS)}), not {value!r}"]
     problems = []
-    names = {a.name for a in schema.args}
+    types = {a.name: str(a.type) for a in schema.args}
     for name in value:
         check = CHECKS.get(name)
         if check is None:
             close = difflib.get_close_matches(name, CHECKS, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             problems.append(f"unknown check {name!r} (known: {', '.join(CHECKS)}){hint}")
-        elif missing := [a for a in check.args if a not in names]:
-            problems.append(
-                f"check '{name}' needs the arguments {', '.join(check.args)}; the schema lacks {', '.join(missing)}"
-            )
+        elif wrong := [f"{t} {a}" for a, t in check.args if types.get(a) != t]:
+            needs = ", ".join(f"{t} {a}" for a, t in check.args)
+            problems.append(f"check '{name}' takes the arguments ({needs}); the schema lacks {', '.join(wrong)}")
     if len(set(value)) != len(value):
         problems.append("'checks' names a check twice")
     return tuple(value), problems

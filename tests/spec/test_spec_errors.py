@@ -177,8 +177,18 @@ CASES = [
         "checks_missing_arguments",
         RELU + "  checks: [batch_norm_channels]\n",
         [
-            "ops.yaml:3: op 'relu': check 'batch_norm_channels' needs the arguments input, weight, bias, running_mean, "
-            "running_var; the schema lacks input, weight, bias, running_mean, running_var"
+            "ops.yaml:3: op 'relu': check 'batch_norm_channels' takes the arguments (Tensor input, Tensor? weight, "
+            "Tensor? bias, Tensor running_mean, Tensor running_var); the schema lacks Tensor input, Tensor? weight, "
+            "Tensor? bias, Tensor running_mean, Tensor running_var"
+        ],
+    ),
+    (
+        "checks_argument_of_another_type",
+        "- func: bn(Tensor input, int weight, Tensor? bias, Tensor running_mean, Tensor running_var) -> Tensor\n"
+        "  kernels: {cpu: at::cpu::bn}\n  checks: [batch_norm_channels]\n",
+        [
+            "ops.yaml:3: op 'bn': check 'batch_norm_channels' takes the arguments (Tensor input, Tensor? weight, "
+            "Tensor? bias, Tensor running_mean, Tensor running_var); the schema lacks Tensor? weight"
         ],
     ),
     (
