@@ -1,0 +1,1 @@
+"""opgen.jit: Triton kernels launched directly from C++ (see README, "JIT kernels")."""
