@@ -74,7 +74,9 @@ def triton_info(kernel: TritonKernel) -> dict[str, Any]:
         "args": {a.param: a.text for a in kernel.args},
         "outputs": {o.name: o.text for o in kernel.outputs},
         "grid": list(kernel.grid),
-        "configs": [{"meta": dict(c.meta), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in kernel.configs],
+        "configs": [
+            {"meta": dict(c.meta), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in kernel.configs
+        ],
         "candidate_for": kernel.candidate_for,
         "contiguous": list(kernel.contiguous),
         "same_shape": list(kernel.same_shape),

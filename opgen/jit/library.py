@@ -11,7 +11,7 @@ import triton.language as tl
 
 
 @triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, alpha, BLOCK: tl.constexpr):  # noqa: N803 - Triton style
+def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, alpha, BLOCK: tl.constexpr):
     """out = x + alpha * y over `n_elements` contiguous elements, one BLOCK per program."""
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n_elements

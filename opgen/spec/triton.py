@@ -91,9 +91,12 @@ def _sections(raw: dict[str, Any], ctx: _Ctx) -> TritonKernel | None:
     if not _check_schema(ctx):
         return None
     outputs = _outputs(raw.get("outputs"), "outputs" in raw, ctx)
-    args = _args(raw["args"], outputs, ctx) if "args" in raw else ()
-    configs = _configs(raw["configs"], args, ctx) if "configs" in raw else ()
-    grid = _grid(raw["grid"], args, configs, ctx) if "grid" in raw else ()
+    # Names as declared, valid or not, so that one mistake is not reported again where it is used.
+    output_names = {str(k) for k in raw["outputs"]} if isinstance(raw.get("outputs"), dict) else set()
+    params = {str(k) for k in raw["args"]} if isinstance(raw.get("args"), dict) else None
+    args = _args(raw["args"], output_names, ctx) if "args" in raw else ()
+    configs = _configs(raw["configs"], params or set(), ctx) if "configs" in raw else ()
+    grid = _grid(raw["grid"], args, params, configs, ctx) if "grid" in raw else ()
     kernel = raw.get("kernel")
     if "kernel" in raw and not (isinstance(kernel, str) and _KERNEL.match(kernel)):
         ctx.problem("kernel", f"kernel {kernel!r} is not of the form 'module.path:function' (a @triton.jit function)")
@@ -134,12 +137,14 @@ def _outputs(raw: Any, present: bool, ctx: _Ctx) -> tuple[TritonOutput, ...]:
         ctx.problem("", f"missing key 'outputs' (the op returns {wanted} tensor(s) for the binding to allocate)")
         return ()
     if not isinstance(raw, dict) or not raw:
-        ctx.problem("outputs", "'outputs' must map each returned tensor to empty_like(t) or empty_like(t, dtype=<dtype>)")
+        ctx.problem(
+            "outputs", "'outputs' must map each returned tensor to empty_like(t) or empty_like(t, dtype=<dtype>)"
+        )
         return ()
     if len(raw) != wanted:
         ctx.problem("outputs", f"'outputs' allocates {len(raw)} tensor(s), but the schema returns {wanted}")
     found = [_output(name, text, ret.name, _line(raw, name, ctx.at("outputs")), ctx)
-             for (name, text), ret in zip(raw.items(), ctx.schema.returns)]  # fmt: skip
+             for (name, text), ret in zip(raw.items(), ctx.schema.returns, strict=False)]  # fmt: skip
     return tuple(o for o in found if o is not None)
 
 
@@ -165,7 +170,7 @@ def _output(name: Any, text: Any, return_name: str | None, line: int, ctx: _Ctx)
     return TritonOutput(name, like, dtype) if len(ctx.found) == before else None
 
 
-def _args(raw: Any, outputs: tuple[TritonOutput, ...], ctx: _Ctx) -> tuple[TritonArg, ...]:
+def _args(raw: Any, outputs: set[str], ctx: _Ctx) -> tuple[TritonArg, ...]:
     if not isinstance(raw, dict) or not raw:
         ctx.problem("args", "'args' must map each runtime parameter of the kernel, in its order, to an expression")
         return ()
@@ -178,10 +183,10 @@ def _args(raw: Any, outputs: tuple[TritonOutput, ...], ctx: _Ctx) -> tuple[Trito
         try:
             parsed = jx.parse(value)
         except jx.ExprError as exc:
-            ctx.problem_at(line, f"args: '{param}': {exc}")
+            ctx.problem_at(line, f"args: '{param}': {exc}{_comma_hint(value)}")
             continue
         before = len(ctx.found)
-        _check_arg_expr(param, parsed, {o.name for o in outputs}, line, ctx)
+        _check_arg_expr(param, parsed, outputs, line, ctx)
         if len(ctx.found) == before:
             found.append(TritonArg(param, str(value).strip(), parsed))
     return tuple(found)
@@ -189,7 +194,7 @@ def _args(raw: Any, outputs: tuple[TritonOutput, ...], ctx: _Ctx) -> tuple[Trito
 
 def _check_arg_expr(param: str, value: jx.Expr, outputs: set[str], line: int, ctx: _Ctx) -> None:
     """A bare name passes an argument or output as it is; anything else computes an int."""
-    known = [a.name for a in ctx.schema.args] + sorted(outputs)
+    known = list(dict.fromkeys([*(a.name for a in ctx.schema.args), *sorted(outputs)]))
     names = [value.name] if isinstance(value, jx.Name) else [*jx.names(value), *jx.tensors(value)]
     for name in dict.fromkeys(names):
         if name not in known:
@@ -212,11 +217,10 @@ def _check_arg_expr(param: str, value: jx.Expr, outputs: set[str], line: int, ct
             ctx.problem_at(line, f"args: '{param}': numel/size/stride need a Tensor, and '{name}' is a '{arg.type}'")
 
 
-def _configs(raw: Any, args: tuple[TritonArg, ...], ctx: _Ctx) -> tuple[TritonConfig, ...]:
+def _configs(raw: Any, params: set[str], ctx: _Ctx) -> tuple[TritonConfig, ...]:
     if not isinstance(raw, list) or not raw:
         ctx.problem("configs", "'configs' must be a non-empty list of mappings (constexprs, num_warps, num_stages)")
         return ()
-    params = {a.param for a in args}
     found = [_config(i, item, params, ctx) for i, item in enumerate(raw)]
     return tuple(c for c in found if c is not None) if all(found) else ()
 
@@ -257,13 +261,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _grid(raw: Any, args: tuple[TritonArg, ...], configs: tuple[TritonConfig, ...], ctx: _Ctx) -> tuple[str, ...]:
+def _grid(
+    raw: Any, args: tuple[TritonArg, ...], params: set[str] | None, configs: tuple[TritonConfig, ...], ctx: _Ctx
+) -> tuple[str, ...]:
+    """`params`: the declared parameter names (None: `args` is unreadable, so names go unchecked)."""
     if not isinstance(raw, list) or not 1 <= len(raw) <= 3:
         ctx.problem("grid", f"'grid' must be a list of 1 to 3 expressions, not {raw!r}")
         return ()
     tensors = {a.param for a in args if isinstance(a.value, jx.Name) and _is_tensor(a.value.name, ctx)}
     metas = [dict(c.meta) for c in configs]
-    common = {k for k, v in metas[0].items() if _is_int(v) and all(_is_int(m.get(k)) for m in metas)} if metas else set()
+    common = (
+        {k for k, v in metas[0].items() if _is_int(v) and all(_is_int(m.get(k)) for m in metas)} if metas else set()
+    )
     texts = []
     for index, item in enumerate(raw):
         try:
@@ -273,7 +282,11 @@ def _grid(raw: Any, args: tuple[TritonArg, ...], configs: tuple[TritonConfig, ..
             continue
         texts.append(str(item).strip())
         for name in dict.fromkeys(jx.names(value)):
-            if name not in common and name not in {a.param for a in args} and configs:
+            if name in common or (params is not None and name in params) or not configs:
+                continue
+            if all(name in m for m in metas):
+                ctx.problem("grid", f"grid[{index}]: constexpr '{name}' is not an int in every config")
+            elif params is not None:
                 ctx.problem(
                     "grid",
                     f"grid[{index}]: '{name}' is neither a kernel parameter (a key of 'args') "
@@ -281,7 +294,9 @@ def _grid(raw: Any, args: tuple[TritonArg, ...], configs: tuple[TritonConfig, ..
                 )
         for name in dict.fromkeys(jx.tensors(value)):
             if name not in tensors:
-                ctx.problem("grid", f"grid[{index}]: numel/size/stride need a tensor parameter, and '{name}' is not one")
+                ctx.problem(
+                    "grid", f"grid[{index}]: numel/size/stride need a tensor parameter, and '{name}' is not one"
+                )
     return tuple(texts)
 
 

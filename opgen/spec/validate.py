@@ -130,7 +130,9 @@ def _triton(entry: RawEntry, schema: Schema | None, op: str, problems: Problems)
             why = {
                 "kernels": "give either 'kernels' (ATen kernels) or 'triton', not both",
                 "release_gil": "a Triton op keeps the GIL while it launches: remove 'release_gil'",
-            }.get(key, f"a Triton op has no '{key}' variant; declare it as an entry of its own with a Tensor(a!) schema")
+            }.get(
+                key, f"a Triton op has no '{key}' variant; declare it as an entry of its own with a Tensor(a!) schema"
+            )
             problems.add(entry.lines[key], op, why)
     if schema is None:
         return None
