@@ -186,6 +186,7 @@ def _args(raw: Any, outputs: set[str], ctx: _Ctx) -> tuple[TritonArg, ...]:
             ctx.problem_at(line, f"args: '{param}': {exc}{_comma_hint(value)}")
             continue
         before = len(ctx.found)
+        _check_int64(f"args: '{param}'", parsed, lambda msg, line=line: ctx.problem_at(line, msg))
         _check_arg_expr(param, parsed, outputs, line, ctx)
         if len(ctx.found) == before:
             found.append(TritonArg(param, str(value).strip(), parsed))
@@ -250,6 +251,18 @@ def _config(index: int, raw: Any, params: set[str], ctx: _Ctx) -> TritonConfig |
     return TritonConfig(tuple(meta.items()), warps, stages)
 
 
+def _check_int64(where: str, value: jx.Expr, problem: Callable[[str], None]) -> None:
+    """Literals become C++ int64 constants (and launcher program words): they must fit."""
+    match value:
+        case jx.Const(value=number) | jx.TensorProp(dim=number) if not -(2**63) <= number < 2**63:
+            problem(f"{where}: {number} does not fit in a 64-bit int")
+        case jx.BinOp(left=left, right=right):
+            _check_int64(where, left, problem)
+            _check_int64(where, right, problem)
+        case jx.Neg(operand=operand):
+            _check_int64(where, operand, problem)
+
+
 def _comma_hint(text: object) -> str:
     """YAML splits an unquoted `[cdiv(n, BLOCK)]` at its comma: say so where parentheses do not balance."""
     if isinstance(text, str) and text.count("(") != text.count(")"):
@@ -281,6 +294,7 @@ def _grid(
             ctx.problem("grid", f"grid[{index}]: {exc}{_comma_hint(item)}")
             continue
         texts.append(str(item).strip())
+        _check_int64(f"grid[{index}]", value, lambda msg: ctx.problem("grid", msg))
         for name in dict.fromkeys(jx.names(value)):
             if name in common or (params is not None and name in params) or not configs:
                 continue

@@ -171,6 +171,16 @@ CASES = [
         ],
     ),
     (
+        "args_int_too_big",
+        spec(args=args("x_ptr: self, y_ptr: other, out_ptr: out, n: numel(self), k: 9223372036854775808")),
+        ["ops.yaml:4: op 'tadd': triton: args: 'k': 9223372036854775808 does not fit in a 64-bit int"],
+    ),
+    (
+        "grid_dim_too_big",
+        spec(grid="    grid: ['size(x_ptr, 99999999999999999999)']"),
+        ["ops.yaml:6: op 'tadd': triton: grid[0]: 99999999999999999999 does not fit in a 64-bit int"],
+    ),
+    (
         "grid_empty",
         spec(grid="    grid: []"),
         [
