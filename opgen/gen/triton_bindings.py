@@ -56,7 +56,7 @@ def kernel_arg(arg: TritonArg, schema_args: dict[str, Arg]) -> str:
     source = schema_args.get(value.name)
     if source is None:  # an output
         return f"{JIT}tensor_arg({var})"
-    match source.type.base:
+    match source.type.base if not source.type.is_list else "list":
         case "Tensor":
             return f"{JIT}tensor_arg({var})"
         case "int" | "SymInt":
