@@ -86,7 +86,7 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
     op_name = func.split("(", 1)[0].strip() or func
     for key in fields:
         if key not in ENTRY_KEYS:
-            problems.add(lines[key], op_name, unknown_key(key, ENTRY_KEYS))
+            problems.add(lines.get(str(key), entry.line), op_name, unknown_key(key, ENTRY_KEYS))
     count = len(problems.items)
     schema = _schema(func, lines["func"], op_name, problems)
     if "triton" in fields:

@@ -49,6 +49,13 @@ CASES = [
         ],
     ),
     (
+        "null_key",
+        RELU + "  null: x\n",
+        [
+            "ops.yaml:1: op 'relu': unknown key 'None' (allowed: func, python, kernels, triton, inplace, out, release_gil, doc)"
+        ],
+    ),
+    (
         "no_arrow",
         "- func: relu(Tensor self)\n  kernels: {cpu: at::cpu::relu}\n",
         ["ops.yaml:1: op 'relu': schema has no '->' before its returns"],
