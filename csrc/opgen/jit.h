@@ -18,7 +18,6 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 
 namespace opgen::jit {
 
@@ -43,8 +42,7 @@ inline Arg none_arg() { return {}; }
 struct SpecKernel {
   const char* op;
   const char* entry_json;
-  PyObject* launcher = nullptr;  // owned; never freed (lives as long as the extension)
-  std::once_flag once;
+  PyObject* launcher = nullptr;  // owned; made on the first call (under the GIL), never freed
 };
 
 // Launches `kernel` with `args`. Throws c10::Error (or PythonError with a Python exception set)
