@@ -244,9 +244,11 @@ std::array<int64_t, 3> py_grid(const Variant& v, const Arg* args, size_t n) {
   return out;
 }
 
+// Argument slots: on the stack and left uninitialised (every slot used is written) for the common
+// case, on the heap for kernels with more than 64 parameters.
 struct Packed {
-  std::array<uint64_t, 64> storage{};
-  std::array<void*, 64> pointers{};
+  std::array<uint64_t, 64> storage;
+  std::array<void*, 64> pointers;
   std::vector<uint64_t> big_storage;
   std::vector<void*> big_pointers;
   void** data = nullptr;
@@ -409,7 +411,7 @@ PyObject* call(PyObject* obj, PyObject* const* args, size_t nargsf, PyObject* kw
                  self->name->c_str(), self->nargs, n);
     return nullptr;
   }
-  std::array<Arg, 64> small;
+  std::array<Arg, 64> small;  // uninitialised: unpack() writes every element used
   std::vector<Arg> big;
   Arg* unpacked = small.data();
   if (n > static_cast<Py_ssize_t>(small.size())) {

@@ -49,3 +49,13 @@ def accumulate_kernel(acc_ptr, x_ptr, n, BLOCK: tl.constexpr):
 def int_kernel(out_ptr, n, k, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, offs * k, mask=offs < n)
+
+
+@triton.autotune(
+    configs=[triton.Config({"BLOCK": 128}, num_warps=2), triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"]
+)
+@triton.jit
+def tuned_mul_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * factor, mask=mask)
