@@ -79,7 +79,8 @@ def _export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: K
             "torch.compile(model, backend='opgen') handles graph breaks instead."
         )
         raise
-    ep = ep.run_decompositions(torch.export.default_decompositions())
+    # triton_op custom ops become the wrap_triton kernel calls inside them, which opgen launches.
+    ep = ep.run_decompositions(torch.export.default_decompositions(), decompose_custom_triton_ops=True)
     return _decompose_uncovered(ep, registry)
 
 
@@ -98,30 +99,13 @@ def decompose_uncovered(program: Any, decompose: Callable[[Any, dict[Any, Any]],
 
     `program` is an ExportedProgram or a GraphModule; `decompose(program, table)` applies a table to it.
     """
-    table = {**torch._decomp.decomposition_table, **triton_op_decompositions()}
+    table = torch._decomp.decomposition_table
     missing = uncovered_ops(program.graph, registry)
     for op in sorted((op for op in missing if op in table), key=str):
         candidate = decompose(program, {op: table[op]})
         if uncovered_ops(candidate.graph, registry) <= missing - {op}:
             program, missing = candidate, missing - {op}
     return program
-
-
-def triton_op_decompositions() -> dict[Any, Callable[..., Any]]:
-    """`torch.library.triton_op`s, decomposed into their wrap_triton kernel calls (which opgen launches).
-
-    torch.export keeps them as custom ops; their Python implementation is the decomposition.
-    """
-    from torch._library import custom_ops, triton
-
-    table: dict[Any, Callable[..., Any]] = {}
-    for qualname in list(getattr(triton, "triton_ops_to_kernels", {})):
-        opdef = custom_ops.OPDEFS.get(qualname)
-        namespace, _, name = qualname.partition("::")
-        packet = getattr(getattr(torch.ops, namespace, None), name, None)
-        if opdef is not None and packet is not None:
-            table[packet.default] = opdef._init_fn
-    return table
 
 
 def _decompose_uncovered(ep: ExportedProgram, registry: KernelRegistry) -> ExportedProgram:

@@ -74,7 +74,7 @@ def test_opgen_compile_launches_triton_kernels(model, make, cuda_graphs):
     expected = m(*inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fn = opgen.compile(m, fallback=False, cuda_graphs=cuda_graphs)
+        fn = opgen.compile(m, inputs, fallback=False, cuda_graphs=cuda_graphs)
         for _ in range(3):  # plain first call, capture, replays
             got = fn(*inputs)
             torch.testing.assert_close(got, expected)
@@ -98,7 +98,7 @@ def test_backend_launches_triton_kernels(model, make):
 def test_autotuned_kernel_reports_its_pick():
     m = Tuned()
     x = torch.randn(5000, device="cuda")
-    fn = opgen.compile(m)
+    fn = opgen.compile(m, (x,))
     fn(x)
     report = str(fn.report())
     assert "2 config(s)" in report and "autotuned" in report, report
