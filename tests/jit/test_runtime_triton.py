@@ -83,7 +83,7 @@ def test_opgen_compile_launches_triton_kernels(model, make, cuda_graphs):
     source = fn.artifact.source if hasattr(fn, "artifact") else ""
     assert "rt.jit[" in source, source
     report = str(fn.report())
-    assert "Triton kernels through opgen's JIT launcher: 1" in report, report
+    assert "Triton kernels and kernel choices through opgen's JIT: 1" in report, report
     assert "not called yet" not in report, report
 
 
