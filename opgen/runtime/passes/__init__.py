@@ -9,8 +9,8 @@ again, removed before memory planning; constant folding and memory planning deci
 setup; `hoist_views` then moves views of setup values out of the call; `insert_frees` comes last
 because it needs the final body. `prepack` needs oneDNN and `cudnn` cuDNN at run time, so
 `opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it. `kernel_choice`
-is not in the default pipeline (it benchmarks on the first call); add it with
-`passes=(*default_pipeline(), "kernel_choice")`.
+is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
+turns functional calls into in-place ones that have no candidates.
 """
 
 from __future__ import annotations
