@@ -14,12 +14,19 @@ a GPU or triton, every entry point raises `JitUnavailableError` and the rest of 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from opgen.jit.cache import STATS
-from opgen.jit.env import available, missing
-from opgen.jit.errors import JitError, JitUnavailableError
+# Importing this package imports nothing else: the generator (which runs inside the build, before
+# the extension exists) reads opgen.jit.expr. Everything below resolves lazily.
+_LAZY = {
+    "Config": "opgen.jit.kernels",
+    "JitError": "opgen.jit.errors",
+    "JitUnavailableError": "opgen.jit.errors",
+    "available": "opgen.jit.env",
+    "missing": "opgen.jit.env",
+}
 
 __all__ = [
     "Config",
@@ -67,12 +74,12 @@ def launch(fn: Any, grid: Any, *args: Any, **meta: Any) -> None:
 
 def stats() -> dict[str, float]:
     """Counters of this process: compiles, cache hits, rebuilt entries, tunes, picks and their times."""
+    from opgen.jit.cache import STATS
+
     return STATS.snapshot()
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Config":
-        from opgen.jit.kernels import Config
-
-        return Config
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'opgen.jit' has no attribute {name!r}")

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from opgen.jit.graph import remember
 from opgen.runtime.errors import UnsupportedOpError
 from opgen.runtime.fx_values import tensor_meta, to_arg
 from opgen.runtime.ir import Arg, JitKernelSpec, KernelCall, Ref, Sym, Value
@@ -67,6 +66,8 @@ def lower_triton(lowering: Any, node: torch.fx.Node) -> tuple[KernelCall, ...]:
             arg = Ref(copy)
         args[name] = arg
     spec = _spec(lowering, fn, configs, grids, values, runtime, to_clone or _written(kw, node), node)
+    from opgen.jit.graph import remember  # opgen.jit imports the runtime's errors and cache
+
     remember(spec.kernel, fn)
     mutates = tuple(a.name for n, a in args.items() if isinstance(a, Ref) and n in spec.mutates)
     lines.append(
