@@ -1786,7 +1786,7 @@ PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:744: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:748: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -1803,7 +1803,7 @@ PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:754: lift_fresh_copy(Tensor self) -> Tensor
+// ops.yaml:758: lift_fresh_copy(Tensor self) -> Tensor
 PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lift_fresh_copy", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1819,7 +1819,7 @@ PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:761: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:765: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -1836,7 +1836,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   opgen::jit::require_contiguous(sig, other, 1);
   opgen::jit::require_same_shape(sig, self, 0, other, 1);
   at::Tensor out = opgen::jit::empty_like(self);
-  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:761\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:765\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
   opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
   return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)

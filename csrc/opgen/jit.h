@@ -18,24 +18,24 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 
 namespace opgen::jit {
 
 // One kernel argument as generated code passes it (the Triton function's runtime parameters, in
 // order; constexpr parameters are fixed per variant and never passed).
+// Trivially constructible: the launcher keeps arrays of them on the stack, uninitialised.
 struct Arg {
   enum class Kind : uint8_t { Tensor, Int, Float, Bool, None };
-  Kind kind = Kind::None;
-  const at::Tensor* tensor = nullptr;  // borrowed for the duration of the call
-  int64_t i = 0;
-  double f = 0.0;
+  Kind kind;
+  const at::Tensor* tensor;  // borrowed for the duration of the call
+  int64_t i;
+  double f;
 };
 inline Arg tensor_arg(const at::Tensor& t) { return {Arg::Kind::Tensor, &t, 0, 0.0}; }
 inline Arg int_arg(int64_t v) { return {Arg::Kind::Int, nullptr, v, 0.0}; }
 inline Arg float_arg(double v) { return {Arg::Kind::Float, nullptr, 0, v}; }
 inline Arg bool_arg(bool v) { return {Arg::Kind::Bool, nullptr, v ? 1 : 0, 0.0}; }
-inline Arg none_arg() { return {}; }
+inline Arg none_arg() { return {Arg::Kind::None, nullptr, 0, 0.0}; }
 
 // The Triton kernel of one spec op. `entry_json` is the op's registry entry (with its "triton"
 // section); the first call hands it to Python (`opgen.jit.spec.launcher(entry_json)`), which
@@ -43,8 +43,7 @@ inline Arg none_arg() { return {}; }
 struct SpecKernel {
   const char* op;
   const char* entry_json;
-  PyObject* launcher = nullptr;  // owned; never freed (lives as long as the extension)
-  std::once_flag once;
+  PyObject* launcher = nullptr;  // owned; made on the first call (under the GIL), never freed
 };
 
 // Launches `kernel` with `args`. Throws c10::Error (or PythonError with a Python exception set)

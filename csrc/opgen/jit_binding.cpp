@@ -33,11 +33,21 @@ void require_contiguous(const Signature& sig, const at::Tensor& t, int i) {
   raise(PyExc_ValueError, sig, std::string("argument '") + sig.name(i) + "' must be contiguous for this Triton kernel");
 }
 
+namespace {
+
+std::string shape_text(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t d = 0; d < sizes.size(); ++d) out += (d ? ", " : "") + std::to_string(sizes[d]);
+  return out + "]";
+}
+
+}  // namespace
+
 void require_same_shape(const Signature& sig, const at::Tensor& a, int i, const at::Tensor& b, int j) {
   if (a.sizes() == b.sizes()) return;
   raise(PyExc_ValueError, sig,
-        std::string("arguments '") + sig.name(i) + "' " + c10::str(a.sizes()) + " and '" + sig.name(j) + "' " +
-            c10::str(b.sizes()) + " must have the same shape for this Triton kernel (it does not broadcast)");
+        std::string("arguments '") + sig.name(i) + "' " + shape_text(a.sizes()) + " and '" + sig.name(j) + "' " +
+            shape_text(b.sizes()) + " must have the same shape for this Triton kernel (it does not broadcast)");
 }
 
 at::Tensor empty_like(const at::Tensor& t) { return at::compositeexplicitautograd::empty_like(t); }

@@ -76,9 +76,7 @@ function(opgen_add_extension target)
   set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)
     list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
-    if(EXISTS "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")
-      set(jit_impl "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")
-    endif()
+    set(jit_impl "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")             # the Triton kernel launcher
   endif()
   list(APPEND helpers "${jit_impl}")
   Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers})

@@ -85,8 +85,10 @@ def test_triton_add_refuses_what_its_kernel_cannot_read() -> None:
     from opgen import kernel_ops
 
     x = torch.ones(4, 4, device="cuda")
-    with pytest.raises(RuntimeError, match=r"^kernel_ops\.triton_add\(\): argument 'other' is on cpu"):
+    with pytest.raises(RuntimeError, match=r"^kernel_ops\.triton_add\(\): .*'other' is on cpu"):
         kernel_ops.triton_add(x, torch.ones(4, 4))
+    with pytest.raises(RuntimeError, match=r"^kernel_ops\.triton_add\(\): argument 'self' is on cpu"):
+        kernel_ops.triton_add(torch.ones(4, 4), torch.ones(4, 4))
     with pytest.raises(ValueError, match=r"^kernel_ops\.triton_add\(\): arguments 'self' \[4, 4\] and 'other' \[4\]"):
         kernel_ops.triton_add(x, torch.ones(4, device="cuda"))
     with pytest.raises(ValueError, match=r"^kernel_ops\.triton_add\(\): argument 'other' must be contiguous"):
