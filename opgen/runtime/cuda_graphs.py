@@ -157,7 +157,8 @@ def _aten_op(aten: str) -> Any:
 
 
 def refuse_random_ops(graph: CompiledGraph, registry: KernelRegistry) -> None:
-    ops = [_aten_op(registry.by_name[k].aten) for k in graph.kernels if k in registry.by_name]
+    atens = [registry.by_name[k].aten for k in graph.kernels if k in registry.by_name]
+    ops = [_aten_op(a) for a in atens if a.startswith("aten::")]  # not opgen::<Triton op>
     ops += [resolve_op(target) for target in graph.fallbacks]
     seeded = sorted(str(op) for op in ops if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()))
     if seeded:
