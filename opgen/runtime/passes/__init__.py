@@ -22,6 +22,7 @@ from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
+from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
@@ -31,6 +32,7 @@ Pass = Callable[[Program, KernelRegistry], Program]
 
 PASSES: dict[str, Pass] = {
     "conv_bn": fold_conv_bn,
+    "onednn": fuse_onednn,
     "layout": channels_last_pooling,
     "cudnn": fuse_cudnn,
     "identity_views": drop_identity_views,
@@ -46,6 +48,7 @@ PASSES: dict[str, Pass] = {
 
 DEFAULT_PIPELINE = (
     "conv_bn",
+    "onednn",
     "layout",
     "cudnn",
     "identity_views",
