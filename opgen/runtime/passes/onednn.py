@@ -42,6 +42,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.passes.analysis import arg_value, constant_names, fresh_namer, use_counts
 from opgen.runtime.passes.layout import channels_last as channels_last_meta
+from opgen.runtime.passes.layout import exit_copies
 from opgen.runtime.registry import KernelRegistry
 
 CONV = "convolution"
@@ -49,7 +50,6 @@ PACK = "mkldnn._reorder_convolution_weight.default"
 CONV_UNARY = "mkldnn._convolution_pointwise.default"
 CONV_BINARY = "mkldnn._convolution_pointwise.binary"
 CHANNELS_LAST = (("memory_format", Sym("memory_format", "channels_last")),)
-CONTIGUOUS = (("memory_format", Sym("memory_format", "contiguous_format")),)
 # kernel_ops activation -> (oneDNN attr, the names of its scalar arguments, in oneDNN's order)
 UNARY: dict[str, tuple[str, tuple[str, ...]]] = {
     "relu": ("relu", ()),
@@ -230,7 +230,7 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
         body.append(replace(substitute_line(line, mapping), outputs=(cl_out, *line.outputs[1:])))  # type: ignore[type-var]
     if not region:
         return program
-    return replace(program, body=tuple(_exits(body, region, metas)))
+    return replace(program, body=tuple(exit_copies(body, region, metas)))
 
 
 def _conv_operands(line: KernelCall) -> list[Ref]:
@@ -261,27 +261,6 @@ def _joins_region(line: Line, region: dict[str, str]) -> bool:
         and len(line.outputs) == 1
         and all(not isinstance(v, Ref) for _, v in line.kwargs)
     )
-
-
-def _exits(body: list[Line], region: dict[str, str], metas: dict[str, TensorMeta]) -> list[Line]:
-    """Copy region values back to their recorded layout where a line outside the region reads them."""
-    original_of = {cl: name for name, cl in region.items()}
-    outside = [line for line in body if not (isinstance(line, KernelCall) and _defines(line, original_of))]
-    read_outside = {n for line in outside for n in uses(line)}
-    out: list[Line] = []
-    for line in body:
-        out.append(line)
-        for value in line.outputs if isinstance(line, KernelCall) else ():
-            original = original_of.get(value.name) if value is not None else None
-            if original is not None and original in read_outside:
-                copy = Value(original, metas[original])
-                out.append(KernelCall("clone", (Ref(value.name),), CONTIGUOUS, (copy,), line.node,
-                                      "contiguous copy out of the channels-last region"))  # fmt: skip
-    return out
-
-
-def _defines(line: KernelCall, names: dict[str, str]) -> bool:
-    return any(v is not None and v.name in names for v in line.outputs)
 
 
 def fuse_onednn(program: Program, registry: KernelRegistry) -> Program:
