@@ -25,7 +25,7 @@ from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarnin
 from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, fast_check, shape_mismatch_message, signature
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
-from opgen.runtime.report import Report
+from opgen.runtime.report import Report, jit_lines
 
 Compiled = Callable[..., Any]
 
@@ -137,11 +137,13 @@ class _Specializations:
             fn = self.graphs.wrap(fn, graph, constants)
         fn.artifact = graph  # type: ignore[attr-defined]
         status = getattr(fn, "graph_status", None)
-        fn.report = lambda: self.report(graph, export_seconds, status)  # type: ignore[attr-defined]
+        fn.report = lambda: self.report(graph, export_seconds, status, rt.jit)  # type: ignore[attr-defined]
         self.by_signature[signature(inputs)] = fn
         return fn
 
-    def report(self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None) -> Report:
+    def report(
+        self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None, jit: Any = None
+    ) -> Report:
         return Report(
             model_name(self.module),
             graph.direct_nodes,
@@ -152,6 +154,7 @@ class _Specializations:
             codegen_seconds=graph.codegen_seconds,
             specializations=len(self.by_signature),
             cuda_graph=status.line() if status is not None else None,
+            jit=jit_lines(graph, jit or {}),
         )
 
     def slow_path(self, specs: tuple[InputSpec, ...], grad_mode: bool) -> executor.Handler:

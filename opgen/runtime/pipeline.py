@@ -83,5 +83,5 @@ def compile_graph(
         passes=options.passes,
         codegen_seconds=time.perf_counter() - start,
     )
-    path = cache.store(graph) if options.cache else None
+    path = cache.store(graph) if options.cache and graph.cacheable else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"

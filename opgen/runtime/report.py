@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +19,7 @@ class Report:
     codegen_seconds: float = 0.0
     specializations: int = 1
     cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
+    jit: tuple[str, ...] = ()  # per Triton kernel node: the kernel, and which variant runs and why
 
     @property
     def runs_eagerly(self) -> bool:
@@ -37,8 +40,21 @@ class Report:
             lines.append("  (add these ops to ops.yaml to run them direct)")
         if self.torch_ops:
             lines.append(f"  also calls through torch.ops, chosen by passes: {', '.join(self.torch_ops)}")
+        if self.jit:
+            lines.append(f"  Triton kernels through opgen's JIT launcher: {len(self.jit)}")
+            lines += [f"    {line}" for line in self.jit]
         if self.cuda_graph is not None:
             lines.append(f"  {self.cuda_graph}")
         if self.specializations > 1:
             lines.append(f"  specializations for input shapes so far: {self.specializations}")
         return "\n".join(lines)
+
+
+def jit_lines(graph: Any, launchers: Mapping[str, Any]) -> tuple[str, ...]:
+    """One line per Triton kernel node of a compiled graph: kernel, configs, and the pick so far."""
+    lines = []
+    for spec in graph.jit_kernels:
+        kernel = getattr(launchers.get(spec.local), "kernel", None)
+        picks = "; ".join(kernel.picks.values()) if kernel is not None and kernel.picks else "not called yet"
+        lines.append(f"node '{spec.node}': {spec.kernel}, {len(spec.configs)} config(s): {picks}")
+    return tuple(lines)
