@@ -2,12 +2,13 @@
 
 `PASSES` names them; `DEFAULT_PIPELINE` is the order `opgen.compile` runs them in. Order matters
 only for quality, not correctness: batch-norm folding wants the raw conv -> bn pattern, and
-cuDNN fusion the conv -> relu pattern folding leaves; view
+oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `onednn` runs before
+`layout` so that max pooling of its channels-last values joins its region; view
 simplification and shape folding leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
 again, removed before memory planning; constant folding and memory planning decide what lives in
 setup; `hoist_views` then moves views of setup values out of the call; `insert_frees` comes last
-because it needs the final body. `prepack` needs oneDNN and `cudnn` cuDNN at run time, so
+because it needs the final body. `prepack` and `onednn` need oneDNN and `cudnn` cuDNN at run time, so
 `opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it.
 """
 
