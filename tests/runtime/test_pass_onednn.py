@@ -27,7 +27,7 @@ from opgen.runtime.passes.layout import channels_last_strides
 from opgen.runtime.passes.onednn import CONV_BINARY, CONV_UNARY, PACK, fuse_onednn
 
 needs_onednn = pytest.mark.skipif("onednn" not in pipeline.default_pipeline(), reason="torch without oneDNN")
-SHAPE = (2, 8, 6, 6)
+SHAPE = (2, 16, 16, 16)
 
 
 def cpu(*shape: int, device: str = "cpu") -> TensorMeta:
@@ -44,12 +44,12 @@ def call(kernel: str, *args: object, out: str, **kwargs: object) -> KernelCall:
 
 
 def program(*body: object, device: str = "cpu", weight_is_input: bool = False) -> Program:
-    constants = (TensorConstant("b", "b", cpu(8, device=device)),)
+    constants = (TensorConstant("b", "b", cpu(16, device=device)),)
     inputs = (Input("x", cpu(*SHAPE, device=device)),)
     if weight_is_input:
-        inputs += (Input("w", cpu(8, 8, 3, 3, device=device)),)
+        inputs += (Input("w", cpu(16, 16, 3, 3, device=device)),)
     else:
-        constants += (TensorConstant("w", "w", cpu(8, 8, 3, 3, device=device)),)
+        constants += (TensorConstant("w", "w", cpu(16, 16, 3, 3, device=device)),)
     return Program("forward", inputs, constants, (), tuple(body))
 
 
@@ -102,6 +102,15 @@ def test_a_conv_result_read_twice_keeps_its_activation_apart(registry) -> None:
     assert kernels(fuse_onednn(p, registry)) == ["clone", CONV_UNARY, "clone", "relu", "clone"]
 
 
+def test_tiny_convolutions_stay_with_aten(registry) -> None:
+    tiny = KernelCall(
+        "convolution", (Ref("x"), Ref("w"), Ref("b"), (1, 1), (1, 1), (1, 1), False, (0, 0), 1), (),
+        (Value("c1", cpu(1, 16, 2, 2)),), "c1", "aten.convolution",
+    )  # fmt: skip
+    p = program(tiny, Return((Ref("c1"),), "single"))
+    assert fuse_onednn(p, registry) == p
+
+
 def test_cuda_programs_and_runtime_weights_are_left_alone(registry) -> None:
     relu = Return((Ref("c1"),), "single")
     on_cuda = program(conv("x", "c1", device="cuda:0"), relu, device="cuda:0")
@@ -139,7 +148,7 @@ def compile_and_compare(model: nn.Module, inputs: tuple[torch.Tensor, ...], pass
 @pytest.mark.parametrize("activation", [nn.ReLU(), nn.GELU(), nn.SiLU(), nn.Hardswish(), nn.LeakyReLU(0.1)])
 def test_conv_patterns_match_eager(activation: nn.Module) -> None:
     torch.manual_seed(0)
-    compiled = compile_and_compare(ConvNet(activation), (torch.randn(2, 3, 10, 10),))
+    compiled = compile_and_compare(ConvNet(activation), (torch.randn(2, 3, 32, 32),))
     source = compiled.artifact.source
     assert "mkldnn_convolution_pointwise_binary(" in source and "'relu', (), '')" in source
     assert "convolution(" not in source.replace("mkldnn_convolution_pointwise", "")
@@ -150,9 +159,9 @@ def test_conv_patterns_match_eager(activation: nn.Module) -> None:
 def test_grouped_strided_and_dilated_convs_match_eager() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=4), nn.ReLU(), nn.Conv2d(8, 4, 3, dilation=2), nn.Sigmoid()
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=4), nn.ReLU(), nn.Conv2d(16, 8, 3, dilation=2), nn.Sigmoid()
     )
-    compile_and_compare(model, (torch.randn(1, 8, 16, 16),))
+    compile_and_compare(model, (torch.randn(2, 16, 48, 48),))
 
 
 class Mlp(nn.Module):
@@ -176,7 +185,7 @@ def test_linear_gelu_and_linear_add_match_eager() -> None:
 def test_the_pass_is_optional() -> None:
     torch.manual_seed(0)
     without = [p for p in pipeline.default_pipeline() if p not in ("onednn", "prepack")]
-    compiled = compile_and_compare(ConvNet(nn.ReLU()), (torch.randn(2, 3, 10, 10),), passes=without)
+    compiled = compile_and_compare(ConvNet(nn.ReLU()), (torch.randn(2, 3, 32, 32),), passes=without)
     assert "mkldnn" not in compiled.artifact.source
 
 
@@ -185,5 +194,5 @@ def test_off_without_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     passes = pipeline.default_pipeline()
     assert "onednn" not in passes and "prepack" not in passes
     torch.manual_seed(0)
-    compiled = compile_and_compare(ConvNet(nn.ReLU()), (torch.randn(2, 3, 10, 10),), passes=passes)
+    compiled = compile_and_compare(ConvNet(nn.ReLU()), (torch.randn(2, 3, 32, 32),), passes=passes)
     assert "mkldnn" not in compiled.artifact.source
