@@ -22,9 +22,13 @@ from opgen.runtime.registry import KernelRegistry, load_registry
 
 
 def default_pipeline() -> tuple[str, ...]:
-    """All passes, less `prepack` where torch lacks the oneDNN ops it calls, and `cudnn` where it lacks cuDNN."""
-    has_onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    missing = {"prepack"} if not has_onednn else set()
+    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks cuDNN."""
+    has_onednn = torch.backends.mkldnn.is_available()
+    missing: set[str] = set()
+    if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        missing.add("prepack")
+    if not (has_onednn and hasattr(torch.ops.mkldnn, "_convolution_pointwise")):
+        missing.add("onednn")
     if not torch.backends.cudnn.is_available():
         missing.add("cudnn")
     return tuple(p for p in DEFAULT_PIPELINE if p not in missing)

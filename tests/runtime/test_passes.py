@@ -377,6 +377,7 @@ def test_frees_follow_last_use_for_big_values(registry) -> None:
 def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registry) -> None:
     expected = {
         "conv_bn",
+        "onednn",
         "layout",
         "cudnn",
         "identity_views",
@@ -392,7 +393,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
     }
     assert set(PASSES) == expected
     out = run_passes(conv_bn_program(True), registry)
-    assert kernels(out.body) == ["convolution"]
+    assert kernels(out.body) == ["convolution"]  # batch norm folded; too small a convolution for oneDNN
     with pytest.raises(ValueError, match="unknown opgen pass 'nope'"):
         run_passes(conv_bn_program(True), registry, ["nope"])
 

@@ -4,10 +4,12 @@
 weight become `mkldnn._linear_pointwise(x, packed, b)`, `packed` computed in setup by
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
-single-row products stay as they are. A `gelu`/`relu` that is the only reader of the result becomes
-the call's post-op (another 7 us on that product). These calls go through torch.ops (kernel_ops binds ATen
-functions only); `compiled.report()` lists them. The pipeline runs this pass only where oneDNN is
-available (`opgen.runtime.pipeline.default_pipeline`).
+single-row products stay as they are. An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
+hardsigmoid, leaky_relu, hardtanh) that is the only reader of the result becomes the call's post-op
+(another 7 us for gelu on that product), and so does a residual `add` of a same-shaped contiguous
+tensor (`mkldnn._linear_pointwise.binary(x, z, packed, b, "add")`). These calls go through
+torch.ops (kernel_ops binds ATen functions only); `compiled.report()` lists them. The pipeline runs
+this pass only where oneDNN is available (`opgen.runtime.pipeline.default_pipeline`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from dataclasses import replace
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
 from opgen.runtime.passes.analysis import constant_names, fresh_namer, use_counts
+from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
 
 PACK = "mkldnn._reorder_linear_weight.default"
 LINEAR = "mkldnn._linear_pointwise.default"
+BINARY = "mkldnn._linear_pointwise.binary"
 MIN_ROWS = 8
 
 
@@ -98,41 +102,44 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
         args = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
         target = f"{line.target} as {LINEAR}"
         body.append(replace(line, kernel=LINEAR, args=args, target=target, fallback=True, fresh=True))
-    return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body)))
+    return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body), registry, metas))
 
 
-def _activation(line: Line, source: str) -> str | None:
-    """The oneDNN algorithm for `gelu(source)` / `relu(source)` ("" for relu), or None."""
-    if not isinstance(line, KernelCall) or line.fallback or line.args != (Ref(source),) or len(line.outputs) != 1:
-        return None
-    if line.kernel == "relu" and not line.kwargs:
-        return ""
-    approximate = dict(line.kwargs).get("approximate", "none")
-    if line.kernel == "gelu" and set(dict(line.kwargs)) <= {"approximate"} and approximate in ("none", "tanh"):
-        return str(approximate)
-    return None
-
-
-def fuse_activations(body: tuple[Line, ...]) -> tuple[Line, ...]:
-    """`gelu(linear(x))` and `relu(linear(x))` become one oneDNN call with the activation as a post-op."""
+def fuse_activations(
+    body: tuple[Line, ...], registry: KernelRegistry, metas: dict[str, TensorMeta]
+) -> tuple[Line, ...]:
+    """An activation (`onednn.UNARY`) or a residual add that is the only reader of a linear becomes its post-op."""
     counts = use_counts(body)
     lines: list[Line | None] = list(body)
     for i, line in enumerate(body):
-        if (
-            not isinstance(line, KernelCall)
-            or line.kernel != LINEAR
-            or line.args[3] != "none"
-            or line.outputs[0] is None
-        ):
+        if not isinstance(line, KernelCall) or line.kernel != LINEAR or line.args[3] != "none":
             continue
-        source = line.outputs[0].name
+        source = line.outputs[0].name if line.outputs[0] is not None else ""
         user = next((j for j in range(i + 1, len(body)) if source in uses(body[j])), None)
-        activation = body[user] if user is not None and counts[source] == 1 else None
-        algorithm = _activation(activation, source) if activation is not None else None
-        if algorithm is None or not isinstance(activation, KernelCall):
+        reader = body[user] if user is not None and counts[source] == 1 else None
+        if reader is None or not isinstance(reader, KernelCall):
             continue
-        args = (*line.args[:3], activation.kernel, (), algorithm)
-        node, target = f"{line.node}+{activation.node}", f"{line.target}+{activation.kernel}"
-        lines[i] = replace(line, args=args, outputs=activation.outputs, node=node, target=target)
+        if (post := unary_post_op(reader, source, registry)) is not None:
+            fused = replace(line, args=(*line.args[:3], *post), target=f"{line.target}+{reader.kernel}")
+        elif (other := _residual(reader, source, metas)) is not None:
+            x, weight, bias = line.args[:3]
+            fused = replace(line, kernel=BINARY, args=(x, other, weight, bias, "add"), target=f"{line.target}+add")
+            fused = replace(fused, target=fused.target.replace(LINEAR, BINARY))
+        else:
+            continue
+        lines[i] = replace(fused, outputs=reader.outputs, node=f"{line.node}+{reader.node}")
         lines[user] = None  # type: ignore[index]
     return tuple(line for line in lines if line is not None)
+
+
+def _residual(add: KernelCall, source: str, metas: dict[str, TensorMeta]) -> Ref | None:
+    """`z` if `add` is `source + z` or `z + source` with a contiguous `z` of the same shape (alpha 1)."""
+    if add.kernel != "add" or add.fallback or len(add.args) != 2 or dict(add.kwargs).get("alpha", 1) != 1:
+        return None
+    a, b = add.args
+    z = b if a == Ref(source) else a if b == Ref(source) else None
+    meta = metas.get(z.name) if isinstance(z, Ref) and z.name != source else None
+    out = add.outputs[0].meta if len(add.outputs) == 1 and add.outputs[0] is not None else None
+    if meta is None or out is None or meta.shape != out.shape or meta.dtype != "float32" or not meta.is_contiguous():
+        return None
+    return z  # type: ignore[return-value]
