@@ -44,7 +44,8 @@ def pick(
         cache.STATS.add("tune_hits")
         return record["index"], "autotune pick from the cache"
     start = time.perf_counter()
-    timings = [_time_config(kernel, future.result(), config, args) for future, config in zip(futures, kernel.configs)]
+    pairs = zip(futures, kernel.configs, strict=True)
+    timings = [_time_config(kernel, future.result(), config, args) for future, config in pairs]
     index = min(range(len(timings)), key=timings.__getitem__)
     cache.STATS.add("tunes")
     cache.STATS.add("tune_seconds", time.perf_counter() - start)

@@ -97,7 +97,8 @@ def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:
         return tuple(arg(v) for v in value) if isinstance(value, list) else value
 
     configs = tuple(
-        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid)) for meta, warps, stages, grid in data["configs"]
+        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid))
+        for meta, warps, stages, grid in data["configs"]
     )
     examples = tuple((kind, arg(value)) for kind, value in data["examples"])
     return JitKernelSpec(data["local"], data["kernel"], tuple(data["params"]), configs, tuple(data["mutates"]),

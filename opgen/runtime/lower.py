@@ -21,7 +21,6 @@ import torch
 from opgen.runtime import registry as reg
 from opgen.runtime.errors import UnsupportedOpError
 from opgen.runtime.fx_values import sym_of, tensor_meta, to_arg
-from opgen.runtime.triton_lowering import is_triton_node, lower_triton
 from opgen.runtime.ir import (
     Arg,
     Guard,
@@ -36,6 +35,7 @@ from opgen.runtime.ir import (
     TensorConstant,
     Value,
 )
+from opgen.runtime.triton_lowering import is_triton_node, lower_triton
 
 # Names generated code binds besides kernels; inputs and constants are renamed around them.
 _RESERVED = frozenset(

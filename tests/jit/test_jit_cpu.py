@@ -135,7 +135,7 @@ def test_a_forced_choice_runs_the_named_candidate_without_benchmarking():
 @pytest.mark.skipif(opgen.jit.available(), reason="the JIT can run here")
 def test_jit_entry_points_say_what_is_missing():
     assert opgen.jit.missing()
-    with pytest.raises(opgen.jit.JitUnavailableError, match="opgen.jit cannot run Triton kernels here"):
+    with pytest.raises(opgen.jit.JitUnavailableError, match=r"opgen\.jit cannot run Triton kernels here"):
         opgen.jit.kernel(object(), (1,))
     with pytest.raises(opgen.jit.JitUnavailableError):
         opgen.jit.launch(type("F", (), {})(), (1,))

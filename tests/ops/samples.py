@@ -659,7 +659,12 @@ def _empty(m: Maker) -> list[Sample]:
 
 
 def _empty_permuted(m: Maker) -> list[Sample]:
-    return [S([2, 3], [0, 1], dtype=m.dtype), S([2, 3, 4, 5], [0, 2, 3, 1], dtype=m.dtype), S([0], [0]), S((3,), (0,), **CPU)]
+    return [
+        S([2, 3], [0, 1], dtype=m.dtype),
+        S([2, 3, 4, 5], [0, 2, 3, 1], dtype=m.dtype),
+        S([0], [0]),
+        S((3,), (0,), **CPU),
+    ]
 
 
 def _arange(m: Maker) -> list[Sample]:
