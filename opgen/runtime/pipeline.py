@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
 from opgen.runtime.passes.analysis import written_names
 from opgen.runtime.python_backend import emit
 from opgen.runtime.registry import KernelRegistry, load_registry
+from opgen.runtime.symbolic import SizeRange
 
 
 def default_pipeline() -> tuple[str, ...]:
@@ -58,10 +60,15 @@ def compile_graph(
     options: CompileOptions,
     name: str,
     out_spec: str = "",
+    ranges: Sequence[SizeRange] = (),
 ) -> tuple[CompiledGraph, str]:
-    """The compiled graph and the file name its source is registered under; `out_spec` joins the key."""
+    """The compiled graph and the file name its source is registered under; `out_spec` joins the key.
+
+    `ranges`: the ranges of the graph's size symbols (dynamic shapes); they join the key too.
+    """
     registry = default_registry()
     parts = [torch.__version__, registry.build_id, repr(options), repr(signature), out_spec, graph_fingerprint(gm)]
+    parts.append(repr(tuple(ranges)))
     key = cache.cache_key(parts)
     if options.cache and (graph := cache.load(key)) is not None:
         return graph, str(cache.source_path(key))
@@ -78,6 +85,7 @@ def compile_graph(
         fallback_nodes=lowered.fallbacks,
         passes=options.passes,
         codegen_seconds=time.perf_counter() - start,
+        ranges=tuple((r.symbol, r.low, r.high) for r in ranges),
     )
     path = cache.store(graph) if options.cache else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"

@@ -17,6 +17,8 @@ class Report:
     codegen_seconds: float = 0.0
     specializations: int = 1
     cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
+    ranges: tuple[str, ...] = ()  # dynamic shapes: "s27: [1, 256]" per size symbol
+    notes: tuple[str, ...] = ()  # what passes did differently for symbolic sizes
 
     @property
     def runs_eagerly(self) -> bool:
@@ -37,6 +39,9 @@ class Report:
             lines.append("  (add these ops to ops.yaml to run them direct)")
         if self.torch_ops:
             lines.append(f"  also calls through torch.ops, chosen by passes: {', '.join(self.torch_ops)}")
+        if self.ranges:
+            lines.append(f"  dynamic sizes: {', '.join(self.ranges)}")
+        lines += [f"  {note}" for note in self.notes]
         if self.cuda_graph is not None:
             lines.append(f"  {self.cuda_graph}")
         if self.specializations > 1:

@@ -13,6 +13,12 @@
    while the other's kernels still read it, and CUDA's caching allocator already reuses memory
    in stream order for a fraction of a kernel launch.
 
+Symbolic sizes (dynamic shapes): in-place reuse needs the operand's meta to equal the result's,
+which for size expressions means the same canonical expression, so it is provably the same size
+for every call. Results with symbolic sizes never get a slot (its size would change per call):
+they are allocated per call by the functional kernel. The plan's counts go into the program's
+notes, and from there into `report()`.
+
 Graph outputs never land in a slot, so every returned tensor is fresh. Persistent buffers make the
 compiled function non-reentrant; the executor guards that with a lock. `insert_frees` then adds
 `del` after the last use of each per-call value of at least FREE_BYTES.
@@ -31,6 +37,7 @@ from opgen.runtime.ir import (
     Line,
     Program,
     Ref,
+    SizeLet,
     TensorMeta,
     Value,
     View,
@@ -77,6 +84,7 @@ class _Planner:
     slots: list[_Slot] = field(default_factory=list)
     views: list[Line] = field(default_factory=list)
     mapping: dict[str, Arg] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("in_place", "slot", "per_call"), 0))
 
     def __post_init__(self) -> None:
         p = self.program
@@ -157,6 +165,9 @@ class _Planner:
         meta = out.meta if out is not None else None
         if out is None or meta is None or out.name in self.escapes or meta.dtype not in ITEMSIZE:
             return None
+        if not meta.is_static:
+            self.counts["per_call"] += 1
+            return None
         if meta.device != "cpu":
             return None
         if meta.offset != 0 or meta.span != meta.numel or meta.numel == 0:
@@ -192,11 +203,25 @@ class _Planner:
             planned = None
             info = info_of(line, self.registry) if isinstance(line, KernelCall) else None
             if isinstance(line, KernelCall) and info is not None and info.variant == "functional" and not info.is_view:
-                planned = self.in_place(i, line, info) or self.out_variant(line, info)
+                planned = self.in_place(i, line, info)
+                self.counts["in_place"] += planned is not None
+                planned = planned or self.out_variant(line, info)
+                self.counts["slot"] += planned is not None and isinstance(planned, KernelCall) and not planned.outputs
             body.append(substitute_line(planned or line, self.mapping))
         allocs = [Alloc(Value(s.name, TensorMeta((s.numel,), (1,), s.dtype, s.device))) for s in self.slots]
         setup = (*self.program.setup, *allocs, *self.views)
-        return replace(self.program, setup=setup, body=tuple(body))
+        return replace(self.program, setup=setup, body=tuple(body), notes=(*self.program.notes, *self.notes()))
+
+    def notes(self) -> tuple[str, ...]:
+        """What the plan did, when symbolic sizes made it allocate some results per call."""
+        c = self.counts
+        if not c["per_call"]:
+            return ()
+        slot_results = c["slot"] - c["in_place"]
+        return (
+            f"memory plan: {c['in_place']} results written in place (provably equal sizes), {slot_results} into "
+            f"{len(self.slots)} reused buffers (static sizes), {c['per_call']} allocated per call (symbolic sizes)",
+        )
 
 
 def plan_memory(program: Program, registry: KernelRegistry) -> Program:
@@ -204,7 +229,7 @@ def plan_memory(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _big(meta: TensorMeta | None) -> bool:
-    return meta is None or meta.numel * ITEMSIZE.get(meta.dtype, 8) >= FREE_BYTES
+    return meta is None or not meta.is_static or meta.numel * ITEMSIZE.get(meta.dtype, 8) >= FREE_BYTES
 
 
 def insert_frees(program: Program, registry: KernelRegistry) -> Program:
@@ -214,7 +239,7 @@ def insert_frees(program: Program, registry: KernelRegistry) -> Program:
     resident = setup_names(program)
     frees: dict[int, list[str]] = {}
     for i, line in enumerate(lines):
-        for value in defs(line):
+        for value in defs(line) if not isinstance(line, SizeLet) else ():
             if value.name not in resident and _big(value.meta):
                 frees.setdefault(last.get(value.name, i), []).append(value.name)
     body: list[Line] = []

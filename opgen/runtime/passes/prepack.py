@@ -4,7 +4,8 @@
 weight become `mkldnn._linear_pointwise(x, packed, b)`, `packed` computed in setup by
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
-single-row products stay as they are. A `gelu`/`relu` that is the only reader of the result becomes
+single-row products stay as they are. A symbolic row count (dynamic shapes) is packed without a
+batch-size hint: most calls of a dynamic function have many rows. A `gelu`/`relu` that is the only reader of the result becomes
 the call's post-op (another 7 us on that product). These calls go through torch.ops (kernel_ops binds ATen
 functions only); `compiled.report()` lists them. The pipeline runs this pass only where oneDNN is
 available (`opgen.runtime.pipeline.default_pipeline`).
@@ -60,7 +61,9 @@ def _linear(
     if not isinstance(line, KernelCall) or line.kernel not in ("addmm", "mm") or line.fallback or line.kwargs:
         return None
     out = line.outputs[0] if len(line.outputs) == 1 else None
-    if out is None or out.meta is None or len(out.meta.shape) != 2 or out.meta.shape[0] < MIN_ROWS:
+    if out is None or out.meta is None or len(out.meta.shape) != 2:
+        return None
+    if type(out.meta.shape[0]) is int and out.meta.shape[0] < MIN_ROWS:
         return None
     operands = _operands(line, out.meta.shape[1:], metas) if out.meta.is_contiguous() else None
     if operands is None:
@@ -89,7 +92,7 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
         assert isinstance(line, KernelCall) and line.outputs[0] is not None and line.outputs[0].meta is not None
         if weight not in packed:
             packed[weight] = next(names)
-            rows = line.outputs[0].meta.shape[0]
+            rows = line.outputs[0].meta.shape[0] if type(line.outputs[0].meta.shape[0]) is int else None
             pack_out = (Value(packed[weight]),)
             setup.append(
                 KernelCall(PACK, (Ref(weight), rows), (), pack_out, line.node, PACK, fallback=True, fresh=True)
