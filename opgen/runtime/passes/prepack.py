@@ -5,7 +5,8 @@ weight become `mkldnn._linear_pointwise(x, packed, b)`, `packed` computed in set
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
 single-row products stay as they are. A symbolic row count (dynamic shapes) is packed without a
-batch-size hint: most calls of a dynamic function have many rows. A `gelu`/`relu` that is the only reader of the result becomes
+batch-size hint and calls `opgen.runtime.linear_rows.linear`, which takes the oneDNN path from
+MIN_ROWS rows and the plain product below, per call. A `gelu`/`relu` that is the only reader of the result becomes
 the call's post-op (another 7 us on that product). These calls go through torch.ops (kernel_ops binds ATen
 functions only); `compiled.report()` lists them. The pipeline runs this pass only where oneDNN is
 available (`opgen.runtime.pipeline.default_pipeline`).
@@ -21,6 +22,7 @@ from opgen.runtime.registry import KernelRegistry
 
 PACK = "mkldnn._reorder_linear_weight.default"
 LINEAR = "mkldnn._linear_pointwise.default"
+LINEAR_ROWS = "py:opgen.runtime.linear_rows.linear"  # the same arguments + the transposed weight
 MIN_ROWS = 8
 
 
@@ -98,9 +100,12 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
                 KernelCall(PACK, (Ref(weight), rows), (), pack_out, line.node, PACK, fallback=True, fresh=True)
             )
         x = line.args[1] if line.kernel == "addmm" else line.args[0]
-        args = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
-        target = f"{line.target} as {LINEAR}"
-        body.append(replace(line, kernel=LINEAR, args=args, target=target, fallback=True, fresh=True))
+        args: tuple[Arg, ...] = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
+        kernel = LINEAR if type(line.outputs[0].meta.shape[0]) is int else LINEAR_ROWS
+        if kernel == LINEAR_ROWS:
+            args += (line.args[-1],)  # the transposed weight, for the rows below MIN_ROWS
+        target = f"{line.target} as {kernel}"
+        body.append(replace(line, kernel=kernel, args=args, target=target, fallback=True, fresh=True))
     return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body)))
 
 
@@ -123,7 +128,7 @@ def fuse_activations(body: tuple[Line, ...]) -> tuple[Line, ...]:
     for i, line in enumerate(body):
         if (
             not isinstance(line, KernelCall)
-            or line.kernel != LINEAR
+            or line.kernel not in (LINEAR, LINEAR_ROWS)
             or line.args[3] != "none"
             or line.outputs[0] is None
         ):
@@ -134,7 +139,7 @@ def fuse_activations(body: tuple[Line, ...]) -> tuple[Line, ...]:
         algorithm = _activation(activation, source) if activation is not None else None
         if algorithm is None or not isinstance(activation, KernelCall):
             continue
-        args = (*line.args[:3], activation.kernel, (), algorithm)
+        args = (*line.args[:3], activation.kernel, (), algorithm, *line.args[6:])
         node, target = f"{line.node}+{activation.node}", f"{line.target}+{activation.kernel}"
         lines[i] = replace(line, args=args, outputs=activation.outputs, node=node, target=target)
         lines[user] = None  # type: ignore[index]
