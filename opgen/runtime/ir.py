@@ -239,6 +239,7 @@ class Program:
     setup: tuple[Line, ...]
     body: tuple[Line, ...]
     notes: tuple[str, ...] = ()  # what passes did or skipped that `report()` should say (symbolic sizes)
+    ranges: tuple[tuple[str, int, int | None], ...] = ()  # size symbols: (name, low, high or None)
 
 
 def refs(arg: Arg) -> Iterator[str]:

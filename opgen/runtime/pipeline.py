@@ -5,6 +5,7 @@ Shared by `opgen.compile` (export graphs) and the torch.compile backend (AOT gra
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -74,7 +75,8 @@ def compile_graph(
         return graph, str(cache.source_path(key))
     start = time.perf_counter()
     lowered = lower(gm, signature, registry, LowerOptions(options.fallback, options.guard, options.grad_mode))
-    program = run_passes(lowered.program, registry, options.passes)
+    size_ranges = tuple((r.symbol, r.low, r.high) for r in ranges)
+    program = run_passes(dataclasses.replace(lowered.program, ranges=size_ranges), registry, options.passes)
     source = emit(program, header=f"{name}, graph {key[:16]}")
     graph = compiled_graph(
         key,
@@ -85,7 +87,7 @@ def compile_graph(
         fallback_nodes=lowered.fallbacks,
         passes=options.passes,
         codegen_seconds=time.perf_counter() - start,
-        ranges=tuple((r.symbol, r.low, r.high) for r in ranges),
+        ranges=size_ranges,
     )
     path = cache.store(graph) if options.cache else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"

@@ -155,3 +155,15 @@ def product(sizes: Sequence[Size]) -> Size:
 
 def static_product(sizes: Sequence[int]) -> int:
     return math.prod(sizes)
+
+
+def upper_bound(size: Size, ranges: Sequence[tuple[str, int, int | None]]) -> int | None:
+    """The size with every symbol at its upper bound (a hint: exact for sums and products of sizes)."""
+    if type(size) is int:
+        return size
+    assert isinstance(size, SizeExpr)
+    highs = {name: high for name, _, high in ranges}
+    if any(highs.get(s) is None for s in size.symbols):
+        return None
+    value = to_expr(size).subs({symbol(s): highs[s] for s in size.symbols})
+    return int(value) if value.is_number else None
