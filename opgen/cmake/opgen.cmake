@@ -71,7 +71,7 @@ function(opgen_add_extension target)
     VERBATIM)
 
   set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
-      "${_OPGEN_CSRC}/opgen/input_check.cpp")
+      "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/ranged_check.cpp")
   if(OPGEN_TORCH_CUDA)
     list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
   endif()

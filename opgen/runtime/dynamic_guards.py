@@ -16,7 +16,10 @@ from typing import Any
 
 import torch
 
+from opgen._C import RangedInputCheck
 from opgen.runtime.guards import Check, InputSpec, fast_check
+from opgen.runtime.ir import SizeExpr
+from opgen.runtime.sizes import contiguous_strides
 from opgen.runtime.symbolic import SizeRange
 
 
@@ -25,8 +28,35 @@ def is_dynamic(specs: Sequence[InputSpec]) -> bool:
 
 
 def input_check(specs: Sequence[InputSpec], ranges: Sequence[SizeRange]) -> Check:
-    """The C++ check for static specs (as fast as ever), the generated one for symbolic specs."""
-    return dynamic_check(specs, ranges) if is_dynamic(specs) else fast_check(specs)
+    """The C++ check for static specs (as fast as ever); for symbolic ones the C++ ranged check where
+    every size is fixed or a plain symbol and every stride fixed or row-major, else the generated one."""
+    if not is_dynamic(specs):
+        return fast_check(specs)
+    ranged = _ranged_specs(specs, ranges)
+    if ranged is None:
+        return dynamic_check(specs, ranges)
+    return RangedInputCheck(*ranged)  # type: ignore[no-any-return]
+
+
+def _ranged_specs(specs: Sequence[InputSpec], ranges: Sequence[SizeRange]) -> tuple[list[Any], list[Any]] | None:
+    index = {r.symbol: k for k, r in enumerate(ranges)}
+    expected = []
+    for spec in specs:
+        if not all(type(n) is int or n in index for n in spec.shape):
+            return None
+        shape = tuple(n if type(n) is int else SizeExpr(n, (n,)) for n in spec.shape)
+        row_major = contiguous_strides(shape)
+        strides = []
+        for n, want in zip(spec.stride, row_major, strict=True):
+            if type(n) is int:
+                strides.append(n)
+            elif isinstance(want, SizeExpr) and want.text == n:
+                strides.append(-1)
+            else:
+                return None
+        sizes = [n if type(n) is int else -(index[n] + 1) for n in spec.shape]
+        expected.append((getattr(torch, spec.dtype), torch.device(spec.device), sizes, strides))
+    return expected, [(r.low, -1 if r.high is None else r.high) for r in ranges]
 
 
 def _condition(value: str, expected: int | str, bound: set[str], lines: list[str], deferred: list[str]) -> None:

@@ -180,3 +180,54 @@ def test_generated_code_binds_sizes_once_and_the_plan_says_what_is_per_call() ->
         unbounded = opgen.compile(SizeReshapes(), (torch.randn(2, 3, 4),), dynamic_shapes=({1: Dim("t", min=1)},))
     note = next(n for n in unbounded.report().notes if n.startswith("memory plan"))
     assert "0 allocated per call" not in note, note
+
+
+def test_inputs_sharing_a_size_must_agree() -> None:
+    factory, make, shapes, _, example = CASES["attention_seq"]
+    torch.manual_seed(0)
+    model = factory().eval()
+    with torch.no_grad():
+        fn = opgen.compile(model, make(example), dynamic_shapes=shapes, cache=False)
+        with pytest.raises(InputMismatchError, match=r"input 'keep' \(position 2\), dimension 1: size 5 breaks"):
+            fn(torch.randn(2, 9, 16), _keep(2, 5))
+
+
+def test_the_ranged_check_in_cpp_agrees_with_the_generated_one() -> None:
+    from opgen._C import RangedInputCheck
+    from opgen.runtime.dynamic_guards import dynamic_check, input_check
+    from opgen.runtime.guards import InputSpec
+    from opgen.runtime.symbolic import SizeRange
+
+    specs = (
+        InputSpec("x", (1, "s0", 4), ("4*s0", 4, 1), "float32", "cpu"),
+        InputSpec("m", ("s0", "s0"), ("s0", 1), "bool", "cpu"),
+    )
+    ranges = (SizeRange("s0", 1, 8),)
+    fast, slow = input_check(specs, ranges), dynamic_check(specs, ranges)
+    assert isinstance(fast, type(RangedInputCheck([], [])))
+    cases = [
+        (torch.randn(1, 3, 4), torch.ones(3, 3, dtype=torch.bool)),  # fits
+        (torch.randn(1, 1, 4), torch.ones(1, 1, dtype=torch.bool)),  # the lower bound
+        (torch.randn(1, 8, 4), torch.ones(8, 8, dtype=torch.bool)),  # the upper bound
+        (torch.randn(1, 9, 4), torch.ones(9, 9, dtype=torch.bool)),  # outside
+        (torch.randn(1, 3, 4), torch.ones(3, 4, dtype=torch.bool)),  # s0 disagrees
+        (torch.randn(1, 3, 4).transpose(1, 2).contiguous().transpose(1, 2), torch.ones(3, 3, dtype=torch.bool)),
+        (torch.randn(1, 3, 4).double(), torch.ones(3, 3, dtype=torch.bool)),
+        (torch.randn(1, 3), torch.ones(3, 3, dtype=torch.bool)),
+    ]
+    assert [fast(*c) for c in cases] == [slow(*c) for c in cases] == [True, True, True] + [False] * 5
+
+
+def test_the_cache_key_holds_the_ranges(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    model, x = MLP().eval(), torch.randn(4, 16)
+    with torch.no_grad():
+        first = opgen.compile(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=16)},))
+        again = opgen.compile(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=16)},))
+        wider = opgen.compile(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=32)},))
+        z = torch.randn(3, 16)
+        torch.testing.assert_close(again(z), model(z), rtol=1e-4, atol=1e-4)
+        y = torch.randn(32, 16)
+        torch.testing.assert_close(wider(y), model(y), rtol=1e-4, atol=1e-4)
+    assert not first.report().from_cache and again.report().from_cache and not wider.report().from_cache
+    assert again.artifact.ranges == first.artifact.ranges != wider.artifact.ranges
