@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
-from opgen.runtime.passes.analysis import constant_names, fresh_namer, use_counts
+from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
+from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
 from opgen.runtime.registry import KernelRegistry
 from opgen.runtime.sizes import upper_bound
 
@@ -85,6 +85,7 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
     lines = (*program.setup, *program.body)
     producers = {v.name: line for line in lines if isinstance(line, KernelCall) for v in line.outputs if v}
     names = fresh_namer(program, "packed")
+    scratches, escapes = fresh_namer(program, "scratch"), escaping(program, registry)
     setup, body = list(program.setup), []
     packed: dict[str, str] = {}
     for line in program.body:
@@ -104,11 +105,22 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
         x = line.args[1] if line.kernel == "addmm" else line.args[0]
         args: tuple[Arg, ...] = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
         kernel = LINEAR if type(line.outputs[0].meta.shape[0]) is int else LINEAR_ROWS
-        if kernel == LINEAR_ROWS:
-            args += (line.args[-1],)  # the transposed weight, for the rows below MIN_ROWS
+        if kernel == LINEAR_ROWS:  # + the transposed weight and a buffer for the rows below MIN_ROWS
+            scratch = _scratch(line.outputs[0], escapes, next(scratches))
+            setup += [scratch] if scratch is not None else []
+            args += (line.args[-1], Ref(scratch.value.name) if scratch is not None else None)
         target = f"{line.target} as {kernel}"
         body.append(replace(line, kernel=kernel, args=args, target=target, fallback=True, fresh=True))
     return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body)))
+
+
+def _scratch(out: Value, escapes: set[str], name: str) -> Alloc | None:
+    """A buffer of MIN_ROWS - 1 rows for a linear of symbolic rows whose result stays inside the call."""
+    meta = out.meta
+    if meta is None or out.name in escapes or type(meta.shape[1]) is not int:
+        return None
+    cols = meta.shape[1]
+    return Alloc(Value(name, TensorMeta((MIN_ROWS - 1, cols), (cols, 1), meta.dtype, meta.device)))
 
 
 def _activation(line: Line, source: str) -> str | None:
