@@ -3,6 +3,7 @@
 #include "opgen/input_check.h"
 #ifdef OPGEN_WITH_CUDA
 #include "opgen/cuda_graph.h"
+#include "opgen/jit.h"
 #endif
 
 #include <string>
@@ -46,6 +47,7 @@ void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> ta
   add_ranged_input_check(parent);
 #ifdef OPGEN_WITH_CUDA
   add_cuda_graph(parent);
+  jit::add_jit(parent);
 #endif
   py::module_ m = parent.def_submodule("kernel_ops", kDoc);
   for (PyMethodDef* table : tables) {

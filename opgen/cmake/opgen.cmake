@@ -73,7 +73,8 @@ function(opgen_add_extension target)
   set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
       "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/ranged_check.cpp")
   if(OPGEN_TORCH_CUDA)
-    list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
+    list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp"     # the CUDA-graph runner
+                        "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")  # the Triton kernel launcher
   endif()
   Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${ARG_MODULE} CXX_STANDARD 20

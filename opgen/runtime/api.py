@@ -35,7 +35,7 @@ from opgen.runtime.dynamic_guards import explain, input_check, is_dynamic
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
 from opgen.runtime.symbolic import SizeRange, graph_symbols, ranges_of
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
-from opgen.runtime.report import Report
+from opgen.runtime.report import Report, jit_lines
 
 Compiled = Callable[..., Any]
 
@@ -155,7 +155,7 @@ class _Specializations:
             fn = self.graphs.wrap(fn, graph, constants)
         fn.artifact = graph  # type: ignore[attr-defined]
         status = getattr(fn, "graph_status", None)
-        fn.report = lambda: self.report(graph, export_seconds, status)  # type: ignore[attr-defined]
+        fn.report = lambda: self.report(graph, export_seconds, status, rt.jit)  # type: ignore[attr-defined]
         if is_dynamic(graph.inputs):
             self.ranged.append((input_check(graph.inputs, graph.size_ranges), fn, graph.inputs))
         else:
@@ -163,7 +163,9 @@ class _Specializations:
         self.dynamic.seen(inputs)
         return fn
 
-    def report(self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None) -> Report:
+    def report(
+        self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None, jit: Any = None
+    ) -> Report:
         return Report(
             model_name(self.module),
             graph.direct_nodes,
@@ -176,6 +178,7 @@ class _Specializations:
             cuda_graph=status.line() if status is not None else None,
             ranges=tuple(f"{s}: {SizeRange(s, lo, hi).text()}" for s, lo, hi in graph.ranges),
             notes=graph.notes,
+            jit=jit_lines(graph, jit or {}),
         )
 
     def slow_path(

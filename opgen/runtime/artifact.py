@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from opgen.runtime.guards import InputSpec
-from opgen.runtime.ir import Program
+from opgen.runtime.ir import JitKernelSpec, Program
 from opgen.runtime.python_backend import Source
 from opgen.runtime.symbolic import SizeRange
 
@@ -32,6 +32,7 @@ class CompiledGraph:
     constants: tuple[tuple[str, str], ...]  # (local, key into the constants mapping)
     written_inputs: tuple[int, ...] = ()  # positions of inputs the graph writes
     written_constants: tuple[str, ...] = ()  # keys of constants (buffers) the graph writes
+    jit_kernels: tuple[JitKernelSpec, ...] = ()  # Triton kernels it launches (see opgen/jit)
     direct_nodes: int = 0
     fallback_nodes: tuple[tuple[str, str], ...] = ()
     passes: tuple[str, ...] = ()
@@ -65,7 +66,13 @@ class CompiledGraph:
             data[name] = tuple(data[name])
         for name in ("symbols", "constants", "fallback_nodes", "ranges"):
             data[name] = tuple(tuple(item) for item in data[name])
+        data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
         return cls(**data, from_cache=True)
+
+    @property
+    def cacheable(self) -> bool:
+        """Can another process rebuild it from disk? (Every Triton kernel importable by name.)"""
+        return all(k.importable for k in self.jit_kernels)
 
     def cached(self) -> CompiledGraph:
         return replace(self, from_cache=True)
@@ -87,5 +94,18 @@ def compiled_graph(
         written_inputs=tuple(i for i, spec in enumerate(program.inputs) if spec.name in written),
         written_constants=tuple(c.key for c in program.constants if c.name in written),
         notes=program.notes,
+        jit_kernels=program.jit_kernels,
         **facts,
     )
+
+
+def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:
+    def arg(value: Any) -> Any:
+        return tuple(arg(v) for v in value) if isinstance(value, list) else value
+
+    configs = tuple(
+        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid)) for meta, warps, stages, grid in data["configs"]
+    )
+    examples = tuple((kind, arg(value)) for kind, value in data["examples"])
+    return JitKernelSpec(data["local"], data["kernel"], tuple(data["params"]), configs, tuple(data["mutates"]),
+                         examples, data["node"], data["importable"])  # fmt: skip

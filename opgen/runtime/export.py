@@ -85,7 +85,8 @@ def _export_program(
             "torch.compile(model, backend='opgen') handles graph breaks instead."
         )
         raise
-    ep = ep.run_decompositions(torch.export.default_decompositions())
+    # triton_op custom ops become the wrap_triton kernel calls inside them, which opgen launches.
+    ep = ep.run_decompositions(torch.export.default_decompositions(), decompose_custom_triton_ops=True)
     return _decompose_uncovered(ep, registry)
 
 

@@ -169,6 +169,7 @@ class KernelCall:
     fallback: bool = False  # `kernel` names a torch op (bound from `ops`), not a kernel_ops function
     pointwise: bool = False
     fresh: bool = False  # a torch-op call known to return new tensors (else assumed to alias its arguments)
+    jit: bool = False  # `kernel` names a JIT launcher of the program's `jit_kernels`
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,20 @@ class Return:
     form: str = "tuple"  # "single" | "tuple" | "list" | "pytree" (rebuilt by the executor's unflatten)
 
 
+@dataclass(frozen=True, slots=True)
+class JitKernelSpec:
+    """A Triton kernel the program launches: what the executor needs to build its launcher."""
+
+    local: str  # the name generated code calls it by
+    kernel: str  # "module:qualname" of the @triton.jit function
+    params: tuple[str, ...]  # its runtime parameters, in order
+    configs: tuple[tuple[tuple[tuple[str, Arg], ...], int, int, tuple[int, ...]], ...]  # (meta, warps, stages, grid)
+    mutates: tuple[str, ...]  # parameters it writes
+    examples: tuple[tuple[str, Arg], ...] = ()  # per parameter: ("tensor", "float32@cuda:0") or ("value", 3)
+    node: str = ""  # the graph node it came from
+    importable: bool = True  # another process can import it by `kernel` (else the graph is not cached on disk)
+
+
 Line = Union[KernelCall, Alloc, View, Free, Constant, SizeLet, Comment, Guard, Return]  # noqa: UP007
 
 
@@ -240,6 +255,7 @@ class Program:
     body: tuple[Line, ...]
     notes: tuple[str, ...] = ()  # what passes did or skipped that `report()` should say (symbolic sizes)
     ranges: tuple[tuple[str, int, int | None], ...] = ()  # size symbols: (name, low, high or None)
+    jit_kernels: tuple[JitKernelSpec, ...] = ()
 
 
 def refs(arg: Arg) -> Iterator[str]:

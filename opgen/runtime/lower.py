@@ -21,10 +21,12 @@ import torch
 from opgen.runtime import registry as reg
 from opgen.runtime.errors import UnsupportedOpError
 from opgen.runtime.fx_values import sym_of, tensor_meta, to_arg
+from opgen.runtime.triton_lowering import is_triton_node, lower_triton
 from opgen.runtime.ir import (
     Arg,
     Guard,
     Input,
+    JitKernelSpec,
     KernelCall,
     Line,
     Program,
@@ -110,6 +112,7 @@ class _Lowering:
     setup: list[Line] = field(default_factory=list)
     body: list[Line] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    jit_kernels: list[JitKernelSpec] = field(default_factory=list)
     direct: int = 0
     counter: int = 0
 
@@ -136,7 +139,12 @@ class _Lowering:
         if self.options.guard:
             self.body.insert(0, Guard(tuple(i.name for i in self.inputs), self.options.grad_mode))
         program = Program(
-            self.options.name, tuple(self.inputs), tuple(self.constants), tuple(self.setup), tuple(self.body)
+            self.options.name,
+            tuple(self.inputs),
+            tuple(self.constants),
+            tuple(self.setup),
+            tuple(self.body),
+            tuple(self.jit_kernels),
         )
         return Lowered(program, self.direct, tuple(self.fallbacks))
 
@@ -200,6 +208,10 @@ class _Lowering:
             return
         if node.target in ASSERT_TARGETS or isinstance(node.meta.get("val"), torch.SymBool):
             return  # range asserts: the input check enforces the ranges they come from
+        if is_triton_node(node):
+            self.body.extend(lower_triton(self, node))
+            self.direct += 1
+            return
         reason = ""
         if isinstance(node.target, torch._ops.OpOverload):
             info = self.registry.lookup(node.target.name())
@@ -217,8 +229,11 @@ class _Lowering:
         if node.name in self.names:  # named when its producer was lowered
             return
         source, index = node.args
-        assert isinstance(source, torch.fx.Node) and isinstance(index, int)
+        assert isinstance(source, torch.fx.Node) and isinstance(index, int | str)
         items = self.names[source.name]
+        if isinstance(items, dict):  # a Triton kernel's written tensors, by parameter name
+            self.names[node.name] = items[index]
+            return
         if not isinstance(items, tuple):
             raise UnsupportedOpError("getitem", node.name, f"indexing a value that is not a tuple ({items!r})")
         self.names[node.name] = items[index]

@@ -89,5 +89,5 @@ def compile_graph(
         codegen_seconds=time.perf_counter() - start,
         ranges=size_ranges,
     )
-    path = cache.store(graph) if options.cache else None
+    path = cache.store(graph) if options.cache and graph.cacheable else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +21,7 @@ class Report:
     cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
     ranges: tuple[str, ...] = ()  # dynamic shapes: "s27: [1, 256]" per size symbol
     notes: tuple[str, ...] = ()  # what passes did differently for symbolic sizes
+    jit: tuple[str, ...] = ()  # per Triton kernel node: the kernel, and which variant runs and why
 
     @property
     def runs_eagerly(self) -> bool:
@@ -42,8 +45,21 @@ class Report:
         if self.ranges:
             lines.append(f"  dynamic sizes: {', '.join(self.ranges)}")
         lines += [f"  {note}" for note in self.notes]
+        if self.jit:
+            lines.append(f"  Triton kernels through opgen's JIT launcher: {len(self.jit)}")
+            lines += [f"    {line}" for line in self.jit]
         if self.cuda_graph is not None:
             lines.append(f"  {self.cuda_graph}")
         if self.specializations > 1:
             lines.append(f"  specializations for input shapes so far: {self.specializations}")
         return "\n".join(lines)
+
+
+def jit_lines(graph: Any, launchers: Mapping[str, Any]) -> tuple[str, ...]:
+    """One line per Triton kernel node of a compiled graph: kernel, configs, and the pick so far."""
+    lines = []
+    for spec in graph.jit_kernels:
+        kernel = getattr(launchers.get(spec.local), "kernel", None)
+        picks = "; ".join(kernel.picks.values()) if kernel is not None and kernel.picks else "not called yet"
+        lines.append(f"node '{spec.node}': {spec.kernel}, {len(spec.configs)} config(s): {picks}")
+    return tuple(lines)

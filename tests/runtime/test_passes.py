@@ -161,6 +161,24 @@ def test_constant_folding_hoists_constant_only_calls_but_not_outputs(registry) -
     assert kernels(out.body) == ["where", "neg"]  # neg(mask) is returned: it stays a fresh result
 
 
+def test_constant_folding_keeps_buffers_the_body_writes(registry) -> None:
+    """A buffer made from constants alone but written on every call (by a Triton kernel, say) is no
+    constant: neither it nor what reads it moves into setup."""
+    write = KernelCall("jit_k", (Ref("x4"), Ref("buf1")), (), (), "k", "triton:k", mutates=("buf1",), jit=True)
+    p = program(
+        call("zeros", (4,), out="buf0", shape=(4,)),
+        call("clone", Ref("buf0"), out="buf1", shape=(4,)),
+        write,
+        call("relu", Ref("buf1"), out="buf2", shape=(4,)),
+        call("neg", Ref("buf2"), out="buf3", shape=(4,)),
+        Return((Ref("buf3"),), "single"),
+        inputs=(Input("x4", meta(4)),),
+    )
+    out = fold_constants(p, registry)
+    assert kernels(out.setup) == ["zeros"]
+    assert kernels(out.body) == ["clone", "jit_k", "relu", "neg"]
+
+
 def test_shape_folding_folds_size_queries_and_resolves_minus_one(registry) -> None:
     size = KernelCall(
         "aten.sym_size.int", (Ref("x"), 0), (), (Value("s0"),), "sym_size", "aten.sym_size.int", fallback=True
