@@ -27,15 +27,15 @@ from torch.utils import _pytree as pytree
 
 from opgen.runtime import executor
 from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.automatic import Dynamic as _Dynamic
 from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
+from opgen.runtime.dynamic_guards import explain, input_check, is_dynamic
 from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
-from opgen.runtime.automatic import Dynamic as _Dynamic
-from opgen.runtime.dynamic_guards import explain, input_check, is_dynamic
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
-from opgen.runtime.symbolic import SizeRange, graph_symbols, ranges_of
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
 from opgen.runtime.report import Report, jit_lines
+from opgen.runtime.symbolic import SizeRange, graph_symbols, ranges_of
 
 Compiled = Callable[..., Any]
 
@@ -249,7 +249,7 @@ class _Specializations:
         for shapes in self.dynamic.candidates(args, self.module):
             try:
                 fn = self.build(self.dynamic.example(args), shapes)
-            except Exception:  # export refuses these dims dynamic (hard Dim): try the next, then static
+            except Exception:  # noqa: S112 - export refuses these dims dynamic (hard Dim): the next, then static
                 continue
             if self._existing(args) is fn:
                 return fn

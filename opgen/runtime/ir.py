@@ -99,7 +99,9 @@ class TensorMeta:
             from opgen.runtime.sizes import contiguous_strides as symbolic_strides
 
             expected = symbolic_strides(self.shape)
-            return self.offset == 0 and all(n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected))
+            return self.offset == 0 and all(
+                n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected, strict=True)
+            )
         expected = contiguous_strides(self.shape)  # type: ignore[arg-type]
         return self.numel <= 1 or all(
             n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected, strict=True)

@@ -21,7 +21,6 @@ import torch
 from opgen.runtime import registry as reg
 from opgen.runtime.errors import UnsupportedOpError
 from opgen.runtime.fx_values import sym_of, tensor_meta, to_arg
-from opgen.runtime.triton_lowering import is_triton_node, lower_triton
 from opgen.runtime.ir import (
     Arg,
     Guard,
@@ -41,6 +40,7 @@ from opgen.runtime.ir import (
     uses,
 )
 from opgen.runtime.symbolic import ASSERT_TARGETS, bindings, check_bound, graph_symbols, is_size_node, size_of
+from opgen.runtime.triton_lowering import is_triton_node, lower_triton
 
 # Names generated code binds besides kernels; inputs and constants are renamed around them.
 _RESERVED = frozenset(
@@ -378,4 +378,3 @@ def _check_static_assert(node: torch.fx.Node) -> None:
 
 def _is_number(arg: Arg) -> bool:
     return isinstance(arg, bool | int | float | SizeExpr) or (isinstance(arg, Sym) and arg.kind == "float")
-

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -151,10 +150,6 @@ def product(sizes: Sequence[Size]) -> Size:
     for n in sizes:
         result = mul(result, n)
     return result
-
-
-def static_product(sizes: Sequence[int]) -> int:
-    return math.prod(sizes)
 
 
 def upper_bound(size: Size, ranges: Sequence[tuple[str, int, int | None]]) -> int | None:

@@ -93,7 +93,9 @@ CASES = {
         [(1, 1), (3, 17), (16, 64), (1, 64), (16, 1)],
         (2, 5),
     ),
-    "reshapes_both": (SizeReshapes, lambda b, t: (torch.randn(b, t, 4),), ({0: B, 1: T},), [(1, 1), (5, 9), (16, 64)], (2, 3)),
+    "reshapes_both": (
+        SizeReshapes, lambda b, t: (torch.randn(b, t, 4),), ({0: B, 1: T},), [(1, 1), (5, 9), (16, 64)], (2, 3)
+    ),
 }  # fmt: skip
 
 
@@ -137,7 +139,8 @@ def test_a_size_outside_the_range_is_an_error_naming_input_dimension_and_range()
     model = MLP().eval()
     with torch.no_grad():
         fn = opgen.compile(model, (torch.randn(4, 16),), dynamic_shapes=({0: B},), cache=False)
-        with pytest.raises(InputMismatchError, match=r"input 'x' \(position 1\), dimension 0: size 17 is outside the compiled range \[1, 16\]"):
+        outside = r"input 'x' \(position 1\), dimension 0: size 17 is outside the compiled range \[1, 16\]"
+        with pytest.raises(InputMismatchError, match=outside):
             fn(torch.randn(17, 16))
         with pytest.raises(InputMismatchError, match="dimension 1"):
             fn(torch.randn(4, 15))
@@ -194,6 +197,7 @@ def test_inputs_sharing_a_size_must_agree() -> None:
 
 def test_the_ranged_check_in_cpp_agrees_with_the_generated_one() -> None:
     from opgen._C import RangedInputCheck
+
     from opgen.runtime.dynamic_guards import dynamic_check, input_check
     from opgen.runtime.guards import InputSpec
     from opgen.runtime.symbolic import SizeRange

@@ -7,7 +7,8 @@ sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row
 single-row products stay as they are. A symbolic row count (dynamic shapes) is packed for the
 largest row count its range allows (packing for 8 rows runs 256 rows 1.7x slower than packing for
 256; for small counts the largest costs nothing) and calls `opgen.runtime.linear_rows.linear`,
-which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call. A `gelu`/`relu` that is the only reader of the result becomes
+which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call. A
+`gelu`/`relu` that is the only reader of the result becomes
 the call's post-op (another 7 us on that product). These calls go through torch.ops (kernel_ops binds ATen
 functions only); `compiled.report()` lists them. The pipeline runs this pass only where oneDNN is
 available (`opgen.runtime.pipeline.default_pipeline`).
