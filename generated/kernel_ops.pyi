@@ -1577,3 +1577,9 @@ def lift_fresh_copy(self: Tensor) -> Tensor:
     A copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile).
     """
 
+def triton_add(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
+    """triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+
+    Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).
+    """
+

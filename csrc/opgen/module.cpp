@@ -1,9 +1,9 @@
 #include "opgen/module.h"
 
 #include "opgen/input_check.h"
+#include "opgen/jit.h"
 #ifdef OPGEN_WITH_CUDA
 #include "opgen/cuda_graph.h"
-#include "opgen/jit.h"
 #endif
 
 #include <string>
@@ -45,9 +45,9 @@ void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> ta
                      std::span<const RegistryEntry> registry, const char* build_id) {
   add_input_check(parent);
   add_ranged_input_check(parent);
+  jit::add_jit(parent);
 #ifdef OPGEN_WITH_CUDA
   add_cuda_graph(parent);
-  jit::add_jit(parent);
 #endif
   py::module_ m = parent.def_submodule("kernel_ops", kDoc);
   for (PyMethodDef* table : tables) {

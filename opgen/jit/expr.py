@@ -175,6 +175,30 @@ def _emit(expr: Expr, params: Mapping[str, int], meta: Mapping[str, int], out: l
             out.append(NEG)
 
 
+def to_cpp(expr: Expr, resolve: Callable[[str], str]) -> str:
+    """The expression as C++ computing an `int64_t`; `resolve` gives the C++ of a name (an int
+    local, or a tensor for numel/size/stride). `//` keeps Python's rounding through
+    `opgen::jit::floordiv` (csrc/opgen/jit_binding.h), which raises on a zero divisor."""
+    match expr:
+        case Const(value=value):
+            return f"int64_t({value})"
+        case Name(name=name):
+            return f"int64_t({resolve(name)})"
+        case TensorProp(fn="numel", tensor=tensor):
+            return f"{resolve(tensor)}.numel()"
+        case TensorProp(fn=fn, tensor=tensor, dim=dim):
+            return f"{resolve(tensor)}.{fn}({dim})"
+        case BinOp(op="//", left=left, right=right):
+            return f"opgen::jit::floordiv({to_cpp(left, resolve)}, {to_cpp(right, resolve)})"
+        case BinOp(op="max" | "min" as fn, left=left, right=right):
+            return f"std::{fn}<int64_t>({to_cpp(left, resolve)}, {to_cpp(right, resolve)})"
+        case BinOp(op=op, left=left, right=right):
+            return f"({to_cpp(left, resolve)} {op} {to_cpp(right, resolve)})"
+        case Neg(operand=operand):
+            return f"(-{to_cpp(operand, resolve)})"
+    raise ExprError(f"not an expression: {expr!r}")
+
+
 def evaluate(program: tuple[int, ...], args: list[object]) -> int:
     """The program's value for these arguments, in Python (tests and the slow path check C++ against it)."""
     stack: list[int] = []

@@ -55,6 +55,23 @@ def launchers(specs: Sequence[Any], inputs: Sequence[Any] = ()) -> dict[str, Any
     return out
 
 
+def choices(specs: Sequence[Any], kernel_ops: Any) -> dict[str, Any]:
+    """The callable for each `KernelChoice`: a `Choice` between kernel_ops functions, its C++ switch
+    pointed at the pick once made (the graph's sizes are fixed); `.choice` reaches the Choice."""
+    from opgen.jit.choice import Choice
+
+    out = {}
+    for spec in specs:
+        candidates = {name: getattr(kernel_ops, name) for name in spec.candidates}
+        identity = (spec.target, getattr(kernel_ops, "BUILD_ID", ""))
+        choice = Choice(f"node '{spec.node}' ({spec.target})", candidates, identity=identity, fixed_sizes=True)
+        call = choice.call
+        if call is not choice._dispatch:
+            call.choice = choice
+        out[spec.local] = call
+    return out
+
+
 def _example(kind: str, value: Any) -> Any:
     if kind != "tensor":
         return value

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from opgen.runtime.guards import InputSpec
-from opgen.runtime.ir import JitKernelSpec, Program
+from opgen.runtime.ir import JitKernelSpec, KernelChoice, Program
 from opgen.runtime.python_backend import Source
 from opgen.runtime.symbolic import SizeRange
 
@@ -33,6 +33,7 @@ class CompiledGraph:
     written_inputs: tuple[int, ...] = ()  # positions of inputs the graph writes
     written_constants: tuple[str, ...] = ()  # keys of constants (buffers) the graph writes
     jit_kernels: tuple[JitKernelSpec, ...] = ()  # Triton kernels it launches (see opgen/jit)
+    choices: tuple[KernelChoice, ...] = ()  # nodes whose kernel is picked on the first call
     direct_nodes: int = 0
     fallback_nodes: tuple[tuple[str, str], ...] = ()
     passes: tuple[str, ...] = ()
@@ -67,6 +68,9 @@ class CompiledGraph:
         for name in ("symbols", "constants", "fallback_nodes", "ranges"):
             data[name] = tuple(tuple(item) for item in data[name])
         data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
+        data["choices"] = tuple(
+            KernelChoice(c["local"], tuple(c["candidates"]), c["node"], c["target"]) for c in data.get("choices", ())
+        )
         return cls(**data, from_cache=True)
 
     @property
@@ -95,6 +99,7 @@ def compiled_graph(
         written_constants=tuple(c.key for c in program.constants if c.name in written),
         notes=program.notes,
         jit_kernels=program.jit_kernels,
+        choices=program.choices,
         **facts,
     )
 

@@ -83,10 +83,10 @@ def bind(
     namespace: dict[str, Any] = {"__name__": f"opgen.generated_{graph.key[:12]}"}
     exec(compile(graph.source, filename, "exec", dont_inherit=True), namespace)  # noqa: S102 - our own generated code
     ops = {target: resolve_op(target) for target in graph.fallbacks}
-    if graph.jit_kernels:
-        from opgen.jit.graph import launchers  # starts compiling them in the background
+    if graph.jit_kernels or graph.choices:
+        from opgen.jit.graph import choices, launchers  # launchers start compiling in the background
 
-        rt.jit = launchers(graph.jit_kernels, graph.inputs)
+        rt.jit = {**launchers(graph.jit_kernels, graph.inputs), **choices(graph.choices, kernel_ops)}
     symbols = {local: from_sym(Sym(kind, value)) for local, kind, value in graph.symbols}
     fn: Callable[..., Any] = namespace["make"](kernel_ops, ops, constants, symbols, rt)
     rt.set_check = _cell_setter(fn, "_check")

@@ -245,6 +245,16 @@ class JitKernelSpec:
     importable: bool = True  # another process can import it by `kernel` (else the graph is not cached on disk)
 
 
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    """A node with several kernels computing it: the first call times them and keeps the fastest."""
+
+    local: str  # the name generated code calls the choice by
+    candidates: tuple[str, ...]  # kernel_ops functions taking the same arguments
+    node: str
+    target: str  # the ATen overload
+
+
 Line = Union[KernelCall, Alloc, View, Free, Constant, SizeLet, Comment, Guard, Return]  # noqa: UP007
 
 
@@ -258,6 +268,7 @@ class Program:
     notes: tuple[str, ...] = ()  # what passes did or skipped that `report()` should say (symbolic sizes)
     ranges: tuple[tuple[str, int, int | None], ...] = ()  # size symbols: (name, low, high or None)
     jit_kernels: tuple[JitKernelSpec, ...] = ()
+    choices: tuple[KernelChoice, ...] = ()
 
 
 def refs(arg: Arg) -> Iterator[str]:

@@ -46,7 +46,7 @@ class Report:
             lines.append(f"  dynamic sizes: {', '.join(self.ranges)}")
         lines += [f"  {note}" for note in self.notes]
         if self.jit:
-            lines.append(f"  Triton kernels through opgen's JIT launcher: {len(self.jit)}")
+            lines.append(f"  Triton kernels and kernel choices through opgen's JIT: {len(self.jit)}")
             lines += [f"    {line}" for line in self.jit]
         if self.cuda_graph is not None:
             lines.append(f"  {self.cuda_graph}")
@@ -62,4 +62,8 @@ def jit_lines(graph: Any, launchers: Mapping[str, Any]) -> tuple[str, ...]:
         kernel = getattr(launchers.get(spec.local), "kernel", None)
         picks = "; ".join(kernel.picks.values()) if kernel is not None and kernel.picks else "not called yet"
         lines.append(f"node '{spec.node}': {spec.kernel}, {len(spec.configs)} config(s): {picks}")
+    for choice_spec in graph.choices:
+        choice = getattr(launchers.get(choice_spec.local), "choice", None)
+        told = choice.describe() if choice is not None else f"node '{choice_spec.node}': not bound"
+        lines.append(f"choice among {', '.join(choice_spec.candidates)}: {told}")
     return tuple(lines)

@@ -83,7 +83,7 @@ def test_opgen_compile_launches_triton_kernels(model, make, cuda_graphs):
     source = fn.artifact.source if hasattr(fn, "artifact") else ""
     assert "rt.jit[" in source, source
     report = str(fn.report())
-    assert "Triton kernels through opgen's JIT launcher: 1" in report, report
+    assert "Triton kernels and kernel choices through opgen's JIT: 1" in report, report
     assert "not called yet" not in report, report
 
 
@@ -102,3 +102,31 @@ def test_autotuned_kernel_reports_its_pick():
     fn(x)
     report = str(fn.report())
     assert "2 config(s)" in report and "autotuned" in report, report
+
+
+class Residual(torch.nn.Module):
+    def forward(self, x, y):
+        return (x + y).relu() + y
+
+
+@pytest.mark.parametrize("force", [None, "triton_add", "add"])
+def test_kernel_choice_between_aten_and_triton(force, monkeypatch):
+    from opgen.jit.cache import STATS
+    from opgen.runtime.pipeline import default_pipeline
+
+    if force:
+        monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
+    STATS.reset()
+    m = Residual()
+    x, y = torch.randn(64, 1024, device="cuda"), torch.randn(64, 1024, device="cuda")
+    passes = default_pipeline()
+    at = passes.index("memory")  # before memory planning turns adds into in-place ones
+    fn = opgen.compile(m, (x, y), passes=(*passes[:at], "kernel_choice", *passes[at:]))
+    torch.testing.assert_close(fn(x, y), m(x, y))
+    torch.testing.assert_close(fn(x, y), m(x, y))
+    report = str(fn.report())
+    assert report.count("choice among add, triton_add") == 2, report
+    if force:
+        assert f"{force} (forced)" in report and STATS.choices == 0
+    else:
+        assert "fastest on the first call" in report and STATS.choices == 2

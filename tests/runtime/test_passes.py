@@ -389,6 +389,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "hoist_views",
         "sizes",
         "frees",
+        "kernel_choice",
     }
     assert set(PASSES) == expected
     out = run_passes(conv_bn_program(True), registry)
@@ -439,3 +440,33 @@ def test_prepack_fuses_a_following_gelu(registry) -> None:
     fn = executor.bind(compiled_graph("g" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
     expected = torch.nn.functional.gelu(torch.nn.functional.linear(xs, values["w"], values["b"]), approximate="tanh")
     torch.testing.assert_close(fn(xs), expected, atol=1e-4, rtol=1e-4)
+
+
+def cuda_meta(*shape: int, stride: tuple[int, ...] | None = None) -> TensorMeta:
+    return TensorMeta(shape, stride or contiguous_strides(shape), "float32", "cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "chosen"),
+    [
+        (cuda_meta(4, 8), cuda_meta(4, 8), True),
+        (cuda_meta(4, 8), cuda_meta(8), False),  # broadcasting: the Triton add wants one shape
+        (cuda_meta(4, 8, stride=(1, 4)), cuda_meta(4, 8), False),  # not contiguous
+        (meta(4, 8), meta(4, 8), False),  # CPU
+    ],
+)
+def test_kernel_choice_offers_fitting_triton_candidates(registry, a, b, chosen) -> None:
+    from opgen.runtime.passes.kernel_choice import choose_kernels
+
+    if not registry.candidates("aten::add.Tensor"):
+        pytest.skip("this build's spec has no candidate for aten.add.Tensor")
+    add = KernelCall("add", (Ref("a"), Ref("b")), (), (Value("buf0", a),), "add", "aten.add.Tensor", pointwise=True)
+    p = program(add, Return((Ref("buf0"),), "single"), inputs=(Input("a", a), Input("b", b)))
+    out = choose_kernels(p, registry)
+    if chosen:
+        (choice,) = out.choices
+        assert choice.candidates[0] == "add" and "triton_add" in choice.candidates
+        assert out.body[0].jit and out.body[0].kernel == choice.local
+        assert f'rt.jit["{choice.local}"]' in emit(out).text
+    else:
+        assert out == p

@@ -45,7 +45,7 @@ CASES = [
         "unknown_key",
         RELU + "  kernel: x\n",
         [
-            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, inplace, out, release_gil, doc); did you mean 'kernels'?"
+            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, triton, inplace, out, release_gil, doc); did you mean 'kernels'?"
         ],
     ),
     (

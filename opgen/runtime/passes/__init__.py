@@ -9,7 +9,9 @@ again, removed before memory planning; constant folding and memory planning deci
 setup; `hoist_views` then moves views of setup values out of the call; `sizes` binds the size
 arithmetic of dynamic shapes once per call, after every pass that rewrites calls; `insert_frees` comes last
 because it needs the final body. `prepack` needs oneDNN and `cudnn` cuDNN at run time, so
-`opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it.
+`opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it. `kernel_choice`
+is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
+turns functional calls into in-place ones that have no candidates.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.prepack import prepack_linear
@@ -45,6 +48,7 @@ PASSES: dict[str, Pass] = {
     "hoist_views": hoist_views,
     "sizes": hoist_sizes,
     "frees": insert_frees,
+    "kernel_choice": choose_kernels,  # opt-in: times ATen against Triton candidates on the first call
 }
 
 DEFAULT_PIPELINE = (
