@@ -344,5 +344,5 @@ def trace_grid(
         if not 1 <= len(items) <= 3:
             return None
         return tuple(_lift(item) for item in items)
-    except Exception:
+    except Exception:  # noqa: BLE001 - anything the proxies cannot follow means "call it in Python"
         return None
