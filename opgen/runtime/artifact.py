@@ -15,6 +15,7 @@ from typing import Any
 from opgen.runtime.guards import InputSpec
 from opgen.runtime.ir import JitKernelSpec, KernelChoice, Program
 from opgen.runtime.python_backend import Source
+from opgen.runtime.symbolic import SizeRange
 
 FORMAT = 3
 
@@ -37,7 +38,17 @@ class CompiledGraph:
     fallback_nodes: tuple[tuple[str, str], ...] = ()
     passes: tuple[str, ...] = ()
     codegen_seconds: float = 0.0
+    ranges: tuple[tuple[str, int, int | None], ...] = ()  # dynamic shapes: (size symbol, low, high or None)
+    notes: tuple[str, ...] = ()  # what passes said about symbolic sizes, for report()
     from_cache: bool = field(default=False, compare=False)
+
+    @property
+    def size_ranges(self) -> tuple[SizeRange, ...]:
+        return tuple(SizeRange(*r) for r in self.ranges)
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.ranges)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -52,9 +63,9 @@ class CompiledGraph:
         data["inputs"] = tuple(
             InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"]) for s in data["inputs"]
         )
-        for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants"):
+        for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants", "notes"):
             data[name] = tuple(data[name])
-        for name in ("symbols", "constants", "fallback_nodes"):
+        for name in ("symbols", "constants", "fallback_nodes", "ranges"):
             data[name] = tuple(tuple(item) for item in data[name])
         data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
         data["choices"] = tuple(
@@ -86,6 +97,7 @@ def compiled_graph(
         constants=source.constants,
         written_inputs=tuple(i for i, spec in enumerate(program.inputs) if spec.name in written),
         written_constants=tuple(c.key for c in program.constants if c.name in written),
+        notes=program.notes,
         jit_kernels=program.jit_kernels,
         choices=program.choices,
         **facts,

@@ -25,7 +25,10 @@ from opgen.runtime.ir import (
     Program,
     Ref,
     Return,
+    SizeExpr,
+    SizeLet,
     Sym,
+    TensorMeta,
     View,
 )
 
@@ -68,6 +71,8 @@ def literal(arg: Arg) -> str:
             return name
         case Sym():
             return sym_local(arg)
+        case SizeExpr(text=text):
+            return text
         case tuple():
             items = ", ".join(literal(a) for a in arg)
             return f"({items},)" if len(arg) == 1 else f"({items})"
@@ -132,12 +137,14 @@ def line_text(line: Line) -> list[str]:
             meta = value.meta
             assert meta is not None, f"View {value.name} has no meta"
             comment = f"  # {node}" if node else ""
-            size = f"{literal(meta.shape)}, {literal(meta.stride)}, {meta.offset}"
+            size = f"{literal(meta.shape)}, {literal(meta.stride)}, {literal(meta.offset)}"
             return [f"{value.name} = as_strided({source}, {size}){comment}"]
         case Free(names=names):
             return [f"del {', '.join(names)}"] if names else []
         case Constant(name=name, value=value):
             return [f"{name} = {literal(value)}"]
+        case SizeLet(name=name, text=text):
+            return [f"{name} = {text}"]
         case Comment(text=text):
             return [f"# {t}" for t in text.splitlines()]
         case Guard():
@@ -146,6 +153,14 @@ def line_text(line: Line) -> list[str]:
             return [return_text(line)]
         case _:
             assert_never(line)
+
+
+def input_text(meta: TensorMeta, size: SizeExpr | None) -> str:
+    """`float32[s77, 16] on cpu` (sizes as their expressions), or `int size s77` for a size input."""
+    if size is not None:
+        return f"int size {size.text}"
+    shape = ", ".join(literal(n) for n in meta.shape)
+    return f"{meta.dtype}[{shape}] on {meta.device}"
 
 
 def _symbols(args: Iterable[Arg], found: dict[str, Sym]) -> None:
@@ -229,7 +244,7 @@ def emit(program: Program, header: str = "") -> Source:
     args = ", ".join(i.name for i in program.inputs)
     out += ["", f"    def {program.name}({args}):"]
     for i in program.inputs:
-        out.append(f"        # {i.name}: {i.meta.dtype}{list(i.meta.shape)} on {i.meta.device}")
+        out.append(f"        # {i.name}: {input_text(i.meta, i.size)}")
     out += _body_text(program, "_lock" in helpers)
     out += ["", f"    return {program.name}", ""]
     return Source(

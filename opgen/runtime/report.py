@@ -19,6 +19,8 @@ class Report:
     codegen_seconds: float = 0.0
     specializations: int = 1
     cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
+    ranges: tuple[str, ...] = ()  # dynamic shapes: "s27: [1, 256]" per size symbol
+    notes: tuple[str, ...] = ()  # what passes did differently for symbolic sizes
     jit: tuple[str, ...] = ()  # per Triton kernel node: the kernel, and which variant runs and why
 
     @property
@@ -40,6 +42,9 @@ class Report:
             lines.append("  (add these ops to ops.yaml to run them direct)")
         if self.torch_ops:
             lines.append(f"  also calls through torch.ops, chosen by passes: {', '.join(self.torch_ops)}")
+        if self.ranges:
+            lines.append(f"  dynamic sizes: {', '.join(self.ranges)}")
+        lines += [f"  {note}" for note in self.notes]
         if self.jit:
             lines.append(f"  Triton kernels and kernel choices through opgen's JIT: {len(self.jit)}")
             lines += [f"    {line}" for line in self.jit]

@@ -7,8 +7,9 @@ oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `o
 simplification and shape folding leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
 again, removed before memory planning; constant folding and memory planning decide what lives in
-setup; `hoist_views` then moves views of setup values out of the call; `insert_frees` comes last
-because it needs the final body. `prepack` and `onednn` need oneDNN and `cudnn` cuDNN at run time, so
+setup; `hoist_views` then moves views of setup values out of the call; `sizes` binds the size
+arithmetic of dynamic shapes once per call, after every pass that rewrites calls; `insert_frees` comes
+last because it needs the final body. `prepack` and `onednn` need oneDNN and `cudnn` cuDNN at run time, so
 `opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it. `kernel_choice`
 is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
 turns functional calls into in-place ones that have no candidates.
@@ -29,6 +30,7 @@ from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
+from opgen.runtime.passes.sizes import hoist_sizes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
 from opgen.runtime.registry import KernelRegistry
 
@@ -47,6 +49,7 @@ PASSES: dict[str, Pass] = {
     "dead_code": eliminate_dead_code,
     "memory": plan_memory,
     "hoist_views": hoist_views,
+    "sizes": hoist_sizes,
     "frees": insert_frees,
     "kernel_choice": choose_kernels,  # opt-in: times ATen against Triton candidates on the first call
 }
@@ -65,6 +68,7 @@ DEFAULT_PIPELINE = (
     "dead_code",
     "memory",
     "hoist_views",
+    "sizes",
     "frees",
 )
 

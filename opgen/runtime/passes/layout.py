@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import KernelCall, Line, Program, Ref, Sym, TensorMeta, Value, meta_table, uses
+from opgen.runtime.ir import KernelCall, Line, Program, Ref, Size, Sym, TensorMeta, Value, meta_table, uses
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.sizes import product
 
 POOL = "max_pool2d_with_indices"
 MIN_CHANNELS = 8
 
 
-def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def channels_last_strides(shape: tuple[Size, ...]) -> tuple[Size, ...]:
     _, c, h, w = shape
-    return (h * w * c, 1, w * c, c)
+    return (product((h, w, c)), 1, product((w, c)), c)
 
 
 def channels_last(meta: TensorMeta) -> TensorMeta:
@@ -65,6 +66,7 @@ def _eligible(line: Line, metas: dict[str, TensorMeta]) -> bool:
         and meta.device == "cpu"
         and meta.dtype in ("float32", "float64", "bfloat16")
         and meta.is_contiguous()
+        and type(meta.shape[1]) is int
         and meta.shape[1] >= MIN_CHANNELS
     )
 

@@ -81,6 +81,8 @@ def _conv_args(
     meta = out.meta if out is not None else None
     if meta is None or len(meta.shape) != 4 or meta.device != "cpu" or meta.dtype != "float32":
         return None
+    if any(type(n) is not int for n in meta.shape):  # symbolic sizes: the weight is packed for one input size
+        return None
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     args = tuple(arg_value(line, info, n) for n in names)
     x, weight, bias = args[:3]

@@ -4,7 +4,11 @@
 weight become `mkldnn._linear_pointwise(x, packed, b)`, `packed` computed in setup by
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
-single-row products stay as they are. An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
+single-row products stay as they are. A symbolic row count (dynamic shapes) is packed for the
+largest row count its range allows (packing for 8 rows runs 256 rows 1.7x slower than packing for
+256; for small counts the largest costs nothing) and calls `opgen.runtime.linear_rows.linear`,
+which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call (its post-ops
+are relu and gelu only). An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
 hardsigmoid, leaky_relu, hardtanh) that is the only reader of the result becomes the call's post-op
 (another 7 us for gelu on that product), and so does a residual `add` of a same-shaped contiguous
 tensor (`mkldnn._linear_pointwise.binary(x, z, packed, b, "add")`). These calls go through
@@ -16,14 +20,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
-from opgen.runtime.passes.analysis import constant_names, fresh_namer, use_counts
+from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
+from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
 from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.sizes import upper_bound
 
 PACK = "mkldnn._reorder_linear_weight.default"
 LINEAR = "mkldnn._linear_pointwise.default"
 BINARY = "mkldnn._linear_pointwise.binary"
+LINEAR_ROWS = "py:opgen.runtime.linear_rows.linear"  # the same arguments + the transposed weight
+ROWS_POST_OPS = ("relu", "gelu")  # what linear_rows applies itself below MIN_ROWS
 MIN_ROWS = 8
 
 
@@ -64,7 +71,9 @@ def _linear(
     if not isinstance(line, KernelCall) or line.kernel not in ("addmm", "mm") or line.fallback or line.kwargs:
         return None
     out = line.outputs[0] if len(line.outputs) == 1 else None
-    if out is None or out.meta is None or len(out.meta.shape) != 2 or out.meta.shape[0] < MIN_ROWS:
+    if out is None or out.meta is None or len(out.meta.shape) != 2:
+        return None
+    if type(out.meta.shape[0]) is int and out.meta.shape[0] < MIN_ROWS:
         return None
     operands = _operands(line, out.meta.shape[1:], metas) if out.meta.is_contiguous() else None
     if operands is None:
@@ -84,6 +93,7 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
     names = fresh_namer(program, "packed")
     setup, body = list(program.setup), []
     packed: dict[str, str] = {}
+    scratches, escapes = fresh_namer(program, "scratch"), escaping(program, registry)
     for line in program.body:
         match = _linear(line, producers, constant, metas)
         if match is None:
@@ -93,16 +103,30 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
         assert isinstance(line, KernelCall) and line.outputs[0] is not None and line.outputs[0].meta is not None
         if weight not in packed:
             packed[weight] = next(names)
-            rows = line.outputs[0].meta.shape[0]
+            rows = upper_bound(line.outputs[0].meta.shape[0], program.ranges)
             pack_out = (Value(packed[weight]),)
             setup.append(
                 KernelCall(PACK, (Ref(weight), rows), (), pack_out, line.node, PACK, fallback=True, fresh=True)
             )
         x = line.args[1] if line.kernel == "addmm" else line.args[0]
-        args = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
-        target = f"{line.target} as {LINEAR}"
-        body.append(replace(line, kernel=LINEAR, args=args, target=target, fallback=True, fresh=True))
+        args: tuple[Arg, ...] = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
+        kernel = LINEAR if type(line.outputs[0].meta.shape[0]) is int else LINEAR_ROWS
+        if kernel == LINEAR_ROWS:  # + the transposed weight and a buffer for the rows below MIN_ROWS
+            scratch = _scratch(line.outputs[0], escapes, next(scratches))
+            setup += [scratch] if scratch is not None else []
+            args += (line.args[-1], Ref(scratch.value.name) if scratch is not None else None)
+        target = f"{line.target} as {kernel}"
+        body.append(replace(line, kernel=kernel, args=args, target=target, fallback=True, fresh=True))
     return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body), registry, metas))
+
+
+def _scratch(out: Value, escapes: set[str], name: str) -> Alloc | None:
+    """A buffer of MIN_ROWS - 1 rows for a linear of symbolic rows whose result stays inside the call."""
+    meta = out.meta
+    if meta is None or out.name in escapes or type(meta.shape[1]) is not int:
+        return None
+    cols = meta.shape[1]
+    return Alloc(Value(name, TensorMeta((MIN_ROWS - 1, cols), (cols, 1), meta.dtype, meta.device)))
 
 
 def fuse_activations(
@@ -112,16 +136,19 @@ def fuse_activations(
     counts = use_counts(body)
     lines: list[Line | None] = list(body)
     for i, line in enumerate(body):
-        if not isinstance(line, KernelCall) or line.kernel != LINEAR or line.args[3] != "none":
+        if not isinstance(line, KernelCall) or line.kernel not in (LINEAR, LINEAR_ROWS) or line.args[3] != "none":
             continue
+        rows = line.kernel == LINEAR_ROWS
         source = line.outputs[0].name if line.outputs[0] is not None else ""
         user = next((j for j in range(i + 1, len(body)) if source in uses(body[j])), None)
         reader = body[user] if user is not None and counts[source] == 1 else None
         if reader is None or not isinstance(reader, KernelCall):
             continue
-        if (post := unary_post_op(reader, source, registry)) is not None:
-            fused = replace(line, args=(*line.args[:3], *post), target=f"{line.target}+{reader.kernel}")
-        elif (other := _residual(reader, source, metas)) is not None:
+        post = unary_post_op(reader, source, registry)
+        if post is not None and (not rows or post[0] in ROWS_POST_OPS):
+            args = (*line.args[:3], *post, *line.args[6:])
+            fused = replace(line, args=args, target=f"{line.target}+{reader.kernel}")
+        elif not rows and (other := _residual(reader, source, metas)) is not None:
             x, weight, bias = line.args[:3]
             fused = replace(line, kernel=BINARY, args=(x, other, weight, bias, "add"), target=f"{line.target}+add")
             fused = replace(fused, target=fused.target.replace(LINEAR, BINARY))
