@@ -1508,7 +1508,7 @@ PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:750: repeat(Tensor self, SymInt[] repeats) -> Tensor
+// ops.yaml:754: repeat(Tensor self, SymInt[] repeats) -> Tensor
 PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat", {"self", "repeats"}, 2, 0x3);
   OPGEN_TRY
@@ -1525,7 +1525,7 @@ PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:752: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:756: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat_out", {"self", "repeats", "out"}, 2, 0x7);
   OPGEN_TRY

@@ -47,6 +47,7 @@
 #include <ATen/ops/transpose_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/unsqueeze_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
+#include <opgen/jit_binding.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_adaptive_avg_pool2d_cuda_dispatch.h>
 #include <ATen/ops/all_cuda_dispatch.h>
@@ -1787,7 +1788,7 @@ PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:745: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:749: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -1804,7 +1805,7 @@ PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:755: lift_fresh_copy(Tensor self) -> Tensor
+// ops.yaml:759: lift_fresh_copy(Tensor self) -> Tensor
 PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lift_fresh_copy", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1817,6 +1818,29 @@ PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_
     default:
       return opgen::wrap(at::compositeexplicitautogradnonfunctional::lift_fresh_copy(self));
   }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:766: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  const at::Scalar alpha = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  opgen::jit::require_cuda(sig, self, 0);
+  opgen::jit::require_cuda(sig, other, 1);
+  opgen::jit::require_contiguous(sig, self, 0);
+  opgen::jit::require_contiguous(sig, other, 1);
+  opgen::jit::require_same_shape(sig, self, 0, other, 1);
+  at::Tensor out = opgen::jit::empty_like(self);
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:766\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
+  return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)
 }
 
@@ -1898,5 +1922,6 @@ PyMethodDef opgen_methods_1[] = {
 {"empty_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_like)), METH_FASTCALL | METH_KEYWORDS, "empty_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns an uninitialized tensor with the same size as input."},
 {"mean_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mean_all)), METH_FASTCALL | METH_KEYWORDS, "mean_all($module, self, *, dtype=None)\n--\n\nmean(Tensor self, *, ScalarType? dtype=None) -> Tensor\n\nThe mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default)."},
 {"lift_fresh_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_lift_fresh_copy)), METH_FASTCALL | METH_KEYWORDS, "lift_fresh_copy($module, self)\n--\n\nlift_fresh_copy(Tensor self) -> Tensor\n\nA copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile)."},
+{"triton_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triton_add)), METH_FASTCALL | METH_KEYWORDS, "triton_add($module, self, other, *, alpha=1)\n--\n\ntriton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\n\nAdds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA)."},
 {nullptr, nullptr, 0, nullptr},
 };

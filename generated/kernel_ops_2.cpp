@@ -9,6 +9,7 @@
 #include <ATen/ops/argmax_cpu_dispatch.h>
 #include <ATen/ops/clamp_cpu_dispatch.h>
 #include <ATen/ops/embedding_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/empty_permuted_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/floor_cpu_dispatch.h>
 #include <ATen/ops/gt_cpu_dispatch.h>
 #include <ATen/ops/hardtanh_cpu_dispatch.h>
@@ -1295,6 +1296,27 @@ PyObject* kernel_ops_ones_like(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:745: empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+PyObject* kernel_ops_empty_permuted(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("empty_permuted", {"size", "physical_layout", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const std::vector<int64_t> size = opgen::int_list(slots[0], sig, 0, 0);
+  const std::vector<int64_t> physical_layout = opgen::int_list(slots[1], sig, 1, 0);
+  const std::optional<at::ScalarType> dtype = slots[2] ? opgen::convert_optional<at::ScalarType>(slots[2], sig, 2) : std::nullopt;
+  const std::optional<at::Layout> layout = slots[3] ? opgen::convert_optional<at::Layout>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<at::Device> device = slots[4] ? opgen::convert_optional<at::Device>(slots[4], sig, 4) : std::nullopt;
+  const std::optional<bool> pin_memory = slots[5] ? opgen::convert_optional<bool>(slots[5], sig, 5) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(device, 4);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::empty_permuted(size, physical_layout, dtype, layout, device, pin_memory));
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_2[] = {
@@ -1352,5 +1374,6 @@ PyMethodDef opgen_methods_2[] = {
 {"embedding", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding)), METH_FASTCALL | METH_KEYWORDS, "embedding($module, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False)\n--\n\nembedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor\n\nRows of weight selected by indices."},
 {"zeros", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zeros)), METH_FASTCALL | METH_KEYWORDS, "zeros($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nzeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA tensor of zeros."},
 {"ones_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ones_like)), METH_FASTCALL | METH_KEYWORDS, "ones_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor filled with the scalar value 1, with the same size as input."},
+{"empty_permuted", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_permuted)), METH_FASTCALL | METH_KEYWORDS, "empty_permuted($module, size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nempty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nAn uninitialised tensor of the given size whose dims are laid out in memory in physical_layout order (how AOTAutograd allocates empty_like)."},
 {nullptr, nullptr, 0, nullptr},
 };

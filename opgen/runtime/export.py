@@ -55,7 +55,9 @@ def describe_inputs(inputs: Sequence[Any]) -> str:
     )
 
 
-def export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry) -> ExportedProgram:
+def export_program(
+    model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry, dynamic_shapes: Any = None
+) -> ExportedProgram:
     """torch.export the model and decompose it; export's own error passes on, with what opgen was doing.
 
     One export at a time in a process: torch.export is not thread-safe (two threads exporting one
@@ -63,15 +65,19 @@ def export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: Ke
     slow path, from whichever threads call them with new shapes.
     """
     with _EXPORT_LOCK, torch_noise_silenced():
-        return _export_program(model, inputs, registry)
+        return _export_program(model, inputs, registry, dynamic_shapes)
 
 
 _EXPORT_LOCK = threading.Lock()  # process-wide by nature: it guards torch's own global tracing state
 
 
-def _export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry) -> ExportedProgram:
+def _export_program(
+    model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry, dynamic_shapes: Any
+) -> ExportedProgram:
+    if dynamic_shapes is not None and isinstance(model, _FunctionModule) and not isinstance(dynamic_shapes, dict):
+        dynamic_shapes = (tuple(dynamic_shapes),)  # forward(*args): one entry for the varargs
     try:
-        ep = torch.export.export(model, inputs)
+        ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as exc:
         exc.add_note(
             f"opgen.compile: this happened while capturing {model_name(model)} with torch.export.export for inputs "
@@ -79,7 +85,8 @@ def _export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: K
             "torch.compile(model, backend='opgen') handles graph breaks instead."
         )
         raise
-    ep = ep.run_decompositions(torch.export.default_decompositions())
+    # triton_op custom ops become the wrap_triton kernel calls inside them, which opgen launches.
+    ep = ep.run_decompositions(torch.export.default_decompositions(), decompose_custom_triton_ops=True)
     return _decompose_uncovered(ep, registry)
 
 
