@@ -71,14 +71,10 @@ function(opgen_add_extension target)
     VERBATIM)
 
   set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
-<<<<<<< HEAD
-      "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/checks.cpp")
-=======
       "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/jit_binding.cpp"
-      "${_OPGEN_CSRC}/opgen/ranged_check.cpp")
+      "${_OPGEN_CSRC}/opgen/ranged_check.cpp" "${_OPGEN_CSRC}/opgen/checks.cpp")
   # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
   set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
->>>>>>> main
   if(OPGEN_TORCH_CUDA)
     list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
     set(jit_impl "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")             # the Triton kernel launcher
