@@ -1633,14 +1633,6 @@ def _native_batch_norm_legit_out(input: Tensor, weight: Tensor | None, bias: Ten
     """_native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
     """
 
-def _native_batch_norm_legit_no_stats(input: Tensor, weight: Tensor | None, bias: Tensor | None, training: bool, momentum: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """_native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
-    """
-
-def _native_batch_norm_legit_no_stats_out(input: Tensor, weight: Tensor | None, bias: Tensor | None, training: bool, momentum: float, eps: float, *, out: Tensor, save_mean: Tensor, save_invstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """_native_batch_norm_legit.no_stats_out(Tensor input, Tensor? weight, Tensor? bias, bool training, float momentum, float eps, *, Tensor(a!) out, Tensor(b!) save_mean, Tensor(c!) save_invstd) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-    """
-
 def _pdist_forward(self: Tensor, p: float = 2.0) -> Tensor:
     """_pdist_forward(Tensor self, float p=2) -> Tensor
     """

@@ -66,10 +66,6 @@ def _batch_norm_legit(m: Maker) -> list[Sample]:
     ]
 
 
-def _batch_norm_no_stats(m: Maker) -> list[Sample]:
-    return [S(m(2, 3, 4), m(3), m(3), True, 0.1, 1e-5), S(m(2, 3, 2, 2), None, None, True, 0.1, 1e-3)]
-
-
 def _max_pool2d_backward(m: Maker) -> list[Sample]:
     x = m(1, 2, 4, 4)
     _, indices = aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
@@ -196,7 +192,6 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "native_dropout": OpSamples(FLOAT, _native_dropout),
     # normalization, pooling, convolution, attention and their backward ops
     "_native_batch_norm_legit": OpSamples(FLOAT, _batch_norm_legit),
-    "_native_batch_norm_legit.no_stats": OpSamples(FLOAT, _batch_norm_no_stats),
     "native_layer_norm_backward": OpSamples(FLOAT, _layer_norm_backward),
     "native_group_norm_backward": OpSamples(FLOAT, _group_norm_backward),
     "convolution_backward": OpSamples(FLOAT, _convolution_backward),
