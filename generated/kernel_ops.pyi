@@ -1553,6 +1553,12 @@ def triu_out(self: Tensor, diagonal: int = 0, *, out: Tensor) -> Tensor:
     Upper triangle of the last two dims; the rest zeroed.
     """
 
+def empty_permuted(size: Sequence[int], physical_layout: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
+    """empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+
+    An uninitialised tensor of the given size whose dims are laid out in memory in physical_layout order (how AOTAutograd allocates empty_like).
+    """
+
 def mean_all(self: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
     """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
 
@@ -2359,5 +2365,11 @@ def addcmul_out(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: comple
     """addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 
     self + value * tensor1 * tensor2, element-wise.
+    """
+
+def triton_add(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
+    """triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+
+    Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).
     """
 

@@ -1546,7 +1546,7 @@ PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:749: repeat(Tensor self, SymInt[] repeats) -> Tensor
+// ops.yaml:753: repeat(Tensor self, SymInt[] repeats) -> Tensor
 PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat", {"self", "repeats"}, 2, 0x3);
   OPGEN_TRY
@@ -1563,7 +1563,7 @@ PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:751: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:755: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat_out", {"self", "repeats", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1582,7 +1582,7 @@ PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:767: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
+// ops.yaml:771: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
 PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool3d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -1605,7 +1605,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:769: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:773: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool3d_out", {"self", "output_size", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1624,7 +1624,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:779: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
+// ops.yaml:783: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
 PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_c2r", {"self", "dim", "normalization", "last_dim_size"}, 4, 0xf);
   OPGEN_TRY
@@ -1649,7 +1649,7 @@ PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:781: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:785: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_c2r_out", {"self", "dim", "normalization", "last_dim_size", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1677,7 +1677,7 @@ PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:805: any(Tensor self) -> Tensor
+// ops.yaml:809: any(Tensor self) -> Tensor
 PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1699,7 +1699,7 @@ PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:808: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:812: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1724,7 +1724,7 @@ PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:810: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
+// ops.yaml:814: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1748,7 +1748,7 @@ PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:812: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:816: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1775,7 +1775,7 @@ PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:843: avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
+// ops.yaml:847: avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
 PyObject* kernel_ops_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool2d_backward", {"grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 8, 0xff);
   OPGEN_TRY
@@ -1804,7 +1804,7 @@ PyObject* kernel_ops_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:845: avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)
+// ops.yaml:849: avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool2d_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool2d_backward_out", {"grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "grad_input"}, 8, 0x1ff);
   OPGEN_TRY
@@ -1836,7 +1836,7 @@ PyObject* kernel_ops_avg_pool2d_backward_out(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:866: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:870: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1853,7 +1853,7 @@ PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:868: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:872: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1871,7 +1871,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:869: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:873: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1890,7 +1890,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:880: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+// ops.yaml:884: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
 PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd", {"self", "pad", "value"}, 3, 0x3);
   OPGEN_TRY
@@ -1908,7 +1908,7 @@ PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:882: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:886: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd_out", {"self", "pad", "value", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1928,7 +1928,7 @@ PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:905: embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
+// ops.yaml:909: embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
 PyObject* kernel_ops_embedding_dense_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("embedding_dense_backward", {"grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq"}, 5, 0x1f);
   OPGEN_TRY
@@ -1954,7 +1954,7 @@ PyObject* kernel_ops_embedding_dense_backward(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:907: embedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:911: embedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_embedding_dense_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("embedding_dense_backward_out", {"grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq", "out"}, 5, 0x3f);
   OPGEN_TRY
@@ -1976,7 +1976,7 @@ PyObject* kernel_ops_embedding_dense_backward_out(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:909: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:913: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_strided", {"size", "stride", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -2003,7 +2003,7 @@ PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:930: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:934: ge.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2026,7 +2026,7 @@ PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:932: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:936: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2051,7 +2051,7 @@ PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:933: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:937: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2077,7 +2077,7 @@ PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:944: isinf(Tensor self) -> Tensor
+// ops.yaml:948: isinf(Tensor self) -> Tensor
 PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2093,7 +2093,7 @@ PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:946: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:950: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2111,7 +2111,7 @@ PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:948: isnan(Tensor self) -> Tensor
+// ops.yaml:952: isnan(Tensor self) -> Tensor
 PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2133,7 +2133,7 @@ PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:950: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:954: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2151,7 +2151,7 @@ PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:967: logical_xor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:971: logical_xor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2168,7 +2168,7 @@ PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:969: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:973: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2186,7 +2186,7 @@ PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:970: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:974: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2212,7 +2212,7 @@ PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:977: max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
+// ops.yaml:981: max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
 PyObject* kernel_ops_max_pool2d_with_indices_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool2d_with_indices_backward", {"grad_output", "self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "indices"}, 8, 0xff);
   OPGEN_TRY
@@ -2241,7 +2241,7 @@ PyObject* kernel_ops_max_pool2d_with_indices_backward(PyObject*, PyObject* const
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:979: max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)
+// ops.yaml:983: max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)
 PyObject* kernel_ops_max_pool2d_with_indices_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool2d_with_indices_backward_out", {"grad_output", "self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "indices", "grad_input"}, 8, 0x1ff);
   OPGEN_TRY
@@ -2273,7 +2273,7 @@ PyObject* kernel_ops_max_pool2d_with_indices_backward_out(PyObject*, PyObject* c
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1011: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1015: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rand", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2293,7 +2293,7 @@ PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1017: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1021: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randperm", {"n", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2313,7 +2313,7 @@ PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1028: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1032: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2336,7 +2336,7 @@ PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1030: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1034: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2362,7 +2362,7 @@ PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1055: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1059: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2389,7 +2389,7 @@ PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1057: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1061: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2418,7 +2418,7 @@ PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1058: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1062: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_out", {"self", "dim", "index", "src", "reduce", "include_self", "out"}, 5, 0x5f);
   OPGEN_TRY
@@ -2448,7 +2448,7 @@ PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1069: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+// ops.yaml:1073: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
 PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter", {"self", "src", "dim", "start", "end", "step"}, 6, 0x3);
   OPGEN_TRY
@@ -2469,7 +2469,7 @@ PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1071: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1075: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter_out", {"self", "src", "dim", "start", "end", "step", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2492,7 +2492,7 @@ PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1087: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1091: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk", {"self", "k", "dim", "largest", "sorted"}, 5, 0x3);
   OPGEN_TRY
@@ -2518,7 +2518,7 @@ PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1089: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1093: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk_out", {"self", "k", "dim", "largest", "sorted", "values", "indices"}, 5, 0x63);
   OPGEN_TRY
@@ -2548,7 +2548,7 @@ PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1100: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+// ops.yaml:1104: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec", {"input", "output_size", "scale_factors"}, 3, 0x7);
   OPGEN_TRY
@@ -2566,7 +2566,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1102: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1106: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec_out", {"input", "output_size", "scale_factors", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2586,7 +2586,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1104: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+// ops.yaml:1108: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim", {"self", "dim", "unbiased", "keepdim"}, 4, 0x3);
   OPGEN_TRY
@@ -2605,7 +2605,7 @@ PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1106: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1110: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim_out", {"self", "dim", "unbiased", "keepdim", "out"}, 4, 0x13);
   OPGEN_TRY
@@ -2626,7 +2626,7 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1116: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1120: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
   OPGEN_TRY
@@ -2650,7 +2650,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1126: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1130: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2675,7 +2675,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1128: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1132: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2702,7 +2702,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1129: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1133: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY

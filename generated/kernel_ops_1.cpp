@@ -70,6 +70,7 @@
 #include <ATen/ops/upsample_bilinear2d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/upsample_bilinear2d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
+#include <opgen/jit_binding.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_adaptive_avg_pool2d_backward_cuda_dispatch.h>
 #include <ATen/ops/_adaptive_avg_pool2d_cuda_dispatch.h>
@@ -1822,7 +1823,7 @@ PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:744: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:748: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -1839,7 +1840,7 @@ PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:754: lift_fresh_copy(Tensor self) -> Tensor
+// ops.yaml:758: lift_fresh_copy(Tensor self) -> Tensor
 PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lift_fresh_copy", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1855,7 +1856,7 @@ PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:763: _adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
+// ops.yaml:767: _adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
 PyObject* kernel_ops__adaptive_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool2d_backward", {"grad_output", "self"}, 2, 0x3);
   OPGEN_TRY
@@ -1878,7 +1879,7 @@ PyObject* kernel_ops__adaptive_avg_pool2d_backward(PyObject*, PyObject* const* a
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:765: _adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:769: _adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__adaptive_avg_pool2d_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool2d_backward_out", {"grad_output", "self", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1897,7 +1898,7 @@ PyObject* kernel_ops__adaptive_avg_pool2d_backward_out(PyObject*, PyObject* cons
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:775: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+// ops.yaml:779: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
 PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_embedding_bag", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx"}, 9, 0x7);
   OPGEN_TRY
@@ -1927,7 +1928,7 @@ PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:777: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
+// ops.yaml:781: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
 PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_embedding_bag_out", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx", "out0", "out1", "out2", "out3"}, 9, 0x1e07);
   OPGEN_TRY
@@ -1956,7 +1957,7 @@ PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:783: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+// ops.yaml:787: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
 PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c", {"self", "dim", "normalization", "onesided"}, 4, 0xf);
   OPGEN_TRY
@@ -1981,7 +1982,7 @@ PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:785: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:789: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c_out", {"self", "dim", "normalization", "onesided", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2009,7 +2010,7 @@ PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:795: acos(Tensor self) -> Tensor
+// ops.yaml:799: acos(Tensor self) -> Tensor
 PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2031,7 +2032,7 @@ PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:797: acos_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:801: acos_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2055,7 +2056,7 @@ PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:798: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:802: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2080,7 +2081,7 @@ PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:833: atan2(Tensor self, Tensor other) -> Tensor
+// ops.yaml:837: atan2(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2103,7 +2104,7 @@ PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:835: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:839: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2128,7 +2129,7 @@ PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:836: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:840: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2154,7 +2155,7 @@ PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:851: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:855: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2171,7 +2172,7 @@ PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:853: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:857: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2189,7 +2190,7 @@ PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:854: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:858: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2208,7 +2209,7 @@ PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:876: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
+// ops.yaml:880: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
 PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im", {"self", "output_size", "kernel_size", "dilation", "padding", "stride"}, 6, 0x3f);
   OPGEN_TRY
@@ -2235,7 +2236,7 @@ PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:878: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:882: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im_out", {"self", "output_size", "kernel_size", "dilation", "padding", "stride", "out"}, 6, 0x7f);
   OPGEN_TRY
@@ -2265,7 +2266,7 @@ PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:884: convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+// ops.yaml:888: convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops_convolution_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("convolution_backward", {"grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "output_mask"}, 11, 0x7ff);
   OPGEN_TRY
@@ -2295,7 +2296,7 @@ PyObject* kernel_ops_convolution_backward(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:886: convolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+// ops.yaml:890: convolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
 PyObject* kernel_ops_convolution_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("convolution_backward_out", {"grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "output_mask", "out0", "out1", "out2"}, 11, 0x3fff);
   OPGEN_TRY
@@ -2325,7 +2326,7 @@ PyObject* kernel_ops_convolution_backward_out(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:912: fill.Scalar(Tensor self, Scalar value) -> Tensor
+// ops.yaml:916: fill.Scalar(Tensor self, Scalar value) -> Tensor
 PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar", {"self", "value"}, 2, 0x3);
   OPGEN_TRY
@@ -2342,7 +2343,7 @@ PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:914: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:918: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar_out", {"self", "value", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2361,7 +2362,7 @@ PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:916: flip(Tensor self, int[] dims) -> Tensor
+// ops.yaml:920: flip(Tensor self, int[] dims) -> Tensor
 PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip", {"self", "dims"}, 2, 0x3);
   OPGEN_TRY
@@ -2384,7 +2385,7 @@ PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:918: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:922: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip_out", {"self", "dims", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2403,7 +2404,7 @@ PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:925: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:929: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2426,7 +2427,7 @@ PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:927: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:931: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2451,7 +2452,7 @@ PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:928: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:932: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2477,7 +2478,7 @@ PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:952: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:956: le.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2500,7 +2501,7 @@ PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:954: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:958: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2525,7 +2526,7 @@ PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:955: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:959: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2551,7 +2552,7 @@ PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1024: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1028: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2574,7 +2575,7 @@ PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1026: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1030: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2600,7 +2601,7 @@ PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1032: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:1036: remainder.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2617,7 +2618,7 @@ PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1034: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:1038: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2635,7 +2636,7 @@ PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1035: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1039: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2654,7 +2655,7 @@ PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1045: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1049: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2679,7 +2680,7 @@ PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1047: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1051: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2706,7 +2707,7 @@ PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1048: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1052: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2734,7 +2735,7 @@ PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1060: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+// ops.yaml:1064: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
 PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter", {"self", "src", "dim", "index"}, 4, 0xf);
   OPGEN_TRY
@@ -2753,7 +2754,7 @@ PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1062: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1066: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter_out", {"self", "src", "dim", "index", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2774,7 +2775,7 @@ PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1077: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+// ops.yaml:1081: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2792,7 +2793,7 @@ PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1079: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:1083: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2811,7 +2812,7 @@ PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1080: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1084: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -2831,7 +2832,7 @@ PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1091: trunc(Tensor self) -> Tensor
+// ops.yaml:1095: trunc(Tensor self) -> Tensor
 PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2853,7 +2854,7 @@ PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1093: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1097: trunc_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2877,7 +2878,7 @@ PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1094: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1098: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2902,7 +2903,7 @@ PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1096: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+// ops.yaml:1100: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec", {"input", "output_size", "align_corners", "scale_factors"}, 4, 0xf);
   OPGEN_TRY
@@ -2921,7 +2922,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1098: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1102: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec_out", {"input", "output_size", "align_corners", "scale_factors", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2939,6 +2940,29 @@ PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* arg
       at::compositeexplicitautograd::upsample_bilinear2d_outf(input, opgen::opt_ref(output_size), align_corners, opgen::opt_ref(scale_factors), out);
       return opgen::same(slots[4]);
   }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1139: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  const at::Scalar alpha = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  opgen::jit::require_cuda(sig, self, 0);
+  opgen::jit::require_cuda(sig, other, 1);
+  opgen::jit::require_contiguous(sig, self, 0);
+  opgen::jit::require_contiguous(sig, other, 1);
+  opgen::jit::require_same_shape(sig, self, 0, other, 1);
+  at::Tensor out = opgen::jit::empty_like(self);
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1139\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
+  return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)
 }
 
@@ -3067,5 +3091,6 @@ PyMethodDef opgen_methods_1[] = {
 {"trunc_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_trunc_out)), METH_FASTCALL | METH_KEYWORDS, "trunc_out($module, self, *, out)\n--\n\ntrunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"upsample_bilinear2d_vec", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_bilinear2d_vec)), METH_FASTCALL | METH_KEYWORDS, "upsample_bilinear2d_vec($module, input, output_size, align_corners, scale_factors)\n--\n\nupsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor"},
 {"upsample_bilinear2d_vec_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_bilinear2d_vec_out)), METH_FASTCALL | METH_KEYWORDS, "upsample_bilinear2d_vec_out($module, input, output_size, align_corners, scale_factors, *, out)\n--\n\nupsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)"},
+{"triton_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triton_add)), METH_FASTCALL | METH_KEYWORDS, "triton_add($module, self, other, *, alpha=1)\n--\n\ntriton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\n\nAdds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA)."},
 {nullptr, nullptr, 0, nullptr},
 };

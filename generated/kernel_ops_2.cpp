@@ -24,6 +24,7 @@
 #include <ATen/ops/diagonal_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/embedding_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/empty_permuted_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/floor_cpu_dispatch.h>
 #include <ATen/ops/grid_sampler_2d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/grid_sampler_2d_cpu_dispatch.h>
@@ -1342,7 +1343,28 @@ PyObject* kernel_ops_ones_like(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:771: _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
+// ops.yaml:744: empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+PyObject* kernel_ops_empty_permuted(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("empty_permuted", {"size", "physical_layout", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const std::vector<int64_t> size = opgen::int_list(slots[0], sig, 0, 0);
+  const std::vector<int64_t> physical_layout = opgen::int_list(slots[1], sig, 1, 0);
+  const std::optional<at::ScalarType> dtype = slots[2] ? opgen::convert_optional<at::ScalarType>(slots[2], sig, 2) : std::nullopt;
+  const std::optional<at::Layout> layout = slots[3] ? opgen::convert_optional<at::Layout>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<at::Device> device = slots[4] ? opgen::convert_optional<at::Device>(slots[4], sig, 4) : std::nullopt;
+  const std::optional<bool> pin_memory = slots[5] ? opgen::convert_optional<bool>(slots[5], sig, 5) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(device, 4);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::empty_permuted(size, physical_layout, dtype, layout, device, pin_memory));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:775: _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
 PyObject* kernel_ops__cdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_cdist_forward", {"x1", "x2", "p", "compute_mode"}, 4, 0xf);
   OPGEN_TRY
@@ -1367,7 +1389,7 @@ PyObject* kernel_ops__cdist_forward(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:773: _cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:777: _cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_cdist_forward_out", {"x1", "x2", "p", "compute_mode", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1388,7 +1410,7 @@ PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:787: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+// ops.yaml:791: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"}, 8, 0xff);
   OPGEN_TRY
@@ -1417,7 +1439,7 @@ PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:789: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
+// ops.yaml:793: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
 PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit_out", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps", "out", "save_mean", "save_invstd"}, 8, 0x7ff);
   OPGEN_TRY
@@ -1451,7 +1473,7 @@ PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:791: _pdist_forward(Tensor self, float p=2) -> Tensor
+// ops.yaml:795: _pdist_forward(Tensor self, float p=2) -> Tensor
 PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_pdist_forward", {"self", "p"}, 2, 0x1);
   OPGEN_TRY
@@ -1474,7 +1496,7 @@ PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:793: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:797: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_pdist_forward_out", {"self", "p", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1493,7 +1515,7 @@ PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:814: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
+// ops.yaml:818: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
 PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("as_strided", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
   OPGEN_TRY
@@ -1518,7 +1540,7 @@ PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:816: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
+// ops.yaml:820: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
 PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("as_strided_", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
   OPGEN_TRY
@@ -1538,7 +1560,7 @@ PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:818: asin(Tensor self) -> Tensor
+// ops.yaml:822: asin(Tensor self) -> Tensor
 PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1560,7 +1582,7 @@ PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:820: asin_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:824: asin_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1584,7 +1606,7 @@ PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:821: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:825: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1609,7 +1631,7 @@ PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:823: asinh(Tensor self) -> Tensor
+// ops.yaml:827: asinh(Tensor self) -> Tensor
 PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1631,7 +1653,7 @@ PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:825: asinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:829: asinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1655,7 +1677,7 @@ PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:826: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:830: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1680,7 +1702,7 @@ PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:847: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+// ops.yaml:851: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool3d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 7, 0x3);
   OPGEN_TRY
@@ -1708,7 +1730,7 @@ PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:849: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:853: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool3d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "out"}, 7, 0x83);
   OPGEN_TRY
@@ -1739,7 +1761,7 @@ PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:856: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:860: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1756,7 +1778,7 @@ PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:858: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:862: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1774,7 +1796,7 @@ PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:859: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:863: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1793,7 +1815,7 @@ PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:861: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:865: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1816,7 +1838,7 @@ PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:863: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:867: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1841,7 +1863,7 @@ PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:864: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:868: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1867,7 +1889,7 @@ PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:888: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+// ops.yaml:892: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
 PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy", {"self", "src", "non_blocking"}, 3, 0x3);
   OPGEN_TRY
@@ -1885,7 +1907,7 @@ PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:890: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:894: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy_out", {"self", "src", "non_blocking", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1905,7 +1927,7 @@ PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:897: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
+// ops.yaml:901: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
 PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("diagonal", {"self", "offset", "dim1", "dim2"}, 4, 0x1);
   OPGEN_TRY
@@ -1924,7 +1946,7 @@ PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:900: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
+// ops.yaml:904: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
 PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -1942,7 +1964,7 @@ PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:902: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
+// ops.yaml:906: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode_", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -1961,7 +1983,7 @@ PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:903: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:907: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode_out", {"self", "other", "rounding_mode", "out"}, 2, 0xf);
   OPGEN_TRY
@@ -1981,7 +2003,7 @@ PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:935: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+// ops.yaml:939: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
 PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners"}, 5, 0x1f);
   OPGEN_TRY
@@ -2007,7 +2029,7 @@ PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:937: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:941: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d_out", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners", "out"}, 5, 0x3f);
   OPGEN_TRY
@@ -2029,7 +2051,7 @@ PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:962: log2(Tensor self) -> Tensor
+// ops.yaml:966: log2(Tensor self) -> Tensor
 PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2051,7 +2073,7 @@ PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:964: log2_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:968: log2_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2075,7 +2097,7 @@ PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:965: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:969: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2100,7 +2122,7 @@ PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:972: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+// ops.yaml:976: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
 PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2118,7 +2140,7 @@ PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:974: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+// ops.yaml:978: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2144,7 +2166,7 @@ PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:975: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:979: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_out", {"self", "mask", "source", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2164,7 +2186,7 @@ PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:985: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// ops.yaml:989: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout", {"input", "p", "train"}, 3, 0x7);
   OPGEN_TRY
@@ -2188,7 +2210,7 @@ PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:987: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:991: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout_out", {"input", "p", "train", "out0", "out1"}, 3, 0x1f);
   OPGEN_TRY
@@ -2209,7 +2231,7 @@ PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1006: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:1010: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -2232,7 +2254,7 @@ PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1009: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1013: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all_out", {"self", "dtype", "out"}, 1, 0x5);
   OPGEN_TRY
@@ -2251,7 +2273,7 @@ PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1014: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1018: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randn", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2271,7 +2293,7 @@ PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1020: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+// ops.yaml:1024: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2294,7 +2316,7 @@ PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1022: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1026: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2320,7 +2342,7 @@ PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1041: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1045: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2343,7 +2365,7 @@ PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1043: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1047: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2369,7 +2391,7 @@ PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1064: sinh(Tensor self) -> Tensor
+// ops.yaml:1068: sinh(Tensor self) -> Tensor
 PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2391,7 +2413,7 @@ PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1066: sinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1070: sinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2415,7 +2437,7 @@ PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1067: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1071: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2440,7 +2462,7 @@ PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1073: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+// ops.yaml:1077: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort", {"self", "dim", "descending"}, 3, 0x1);
   OPGEN_TRY
@@ -2458,7 +2480,7 @@ PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1075: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1079: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort_out", {"self", "dim", "descending", "values", "indices"}, 3, 0x19);
   OPGEN_TRY
@@ -2479,7 +2501,7 @@ PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1120: mish(Tensor self) -> Tensor
+// ops.yaml:1124: mish(Tensor self) -> Tensor
 PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2501,7 +2523,7 @@ PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1122: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1126: mish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2525,7 +2547,7 @@ PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1123: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1127: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2607,6 +2629,7 @@ PyMethodDef opgen_methods_2[] = {
 {"embedding", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding)), METH_FASTCALL | METH_KEYWORDS, "embedding($module, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False)\n--\n\nembedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor\n\nRows of weight selected by indices."},
 {"zeros", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zeros)), METH_FASTCALL | METH_KEYWORDS, "zeros($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nzeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA tensor of zeros."},
 {"ones_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ones_like)), METH_FASTCALL | METH_KEYWORDS, "ones_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor filled with the scalar value 1, with the same size as input."},
+{"empty_permuted", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_permuted)), METH_FASTCALL | METH_KEYWORDS, "empty_permuted($module, size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nempty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nAn uninitialised tensor of the given size whose dims are laid out in memory in physical_layout order (how AOTAutograd allocates empty_like)."},
 {"_cdist_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__cdist_forward)), METH_FASTCALL | METH_KEYWORDS, "_cdist_forward($module, x1, x2, p, compute_mode)\n--\n\n_cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor"},
 {"_cdist_forward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__cdist_forward_out)), METH_FASTCALL | METH_KEYWORDS, "_cdist_forward_out($module, x1, x2, p, compute_mode, *, out)\n--\n\n_cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)"},
 {"_native_batch_norm_legit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__native_batch_norm_legit)), METH_FASTCALL | METH_KEYWORDS, "_native_batch_norm_legit($module, input, weight, bias, running_mean, running_var, training, momentum, eps)\n--\n\n_native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)"},

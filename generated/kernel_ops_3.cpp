@@ -1724,7 +1724,7 @@ PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:800: acosh(Tensor self) -> Tensor
+// ops.yaml:804: acosh(Tensor self) -> Tensor
 PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1746,7 +1746,7 @@ PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:802: acosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:806: acosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1770,7 +1770,7 @@ PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:803: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:807: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1795,7 +1795,7 @@ PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:828: atan(Tensor self) -> Tensor
+// ops.yaml:832: atan(Tensor self) -> Tensor
 PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1817,7 +1817,7 @@ PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:830: atan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:834: atan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1841,7 +1841,7 @@ PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:831: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:835: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1866,7 +1866,7 @@ PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:838: atanh(Tensor self) -> Tensor
+// ops.yaml:842: atanh(Tensor self) -> Tensor
 PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1888,7 +1888,7 @@ PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:840: atanh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:844: atanh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1912,7 +1912,7 @@ PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:841: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:845: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1937,7 +1937,7 @@ PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:871: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:875: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1960,7 +1960,7 @@ PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:873: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:877: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1985,7 +1985,7 @@ PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:874: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:878: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2011,7 +2011,7 @@ PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:892: cosh(Tensor self) -> Tensor
+// ops.yaml:896: cosh(Tensor self) -> Tensor
 PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2033,7 +2033,7 @@ PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:894: cosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:898: cosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2057,7 +2057,7 @@ PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:895: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:899: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2082,7 +2082,7 @@ PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:920: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:924: fmod.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2099,7 +2099,7 @@ PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:922: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:926: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2117,7 +2117,7 @@ PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:923: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:927: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2136,7 +2136,7 @@ PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:939: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+// ops.yaml:943: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2155,7 +2155,7 @@ PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:941: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+// ops.yaml:945: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
 PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2175,7 +2175,7 @@ PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:942: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:946: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_out", {"self", "indices", "values", "accumulate", "out"}, 4, 0x17);
   OPGEN_TRY
@@ -2196,7 +2196,7 @@ PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:957: log10(Tensor self) -> Tensor
+// ops.yaml:961: log10(Tensor self) -> Tensor
 PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2218,7 +2218,7 @@ PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:959: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:963: log10_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2242,7 +2242,7 @@ PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:960: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:964: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2267,7 +2267,7 @@ PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:981: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:985: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
   OPGEN_TRY
@@ -2294,7 +2294,7 @@ PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:983: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:987: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
   OPGEN_TRY
@@ -2325,7 +2325,7 @@ PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:989: native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+// ops.yaml:993: native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops_native_group_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_group_norm_backward", {"grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "output_mask"}, 10, 0x3ff);
   OPGEN_TRY
@@ -2356,7 +2356,7 @@ PyObject* kernel_ops_native_group_norm_backward(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:991: native_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+// ops.yaml:995: native_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
 PyObject* kernel_ops_native_group_norm_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_group_norm_backward_out", {"grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "output_mask", "out0", "out1", "out2"}, 10, 0x1fff);
   OPGEN_TRY
@@ -2385,7 +2385,7 @@ PyObject* kernel_ops_native_group_norm_backward_out(PyObject*, PyObject* const* 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:993: native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+// ops.yaml:997: native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops_native_layer_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_layer_norm_backward", {"grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask"}, 8, 0xff);
   OPGEN_TRY
@@ -2414,7 +2414,7 @@ PyObject* kernel_ops_native_layer_norm_backward(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:995: native_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+// ops.yaml:999: native_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
 PyObject* kernel_ops_native_layer_norm_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_layer_norm_backward_out", {"grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask", "out0", "out1", "out2"}, 8, 0x7ff);
   OPGEN_TRY
@@ -2441,7 +2441,7 @@ PyObject* kernel_ops_native_layer_norm_backward_out(PyObject*, PyObject* const* 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:997: nonzero(Tensor self) -> Tensor
+// ops.yaml:1001: nonzero(Tensor self) -> Tensor
 PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2463,7 +2463,7 @@ PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:999: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1003: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2488,7 +2488,7 @@ PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1001: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:1005: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -2511,7 +2511,7 @@ PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1004: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1008: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2537,7 +2537,7 @@ PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1037: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1041: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2560,7 +2560,7 @@ PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1039: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1043: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2586,7 +2586,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1050: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1054: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2611,7 +2611,7 @@ PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1052: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1056: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2638,7 +2638,7 @@ PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1053: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1057: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2666,7 +2666,7 @@ PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1082: tan(Tensor self) -> Tensor
+// ops.yaml:1086: tan(Tensor self) -> Tensor
 PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2688,7 +2688,7 @@ PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1084: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1088: tan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2712,7 +2712,7 @@ PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1085: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1089: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2737,7 +2737,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1112: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1116: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
   OPGEN_TRY

@@ -27,6 +27,20 @@ def test_generator_needs_only_yaml_and_jinja() -> None:
             assert not name.startswith(("opgen._C", "opgen.runtime", "opgen.bench")), f"{path.name} imports {name}"
 
 
+def test_generator_reads_the_jit_expression_language_without_torch_or_triton() -> None:
+    """The spec validator parses Triton-op expressions with opgen.jit.expr inside the build: importing
+    it (and the opgen.jit package around it) must not pull in torch, triton or the extension."""
+    for path in (ROOT / "jit" / "__init__.py", ROOT / "jit" / "expr.py"):
+        for name in imported_modules(path):
+            assert name.split(".")[0] not in ("torch", "triton", "numpy"), f"{path.name} imports {name}"
+            assert not name.startswith(("opgen._C", "opgen.runtime", "opgen.jit.library")), (
+                f"{path.name} imports {name}"
+            )
+    generator = [*(ROOT / "spec").glob("*.py"), *(ROOT / "gen").glob("*.py")]
+    jit_imports = {n for path in generator for n in imported_modules(path) if n.startswith("opgen.jit")}
+    assert jit_imports <= {"opgen.jit", "opgen.jit.expr"}, jit_imports  # the expression language, nothing else
+
+
 def test_package_init_does_not_import_torch_eagerly() -> None:
     tree = ast.parse((ROOT / "__init__.py").read_text())
     top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]

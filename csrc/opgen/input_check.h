@@ -28,4 +28,7 @@ bool matches(PyObject* o, const ExpectedTensor& e);
 // torch.Tensor (not a subclass) of that dtype, device, sizes and strides, not requiring grad.
 void add_input_check(pybind11::module_& m);
 
+// Adds `RangedInputCheck` (ranged_check.cpp): the check of functions compiled for dynamic shapes.
+void add_ranged_input_check(pybind11::module_& m);
+
 }  // namespace opgen

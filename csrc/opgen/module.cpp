@@ -1,6 +1,7 @@
 #include "opgen/module.h"
 
 #include "opgen/input_check.h"
+#include "opgen/jit.h"
 #ifdef OPGEN_WITH_CUDA
 #include "opgen/cuda_graph.h"
 #endif
@@ -43,6 +44,8 @@ py::object op_info(std::span<const RegistryEntry> registry, const std::string& n
 void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> tables,
                      std::span<const RegistryEntry> registry, const char* build_id) {
   add_input_check(parent);
+  add_ranged_input_check(parent);
+  jit::add_jit(parent);
 #ifdef OPGEN_WITH_CUDA
   add_cuda_graph(parent);
 #endif

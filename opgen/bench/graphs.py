@@ -1,6 +1,7 @@
 """`python -m opgen.bench graphs`: the BENCH.md graph cases through eager, Inductor, AOTInductor and opgen.
 
-One process, one thread (torch.set_num_threads(1)), every call under torch.no_grad(). Candidates
+One process, every call under torch.no_grad(); the cases run at 1 thread and then at all cores
+(`--threads`, default `1,all`), each setting compiling its own candidates. Candidates
 are timed interleaved (../shared/BENCH.md), each called through `functools.partial(fn, *inputs)`;
 the table reports the median per call with min/max over the repeats and the ratio to eager measured
 in the same run. Compile times (first call,
@@ -52,6 +53,7 @@ class Result:
     compile_s: float
     codegen_s: float | None  # opgen.compile: compile time without torch.export (lowering to first result)
     max_abs_err: float
+    threads: int = 1
 
 
 def _compile_inductor(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
@@ -115,7 +117,9 @@ def build(
     return calls, compile_s, codegen_s, errors
 
 
-def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_s: float) -> list[Result]:
+def run_case(
+    case: models.Case, candidates: Sequence[str], repeats: int, target_s: float, threads: int = 1
+) -> list[Result]:
     with torch.no_grad():
         calls, compile_s, codegen_s, errors = build(case, candidates)
         warmup = 1 if case.heavy else 3
@@ -123,31 +127,71 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
     base = timings[0]
     return [
         Result(
-            case.name, name, t.median_us, t.min_us, t.max_us, t.ratio_to(base), compile_s[i], codegen_s[i], errors[i]
+            case.name,
+            name,
+            t.median_us,
+            t.min_us,
+            t.max_us,
+            t.ratio_to(base),
+            compile_s[i],
+            codegen_s[i],
+            errors[i],
+            threads,
         )
         for i, (name, t) in enumerate(zip(candidates, timings, strict=True))
     ]
 
 
 def results_table(results: Sequence[Result]) -> str:
-    headers = ["case", "candidate", "median us", "min us", "max us", "x eager", "compile s", "codegen s", "max abs err"]
+    headers = [
+        "case",
+        "threads",
+        "candidate",
+        "median us",
+        "min us",
+        "max us",
+        "x eager",
+        "compile s",
+        "codegen s",
+        "max abs err",
+    ]
     rows = [
-        [r.case, LABELS[r.candidate], r.median_us, r.min_us, r.max_us, f"{r.ratio:.3f}", f"{r.compile_s:.2f}",
-         "" if r.codegen_s is None else f"{r.codegen_s:.3f}", f"{r.max_abs_err:.1e}"]
+        [r.case, r.threads, LABELS[r.candidate], r.median_us, r.min_us, r.max_us, f"{r.ratio:.3f}",
+         f"{r.compile_s:.2f}", "" if r.codegen_s is None else f"{r.codegen_s:.3f}", f"{r.max_abs_err:.1e}"]
         for r in results
     ]  # fmt: skip
     return format_table(headers, rows)
 
 
 def summary_table(results: Sequence[Result], candidates: Sequence[str]) -> str:
-    cases = list(dict.fromkeys(r.case for r in results))
-    by = {(r.case, r.candidate): r for r in results}
-    rows = [[case] + [f"{by[case, c].ratio:.3f}" if (case, c) in by else "-" for c in candidates] for case in cases]
-    return format_table(["ratio to eager (median)"] + [LABELS[c] for c in candidates], rows)
+    keys = list(dict.fromkeys((r.case, r.threads) for r in results))
+    by = {(r.case, r.threads, r.candidate): r for r in results}
+    rows = [
+        [case, threads] + [f"{by[case, threads, c].ratio:.3f}" if (case, threads, c) in by else "-" for c in candidates]
+        for case, threads in keys
+    ]
+    return format_table(["ratio to eager (median)", "threads"] + [LABELS[c] for c in candidates], rows)
+
+
+def compiler_lines(results: Sequence[Result]) -> list[str]:
+    """opgen.compile against the faster of Inductor and AOTInductor, per case and thread count."""
+    by = {(r.case, r.threads, r.candidate): r for r in results}
+    lines = []
+    for case, threads in dict.fromkeys((r.case, r.threads) for r in results):
+        others = [by[case, threads, c] for c in ("inductor", "aoti") if (case, threads, c) in by]
+        if (case, threads, "opgen") not in by or not others:
+            continue
+        best = min(others, key=lambda r: r.median_us)
+        ratio = by[case, threads, "opgen"].median_us / best.median_us
+        verdict = "met" if ratio <= 1.0 else "NOT met"
+        what = f"opgen.compile {ratio:.3f}x the faster compiler ({LABELS[best.candidate]})"
+        lines.append(f"  {case}, {threads} thread(s): {what} (target <= 1): {verdict}")
+    return lines
 
 
 def target_lines(results: Sequence[Result]) -> list[str]:
-    by = {(r.case, r.candidate): r for r in results}
+    """The ratio targets, at 1 thread (the overhead cases' setting), and opgen against the compilers."""
+    by = {(r.case, r.candidate): r for r in results if r.threads == 1}
     lines = []
     for case, target in TARGETS.items():
         if (case, "opgen") in by:
@@ -165,7 +209,7 @@ def target_lines(results: Sequence[Result]) -> list[str]:
     if codegen is not None and codegen.codegen_s is not None:
         verdict = "met" if codegen.codegen_s < RESNET_CODEGEN_BUDGET_S else "NOT met"
         lines.append(f"  resnet18 compile time without export: {codegen.codegen_s:.3f} s (target < 2 s): {verdict}")
-    return lines
+    return lines + compiler_lines(results)
 
 
 def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -> str:
@@ -176,8 +220,12 @@ def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -
         import matplotlib.pyplot as plt
     except ImportError:
         return f"--png: matplotlib is not installed (pip install matplotlib); {path} not written"
-    cases = list(dict.fromkeys(r.case for r in results))
-    by = {(r.case, r.candidate): r.ratio for r in results}
+
+    def label(r: Result) -> str:
+        return f"{r.case} ({r.threads}t)"
+
+    cases = list(dict.fromkeys(label(r) for r in results))
+    by = {(label(r), r.candidate): r.ratio for r in results}
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(cases)), 4))
     width = 0.8 / len(candidates)
     for i, cand in enumerate(candidates):
@@ -187,11 +235,26 @@ def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases)
     ax.set_yscale("log")
     ax.set_ylabel("time per call / eager (log scale; lower is faster)")
-    ax.set_title("opgen graph benchmark, CPU, 1 thread")
+    ax.set_title("opgen graph benchmark, CPU (threads per case in parentheses)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return f"wrote {path}"
+
+
+def thread_counts(text: str) -> tuple[int, ...]:
+    """`1,all` -> (1, cores); duplicates dropped, order kept."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    counts = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "all":
+            counts.append(cores)
+        elif item.isdigit() and int(item) > 0:
+            counts.append(int(item))
+        else:
+            raise argparse.ArgumentTypeError(f"thread counts are positive integers or 'all', not {item!r}")
+    return tuple(dict.fromkeys(counts))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -209,6 +272,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="skip the ResNet cases and use fewer, shorter repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 15, ResNet 5)")
+    parser.add_argument(
+        "--threads",
+        type=thread_counts,
+        default="1,all",
+        help="comma-separated thread counts to run every case at; 'all' is every core this process may use "
+        "(default: 1,all)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument("--png", type=Path, help="also write a bar chart of the ratios (needs matplotlib)")
     return parser
@@ -227,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
         if device != "cpu":
             raise SystemExit(f"python -m opgen.bench graphs: --device takes cpu or cuda, not {device!r}")
     args = _parser().parse_args(argv)
-    torch.set_num_threads(1)
     selected = [
         c
         for c in models.cases()
@@ -236,15 +305,18 @@ def main(argv: list[str] | None = None) -> int:
     candidates = ["eager"] + [c for c in args.candidates if c != "eager"]
     light_repeats = args.repeats or (9 if args.quick else 15)  # tiny graphs: many cheap repeats tame the noise
     heavy_repeats = args.repeats or 5
-    print(
-        f"opgen graph benchmark: torch {torch.__version__}, CPU, {torch.get_num_threads()} thread, no_grad, "
-        "interleaved",
-        flush=True,
-    )
     results: list[Result] = []
-    for case in selected:
-        target_s = 0.5 if case.heavy else 0.05 if args.quick else 0.1
-        results += run_case(case, candidates, heavy_repeats if case.heavy else light_repeats, target_s)
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        print(
+            f"opgen graph benchmark: torch {torch.__version__}, CPU, {torch.get_num_threads()} thread(s), no_grad, "
+            "interleaved",
+            flush=True,
+        )
+        for case in selected:
+            target_s = 0.5 if case.heavy else 0.05 if args.quick else 0.1
+            repeats = heavy_repeats if case.heavy else light_repeats
+            results += run_case(case, candidates, repeats, target_s, threads)
     print("\n" + results_table(results) + "\n\n" + summary_table(results, candidates) + "\n\ntargets:")
     print("\n".join(target_lines(results)))
     if args.json:

@@ -60,7 +60,7 @@ function(opgen_add_extension target)
     list(APPEND gen_cpp "${gen_dir}/kernel_ops_${i}.cpp")
   endforeach()
   file(GLOB generator_sources "${_OPGEN_ROOT}/*.py" "${_OPGEN_ROOT}/spec/*.py" "${_OPGEN_ROOT}/gen/*.py"
-       "${_OPGEN_ROOT}/templates/*.j2")
+       "${_OPGEN_ROOT}/jit/__init__.py" "${_OPGEN_ROOT}/jit/expr.py" "${_OPGEN_ROOT}/templates/*.j2")
   add_custom_command(
     OUTPUT ${gen_cpp} "${gen_dir}/kernel_ops.pyi"
     COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${_OPGEN_PYTHONPATH}"
@@ -71,10 +71,15 @@ function(opgen_add_extension target)
     VERBATIM)
 
   set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
-      "${_OPGEN_CSRC}/opgen/input_check.cpp")
+      "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/jit_binding.cpp"
+      "${_OPGEN_CSRC}/opgen/ranged_check.cpp")
+  # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
+  set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)
     list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
+    set(jit_impl "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")             # the Triton kernel launcher
   endif()
+  list(APPEND helpers "${jit_impl}")
   Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${ARG_MODULE} CXX_STANDARD 20
                         CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
+from opgen.gen import triton_bindings
 from opgen.gen.cpp_types import c_string, cpp_arg
 from opgen.spec.defaults import parse_default
 from opgen.spec.model import Arg, Kernel, OpSpec
@@ -98,7 +99,7 @@ def emit_function(spec: OpSpec) -> str:
         "sig.bind(args, nargs, kwnames, slots);",
         *arg_lines(spec),
         *device_lines(spec),
-        *dispatch_lines(spec),
+        *(triton_bindings.launch_lines(spec) if spec.triton is not None else dispatch_lines(spec)),
         "OPGEN_CATCH(sig)",
     ]
     indented = "\n".join(("  " + line) if not line.startswith("#") else line for line in body)
@@ -144,5 +145,6 @@ def method_def(spec: OpSpec) -> str:
 def headers(specs: list[OpSpec]) -> tuple[list[str], list[str]]:
     """The kernel headers a shard needs: (always, CUDA builds only), sorted and unique."""
     common = sorted({k.header for s in specs for k in s.kernels if k.backend != "cuda"})
+    common += ["opgen/jit_binding.h"] if any(s.triton is not None for s in specs) else []
     cuda = sorted({k.header for s in specs for k in s.kernels if k.backend == "cuda"} - set(common))
     return common, cuda

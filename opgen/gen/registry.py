@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from opgen.spec.defaults import parse_default
-from opgen.spec.model import Arg, OpSpec, Return, Variant
+from opgen.spec.model import Arg, OpSpec, Return, TritonKernel, Variant
 
 
 def arg_info(arg: Arg) -> dict[str, Any]:
@@ -40,9 +40,9 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
     schema = spec.schema
     returns = [return_info(r, schema.args) for r in schema.returns]
     siblings = variants.get(spec.group, {})
-    return {
+    info: dict[str, Any] = {
         "name": spec.python_name,
-        "aten": f"aten::{schema.qualified_name}",
+        "aten": f"{'aten' if spec.triton is None else 'opgen'}::{schema.qualified_name}",
         "schema": str(schema),
         "args": [arg_info(a) for a in schema.args],
         "returns": returns,
@@ -61,6 +61,31 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
         "doc": spec.doc,
         "location": str(spec.location),
     }
+    if spec.triton is not None:
+        info["triton"] = triton_info(spec.triton)
+    return info
+
+
+def triton_info(kernel: TritonKernel) -> dict[str, Any]:
+    """What the JIT loader (`opgen.jit.spec.launcher`) builds a Triton op's launcher from."""
+    return {
+        "kernel": kernel.kernel,
+        "params": list(kernel.params),
+        "args": {a.param: a.text for a in kernel.args},
+        "outputs": {o.name: o.text for o in kernel.outputs},
+        "grid": list(kernel.grid),
+        "configs": [
+            {"meta": dict(c.meta), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in kernel.configs
+        ],
+        "candidate_for": kernel.candidate_for,
+        "contiguous": list(kernel.contiguous),
+        "same_shape": list(kernel.same_shape),
+    }
+
+
+def entry_json(spec: OpSpec) -> str:
+    """The registry JSON of an op that has no variants (a Triton op), as `registry()` gives it."""
+    return to_json(op_info(spec, {spec.group: {spec.variant: spec.python_name}}))
 
 
 def registry(specs: tuple[OpSpec, ...]) -> list[dict[str, Any]]:

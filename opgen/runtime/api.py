@@ -4,6 +4,13 @@ The returned callable is the generated Python function (no wrapper object, no Dy
 its inputs and runs the kernels. It carries `report()` and `artifact`. Inputs with other sizes or
 strides get their own specialization (compiled on first sight, unless `recompile=False`); inputs
 of another dtype, device or rank are an error naming the input.
+
+Dynamic shapes: `dynamic_shapes=` (torch.export's, e.g. `Dim` objects with bounds) compiles one
+function for the whole range; a size outside it is an `InputMismatchError` naming the input, the
+dimension and the range. Without it, the first call whose sizes differ from the compiled ones
+compiles the differing dimensions as dynamic (`automatic_dynamic=True`, as torch.compile does),
+so later sizes compile nothing; sizes that still do not fit (1 where export keeps a dimension at
+2 or more) get a static specialization of their own.
 """
 
 from __future__ import annotations
@@ -20,12 +27,15 @@ from torch.utils import _pytree as pytree
 
 from opgen.runtime import executor
 from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.automatic import Dynamic as _Dynamic
 from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
+from opgen.runtime.dynamic_guards import explain, input_check, is_dynamic
 from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
-from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, fast_check, shape_mismatch_message, signature
+from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
-from opgen.runtime.report import Report
+from opgen.runtime.report import Report, jit_lines
+from opgen.runtime.symbolic import SizeRange, graph_symbols, ranges_of
 
 Compiled = Callable[..., Any]
 
@@ -40,6 +50,8 @@ def compile(
     cache: bool = True,
     cuda_graphs: bool = False,
     static_outputs: bool = False,
+    dynamic_shapes: Any = None,
+    automatic_dynamic: bool = True,
 ) -> Compiled:
     """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
 
@@ -53,6 +65,8 @@ def compile(
         a warning and a line in `report()`.
     static_outputs: with cuda_graphs, return the graph's own output buffers instead of fresh
         tensors: no copy, but the next call overwrites them.
+    dynamic_shapes: torch.export's dynamic_shapes for the inputs; one function serves the ranges.
+    automatic_dynamic: recompile dimensions whose size changed as dynamic (False: specialize every size).
     """
     if static_outputs and not cuda_graphs:
         raise ValueError("opgen.compile: static_outputs=True needs cuda_graphs=True")
@@ -65,7 +79,8 @@ def compile(
         return _eager(module, f"{reason} requires grad")
     options = CompileOptions(fallback, tuple(passes) if passes is not None else default_pipeline(), cache)
     graphs = CudaGraphs(GraphOptions(static_outputs), model_name(module), default_registry()) if cuda_graphs else None
-    return _Specializations(module, options, recompile, graphs).build(inputs)
+    dynamic = _Dynamic(dynamic_shapes, automatic_dynamic and dynamic_shapes is None)
+    return _Specializations(module, options, recompile, graphs, dynamic).build(inputs, dynamic_shapes)
 
 
 def _example_inputs(example_inputs: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -116,32 +131,41 @@ class _Specializations:
     options: CompileOptions
     recompile: bool
     graphs: CudaGraphs | None = None
+    dynamic: _Dynamic = field(default_factory=lambda: _Dynamic(None, False))
     by_signature: dict[Any, Compiled] = field(default_factory=dict)
+    ranged: list[tuple[Check, Compiled, Any]] = field(default_factory=list)  # dynamic ones: (check, fn, specs)
     warned_eager: bool = False
     lock: Any = field(default_factory=threading.RLock, repr=False)  # guards by_signature and compiling
 
-    def build(self, inputs: tuple[torch.Tensor, ...]) -> Compiled:
+    def build(self, inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any = None) -> Compiled:
         start = time.perf_counter()
-        ep = export_program(self.module, inputs, default_registry())
+        ep = export_program(self.module, inputs, default_registry(), dynamic_shapes)
         export_seconds = time.perf_counter() - start
+        ranges = ranges_of(ep.range_constraints, graph_symbols(ep.graph_module))
         sig = signature_of(ep)
         constants = constants_of(self.module, ep)
         grad_mode = any(constants[p.key].requires_grad for p in sig.placeholders if p.kind == "constant" and p.key)
         options = CompileOptions(self.options.fallback, self.options.passes, self.options.cache, True, grad_mode)
         spec = ep.call_spec.out_spec
-        graph, filename = compile_graph(ep.graph_module, sig, options, model_name(self.module), str(spec))
+        graph, filename = compile_graph(ep.graph_module, sig, options, model_name(self.module), str(spec), ranges)
         unflatten = _unflatten(spec) if sig.form == "pytree" else None
-        rt = executor.Runtime(self.slow_path(graph.inputs, grad_mode), unflatten=unflatten)
+        rt = executor.Runtime(self.slow_path(graph.inputs, graph.size_ranges, grad_mode), unflatten=unflatten)
         fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)
         if self.graphs is not None:
             fn = self.graphs.wrap(fn, graph, constants)
         fn.artifact = graph  # type: ignore[attr-defined]
         status = getattr(fn, "graph_status", None)
-        fn.report = lambda: self.report(graph, export_seconds, status)  # type: ignore[attr-defined]
-        self.by_signature[signature(inputs)] = fn
+        fn.report = lambda: self.report(graph, export_seconds, status, rt.jit)  # type: ignore[attr-defined]
+        if is_dynamic(graph.inputs):
+            self.ranged.append((input_check(graph.inputs, graph.size_ranges), fn, graph.inputs))
+        else:
+            self.by_signature[signature(inputs)] = fn
+        self.dynamic.seen(inputs)
         return fn
 
-    def report(self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None) -> Report:
+    def report(
+        self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None, jit: Any = None
+    ) -> Report:
         return Report(
             model_name(self.module),
             graph.direct_nodes,
@@ -150,17 +174,28 @@ class _Specializations:
             from_cache=graph.from_cache,
             export_seconds=export_seconds,
             codegen_seconds=graph.codegen_seconds,
-            specializations=len(self.by_signature),
+            specializations=len(self.by_signature) + len(self.ranged),
             cuda_graph=status.line() if status is not None else None,
+            ranges=tuple(f"{s}: {SizeRange(s, lo, hi).text()}" for s, lo, hi in graph.ranges),
+            notes=graph.notes,
+            jit=jit_lines(graph, jit or {}),
         )
 
-    def slow_path(self, specs: tuple[InputSpec, ...], grad_mode: bool) -> executor.Handler:
+    def slow_path(
+        self, specs: tuple[InputSpec, ...], ranges: tuple[SizeRange, ...], grad_mode: bool
+    ) -> executor.Handler:
         def on_mismatch(set_check: Callable[[Check], None], *args: Any) -> Any:
             if grad_mode and torch.is_grad_enabled():
                 return self.run_eagerly(args)
-            if diagnose(specs, args):
-                return self.respecialize(specs, args)
-            set_check(fast_check(specs))  # the inputs fit: the first call, or a check built before they did
+            for check, fn, own in self.ranged:  # a dynamic specialization takes these sizes: no lock, no compile
+                if own is not specs and check(*args):
+                    return fn(*args)
+            new_shapes = diagnose(specs, args)
+            if is_dynamic(specs):
+                new_shapes = explain(specs, ranges, args) is not None
+            if new_shapes:
+                return self.respecialize(specs, ranges, args)
+            set_check(input_check(specs, ranges))  # the inputs fit: the first call, or a check built before they did
             return PROCEED
 
         return on_mismatch
@@ -179,24 +214,46 @@ class _Specializations:
             self.warned_eager = True
         return self.module(*args)
 
-    def respecialize(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Any:
+    def respecialize(
+        self, specs: tuple[InputSpec, ...], ranges: tuple[SizeRange, ...], args: tuple[torch.Tensor, ...]
+    ) -> Any:
         with self.lock:  # threads that bring the same new shapes at once compile it once
-            fn = self._specialization(specs, args)
+            fn = self._specialization(specs, ranges, args)
         return fn(*args)
 
-    def _specialization(self, specs: tuple[InputSpec, ...], args: tuple[torch.Tensor, ...]) -> Compiled:
+    def _existing(self, args: tuple[torch.Tensor, ...]) -> Compiled | None:
         fn = self.by_signature.get(signature(args))
-        if fn is None:
-            message = shape_mismatch_message(specs, args)
-            if not self.recompile:
-                raise InputMismatchError(f"{message}; recompiling is off (opgen.compile(..., recompile=False))")
+        return fn or next((f for check, f, _ in self.ranged if check(*args)), None)
+
+    def _specialization(
+        self, specs: tuple[InputSpec, ...], ranges: tuple[SizeRange, ...], args: tuple[torch.Tensor, ...]
+    ) -> Compiled:
+        fn = self._existing(args)
+        if fn is not None:
+            return fn
+        dynamic = is_dynamic(specs)
+        message = (explain(specs, ranges, args) if dynamic else None) or shape_mismatch_message(specs, args)
+        if self.dynamic.explicit is not None and "outside the compiled range" in message:
+            raise InputMismatchError(f"{message} (the range opgen.compile(..., dynamic_shapes=...) was given)")
+        if not self.recompile:
+            raise InputMismatchError(f"{message}; recompiling is off (opgen.compile(..., recompile=False))")
+        try:
+            return self._compile_for(args)
+        except Exception as exc:
+            raise InputMismatchError(
+                f"{message}; compiling for the new shapes failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _compile_for(self, args: tuple[torch.Tensor, ...]) -> Compiled:
+        """A dynamic specialization where automatic dynamic applies and takes these sizes, else a static one."""
+        for shapes in self.dynamic.candidates(args, self.module):
             try:
-                fn = self.build(args)
-            except Exception as exc:
-                raise InputMismatchError(
-                    f"{message}; compiling for the new shapes failed: {type(exc).__name__}: {exc}"
-                ) from exc
-        return fn
+                fn = self.build(self.dynamic.example(args), shapes)
+            except Exception:  # noqa: S112 - export refuses these dims dynamic (hard Dim): the next, then static
+                continue
+            if self._existing(args) is fn:
+                return fn
+        return self.build(args, self.dynamic.explicit)
 
 
 def _unflatten(spec: pytree.TreeSpec) -> Callable[[tuple[Any, ...]], Any]:

@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from opgen.runtime.guards import InputSpec
-from opgen.runtime.ir import Program
+from opgen.runtime.ir import JitKernelSpec, KernelChoice, Program
 from opgen.runtime.python_backend import Source
+from opgen.runtime.symbolic import SizeRange
 
-FORMAT = 2
+FORMAT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +32,23 @@ class CompiledGraph:
     constants: tuple[tuple[str, str], ...]  # (local, key into the constants mapping)
     written_inputs: tuple[int, ...] = ()  # positions of inputs the graph writes
     written_constants: tuple[str, ...] = ()  # keys of constants (buffers) the graph writes
+    jit_kernels: tuple[JitKernelSpec, ...] = ()  # Triton kernels it launches (see opgen/jit)
+    choices: tuple[KernelChoice, ...] = ()  # nodes whose kernel is picked on the first call
     direct_nodes: int = 0
     fallback_nodes: tuple[tuple[str, str], ...] = ()
     passes: tuple[str, ...] = ()
     codegen_seconds: float = 0.0
+    ranges: tuple[tuple[str, int, int | None], ...] = ()  # dynamic shapes: (size symbol, low, high or None)
+    notes: tuple[str, ...] = ()  # what passes said about symbolic sizes, for report()
     from_cache: bool = field(default=False, compare=False)
+
+    @property
+    def size_ranges(self) -> tuple[SizeRange, ...]:
+        return tuple(SizeRange(*r) for r in self.ranges)
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.ranges)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -50,11 +63,20 @@ class CompiledGraph:
         data["inputs"] = tuple(
             InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"]) for s in data["inputs"]
         )
-        for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants"):
+        for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants", "notes"):
             data[name] = tuple(data[name])
-        for name in ("symbols", "constants", "fallback_nodes"):
+        for name in ("symbols", "constants", "fallback_nodes", "ranges"):
             data[name] = tuple(tuple(item) for item in data[name])
+        data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
+        data["choices"] = tuple(
+            KernelChoice(c["local"], tuple(c["candidates"]), c["node"], c["target"]) for c in data.get("choices", ())
+        )
         return cls(**data, from_cache=True)
+
+    @property
+    def cacheable(self) -> bool:
+        """Can another process rebuild it from disk? (Every Triton kernel importable by name.)"""
+        return all(k.importable for k in self.jit_kernels)
 
     def cached(self) -> CompiledGraph:
         return replace(self, from_cache=True)
@@ -75,5 +97,21 @@ def compiled_graph(
         constants=source.constants,
         written_inputs=tuple(i for i, spec in enumerate(program.inputs) if spec.name in written),
         written_constants=tuple(c.key for c in program.constants if c.name in written),
+        notes=program.notes,
+        jit_kernels=program.jit_kernels,
+        choices=program.choices,
         **facts,
     )
+
+
+def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:
+    def arg(value: Any) -> Any:
+        return tuple(arg(v) for v in value) if isinstance(value, list) else value
+
+    configs = tuple(
+        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid))
+        for meta, warps, stages, grid in data["configs"]
+    )
+    examples = tuple((kind, arg(value)) for kind, value in data["examples"])
+    return JitKernelSpec(data["local"], data["kernel"], tuple(data["params"]), configs, tuple(data["mutates"]),
+                         examples, data["node"], data["importable"])  # fmt: skip

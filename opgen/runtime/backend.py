@@ -2,7 +2,10 @@
 
 Dynamo hands over a torch-level graph; `aot_autograd` turns it into a functional ATen graph with
 the same decompositions `opgen.compile` uses, and its forward compiler is opgen's pipeline with
-the input check off (Dynamo's guards already check the inputs). Inference only: a graph input that
+the input check off (Dynamo's guards already check the inputs). Graphs Dynamo traced with
+symbolic sizes (`dynamic=True`, `mark_dynamic`, or its automatic dynamic after a recompile) take
+their SymInt inputs as Python ints named after their size symbols, and compile to one function
+for the sizes Dynamo's guards admit. Inference only: a graph input that
 requires grad while grad mode is on raises `RequiresGradError`, or with `options={"fallback": True}`
 runs the graph eagerly with a warning.
 """
@@ -27,6 +30,7 @@ from opgen.runtime.guards import PROCEED
 from opgen.runtime.lower import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
 from opgen.runtime.report import Report
+from opgen.runtime.symbolic import graph_symbols, shape_env_ranges
 
 
 def _no_mismatch(set_check: Any, *args: Any) -> Any:
@@ -45,7 +49,8 @@ def compile_aten_graph(
     output = next(n for n in gm.graph.nodes if n.op == "output")
     count = len(output.args[0]) if isinstance(output.args[0], list | tuple) else 1
     signature = GraphSignature(placeholders, tuple(OutputSpec("user") for _ in range(count)), "tuple")
-    graph, filename = compile_graph(gm, signature, options, name)
+    ranges = shape_env_ranges(gm, graph_symbols(gm))  # Dynamo's symbolic sizes (dynamic=True, mark_dynamic)
+    graph, filename = compile_graph(gm, signature, options, name, ranges=ranges)
     constants = attr_constants(gm)
     with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
         fn = executor.bind(graph, constants, executor.Runtime(_no_mismatch), kernel_ops_module(), filename)

@@ -70,19 +70,20 @@ def store(graph: CompiledGraph) -> Path | None:
     folder = entry_dir(graph.key)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _write(folder / "graph.py", graph.source)
+        write_atomic(folder / "graph.py", graph.source)
         body = graph.to_json()
-        _write(folder / "graph.json", f"{_digest(body)}\n{body}")
+        write_atomic(folder / "graph.json", f"{_digest(body)}\n{body}")
     except OSError:
         return None
     return folder / "graph.py"
 
 
-def _write(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write through a temporary file renamed into place: readers see the old or the new file, whole."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)  # a full disk or an interrupt leaves no temporary file behind

@@ -19,8 +19,9 @@ they are.
 
 The plain function runs instead, with one warning and a line in `report()`, where a replay could
 not be faithful: no CUDA tensor, several devices, random ops (a replay repeats their numbers),
-outputs that share memory in a way copies cannot reproduce, or a failed capture (an op that
-synchronizes with the host, a CPU tensor copied in).
+outputs that share memory in a way copies cannot reproduce, a graph compiled for dynamic shapes
+(its sizes change per call; static specializations are still captured), or a failed capture (an
+op that synchronizes with the host, a CPU tensor copied in).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ class CudaGraphs:
         """
         status = GraphStatus()
         try:
+            if graph.dynamic:
+                raise CaptureRefused("dynamic shapes (a graph is captured for fixed sizes; compile with static shapes)")
             device = graph_device(graph, constants)
             refuse_random_ops(graph, self.registry)
         except CaptureRefused as exc:
@@ -157,7 +160,8 @@ def _aten_op(aten: str) -> Any:
 
 
 def refuse_random_ops(graph: CompiledGraph, registry: KernelRegistry) -> None:
-    ops = [_aten_op(registry.by_name[k].aten) for k in graph.kernels if k in registry.by_name]
+    atens = [registry.by_name[k].aten for k in graph.kernels if k in registry.by_name]
+    ops = [_aten_op(a) for a in atens if a.startswith("aten::")]  # not opgen::<Triton op>
     ops += [resolve_op(target) for target in graph.fallbacks]
     seeded = sorted(str(op) for op in ops if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()))
     if seeded:

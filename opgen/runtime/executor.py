@@ -43,6 +43,7 @@ class Runtime:
     as_strided: Callable[..., torch.Tensor] = torch.as_strided
     lock: Any = field(default_factory=threading.Lock)
     set_check: Callable[[Check], None] | None = None  # filled in by `bind` once the function exists
+    jit: Mapping[str, Any] = field(default_factory=dict)  # JIT launchers by local name (filled in by `bind`)
 
     def on_mismatch(self, *args: Any) -> Any:
         assert self.set_check is not None
@@ -82,6 +83,10 @@ def bind(
     namespace: dict[str, Any] = {"__name__": f"opgen.generated_{graph.key[:12]}"}
     exec(compile(graph.source, filename, "exec", dont_inherit=True), namespace)  # noqa: S102 - our own generated code
     ops = {target: resolve_op(target) for target in graph.fallbacks}
+    if graph.jit_kernels or graph.choices:
+        from opgen.jit.graph import choices, launchers  # launchers start compiling in the background
+
+        rt.jit = {**launchers(graph.jit_kernels, graph.inputs), **choices(graph.choices, kernel_ops)}
     symbols = {local: from_sym(Sym(kind, value)) for local, kind, value in graph.symbols}
     fn: Callable[..., Any] = namespace["make"](kernel_ops, ops, constants, symbols, rt)
     rt.set_check = _cell_setter(fn, "_check")

@@ -59,7 +59,9 @@ def describe_inputs(inputs: Sequence[Any]) -> str:
     )
 
 
-def export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry) -> ExportedProgram:
+def export_program(
+    model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry, dynamic_shapes: Any = None
+) -> ExportedProgram:
     """torch.export the model and decompose it; export's own error passes on, with what opgen was doing.
 
     One export at a time in a process: torch.export is not thread-safe (two threads exporting one
@@ -67,15 +69,19 @@ def export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: Ke
     slow path, from whichever threads call them with new shapes.
     """
     with _EXPORT_LOCK, torch_noise_silenced():
-        return _export_program(model, inputs, registry)
+        return _export_program(model, inputs, registry, dynamic_shapes)
 
 
 _EXPORT_LOCK = threading.Lock()  # process-wide by nature: it guards torch's own global tracing state
 
 
-def _export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry) -> ExportedProgram:
+def _export_program(
+    model: torch.nn.Module, inputs: tuple[Any, ...], registry: KernelRegistry, dynamic_shapes: Any
+) -> ExportedProgram:
+    if dynamic_shapes is not None and isinstance(model, _FunctionModule) and not isinstance(dynamic_shapes, dict):
+        dynamic_shapes = (tuple(dynamic_shapes),)  # forward(*args): one entry for the varargs
     try:
-        ep = torch.export.export(model, inputs)
+        ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as exc:
         exc.add_note(
             f"opgen.compile: this happened while capturing {model_name(model)} with torch.export.export for inputs "
@@ -83,6 +89,7 @@ def _export_program(model: torch.nn.Module, inputs: tuple[Any, ...], registry: K
             "torch.compile(model, backend='opgen') handles graph breaks instead."
         )
         raise
+    # triton_op custom ops become the wrap_triton kernel calls inside them, which opgen launches.
     ep = _run_default_decompositions(ep, registry)
     return _decompose_uncovered(ep, registry)
 
@@ -91,14 +98,18 @@ def _run_default_decompositions(ep: ExportedProgram, registry: KernelRegistry) -
     """The whole table at once; if that fails, op by op, skipping the decompositions that fail."""
     table = decomposition_table(registry)
     try:
-        return ep.run_decompositions(table)
+        return ep.run_decompositions(table, decompose_custom_triton_ops=True)
     except Exception:  # one decomposition's failure must not sink the others: find it below
         pass
     for op in sorted(_graph_ops(ep.graph) & set(table.keys()), key=str):
-        candidate = _try_decompose(ep, lambda p, t: p.run_decompositions(t), {op: table[op]})
+        candidate = _try_decompose(ep, _run_table, {op: table[op]})
         if candidate is not None:
             ep = candidate
-    return ep.run_decompositions({})  # the core IR, without the decompositions that failed
+    return _run_table(ep, {})  # the core IR, without the decompositions that failed
+
+
+def _run_table(ep: ExportedProgram, table: dict[Any, Any]) -> ExportedProgram:
+    return ep.run_decompositions(table, decompose_custom_triton_ops=True)
 
 
 def _graph_ops(graph: torch.fx.Graph) -> set[Any]:

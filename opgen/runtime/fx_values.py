@@ -9,10 +9,9 @@ import torch
 
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.ir import Arg, Ref, Sym, TensorMeta
+from opgen.runtime.symbolic import DynamicShapeError, size_of
 
-
-class DynamicShapeError(OpgenError):
-    """The graph has symbolic sizes; opgen compiles static shapes only."""
+__all__ = ["DynamicShapeError", "dtype_name", "from_sym", "is_ref", "sym_of", "tensor_meta", "to_arg"]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -20,18 +19,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def tensor_meta(value: Any, where: str) -> TensorMeta:
-    """The static meta of a (fake) tensor; symbolic sizes are an error naming `where`."""
-    try:
-        shape = tuple(int(s) for s in value.shape)
-        stride = tuple(int(s) for s in value.stride())
-        offset = int(value.storage_offset())
-    except (TypeError, RuntimeError) as exc:  # an unbacked or unhinted SymInt
-        raise DynamicShapeError(f"{where}: symbolic sizes are not supported (opgen compiles static shapes)") from exc
-    if any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
-        raise DynamicShapeError(
-            f"{where} has symbolic shape {tuple(value.shape)}; opgen compiles static shapes only "
-            "(with torch.compile pass dynamic=False)"
-        )
+    """The meta of a (fake) tensor; symbolic sizes become `SizeExpr`s, data-dependent ones an error naming `where`."""
+    shape = tuple(size_of(s, where) for s in value.shape)
+    stride = tuple(size_of(s, where) for s in value.stride())
+    offset = size_of(value.storage_offset(), where)
     return TensorMeta(shape, stride, dtype_name(value.dtype), str(value.device), offset)
 
 
@@ -61,8 +52,10 @@ def to_arg(value: Any, names: dict[str, Arg], where: str) -> Arg:
         return sym
     if value is None or isinstance(value, bool | int | float | str):
         return value
-    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-        raise DynamicShapeError(f"{where}: symbolic value {value} (opgen compiles static shapes)")
+    if isinstance(value, torch.SymInt):
+        return size_of(value, where)
+    if isinstance(value, torch.SymFloat | torch.SymBool):
+        raise DynamicShapeError(f"{where}: symbolic {type(value).__name__} {value} (opgen computes integer sizes only)")
     raise OpgenError(f"{where}: cannot pass an argument of type {type(value).__name__} ({value!r})")
 
 

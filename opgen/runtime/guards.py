@@ -37,15 +37,19 @@ Check = Callable[..., bool]
 
 @dataclass(frozen=True, slots=True)
 class InputSpec:
+    """What an input must be; with dynamic shapes, sizes and strides may be size texts (`s27`, `16*s27`)."""
+
     name: str
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
+    shape: tuple[int | str, ...]
+    stride: tuple[int | str, ...]
     dtype: str
     device: str
 
     @classmethod
     def of(cls, i: Input) -> InputSpec:
-        return cls(i.name, i.meta.shape, i.meta.stride, i.meta.dtype, i.meta.device)
+        shape = tuple(n if isinstance(n, int) else n.text for n in i.meta.shape)
+        stride = tuple(n if isinstance(n, int) else n.text for n in i.meta.stride)
+        return cls(i.name, shape, stride, i.meta.dtype, i.meta.device)
 
 
 def never(*args: Any) -> bool:

@@ -6,6 +6,10 @@ views) and `body` lines that run on every call. Lines refer to values by name (`
 line defines is a `Value` carrying its `TensorMeta` where known. Nothing here imports torch or
 refers to a graph, so programs can be built by hand, transformed by passes and printed by a
 backend in tests.
+
+Sizes may be symbolic (dynamic shapes): a `SizeExpr` is Python source over named size symbols
+(`s27*s77`), bound once per call from the inputs' sizes by `SizeLet` lines at the top of the body.
+Metas hold ints or `SizeExpr`s; `opgen.runtime.sizes` does arithmetic on them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,20 @@ class Ref:
 
 
 @dataclass(frozen=True, slots=True)
+class SizeExpr:
+    """A size known only per call: Python source over size symbols (`s27*s77`), in canonical form.
+
+    Two equal texts are provably equal sizes (the shape environment canonicalises expressions).
+    """
+
+    text: str
+    symbols: tuple[str, ...]  # the size symbols the text reads
+
+
+Size = Union[int, SizeExpr]  # noqa: UP007
+
+
+@dataclass(frozen=True, slots=True)
 class Sym:
     """A non-literal Python value printed by name: a dtype, device, layout, memory format or inf/nan."""
 
@@ -38,37 +56,63 @@ class Sym:
 
 
 # An argument: a reference, a symbol, a Python literal, or a tuple of arguments (lists print as tuples).
-Arg = Union[Ref, Sym, int, float, bool, str, None, tuple["Arg", ...]]  # noqa: UP007
+Arg = Union[Ref, Sym, SizeExpr, int, float, bool, str, None, tuple["Arg", ...]]  # noqa: UP007
 
 
 @dataclass(frozen=True, slots=True)
 class TensorMeta:
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
+    shape: tuple[Size, ...]
+    stride: tuple[Size, ...]
     dtype: str
     device: str
-    offset: int = 0
+    offset: Size = 0
+
+    @property
+    def is_static(self) -> bool:
+        """No symbolic size, stride or offset: `numel`, `span` and `is_contiguous` are exact numbers."""
+        return all(type(n) is int for n in (*self.shape, *self.stride, self.offset))
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s for n in (*self.shape, *self.stride, self.offset) for s in size_symbols(n)))
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        """Elements (static metas only: callers check `is_static`)."""
+        assert self.is_static, f"numel of a symbolic meta {self.shape}"
+        return math.prod(self.shape)  # type: ignore[arg-type]
 
     @property
     def span(self) -> int:
-        """Elements of storage the tensor reaches, from element 0 of its storage."""
+        """Elements of storage the tensor reaches, from element 0 of its storage (static metas only)."""
         if self.numel == 0:
-            return self.offset
-        return self.offset + 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
+            return self.offset  # type: ignore[return-value]
+        span = sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))  # type: ignore[operator]
+        return self.offset + 1 + span  # type: ignore[operator,no-any-return]
 
     def is_contiguous(self) -> bool:
-        """Row-major dense, as torch.Tensor.is_contiguous (strides of size-1 dims do not matter)."""
-        expected = contiguous_strides(self.shape)
+        """Row-major dense, as torch.Tensor.is_contiguous (strides of size-1 dims do not matter).
+
+        With symbolic sizes: True only where the strides are provably the row-major ones.
+        """
+        if not self.is_static:
+            from opgen.runtime.sizes import contiguous_strides as symbolic_strides
+
+            expected = symbolic_strides(self.shape)
+            return self.offset == 0 and all(
+                n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected, strict=True)
+            )
+        expected = contiguous_strides(self.shape)  # type: ignore[arg-type]
         return self.numel <= 1 or all(
             n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected, strict=True)
         )
 
-    def with_shape(self, shape: tuple[int, ...]) -> TensorMeta:
-        return replace(self, shape=shape, stride=contiguous_strides(shape), offset=0)
+    def with_shape(self, shape: tuple[Size, ...]) -> TensorMeta:
+        if all(type(n) is int for n in shape):
+            return replace(self, shape=shape, stride=contiguous_strides(shape), offset=0)  # type: ignore[arg-type]
+        from opgen.runtime.sizes import contiguous_strides as symbolic_strides
+
+        return replace(self, shape=shape, stride=symbolic_strides(shape), offset=0)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -79,6 +123,10 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def size_symbols(size: Size) -> tuple[str, ...]:
+    return size.symbols if isinstance(size, SizeExpr) else ()
+
+
 @dataclass(frozen=True, slots=True)
 class Value:
     name: str
@@ -87,10 +135,15 @@ class Value:
 
 @dataclass(frozen=True, slots=True)
 class Input:
-    """A positional tensor argument of the compiled function."""
+    """A positional argument of the compiled function: a tensor, or (with `size`) a Python int.
+
+    Size inputs are how torch.compile passes symbolic sizes (SymInt placeholders); `meta` is then a
+    0-d int64 placeholder that no pass reads (`meta_table` leaves size inputs out).
+    """
 
     name: str
     meta: TensorMeta
+    size: SizeExpr | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +171,7 @@ class KernelCall:
     fallback: bool = False  # `kernel` names a torch op (bound from `ops`), not a kernel_ops function
     pointwise: bool = False
     fresh: bool = False  # a torch-op call known to return new tensors (else assumed to alias its arguments)
+    jit: bool = False  # `kernel` names a JIT launcher of the program's `jit_kernels`
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +204,15 @@ class Constant:
 
 
 @dataclass(frozen=True, slots=True)
+class SizeLet:
+    """`name = text`: a size symbol bound from an input (`x.shape[1]`) or a size expression computed once."""
+
+    name: str
+    text: str
+    reads: tuple[str, ...]  # names the text reads (an input, or other size symbols)
+
+
+@dataclass(frozen=True, slots=True)
 class Comment:
     text: str
 
@@ -168,7 +231,31 @@ class Return:
     form: str = "tuple"  # "single" | "tuple" | "list" | "pytree" (rebuilt by the executor's unflatten)
 
 
-Line = Union[KernelCall, Alloc, View, Free, Constant, Comment, Guard, Return]  # noqa: UP007
+@dataclass(frozen=True, slots=True)
+class JitKernelSpec:
+    """A Triton kernel the program launches: what the executor needs to build its launcher."""
+
+    local: str  # the name generated code calls it by
+    kernel: str  # "module:qualname" of the @triton.jit function
+    params: tuple[str, ...]  # its runtime parameters, in order
+    configs: tuple[tuple[tuple[tuple[str, Arg], ...], int, int, tuple[int, ...]], ...]  # (meta, warps, stages, grid)
+    mutates: tuple[str, ...]  # parameters it writes
+    examples: tuple[tuple[str, Arg], ...] = ()  # per parameter: ("tensor", "float32@cuda:0") or ("value", 3)
+    node: str = ""  # the graph node it came from
+    importable: bool = True  # another process can import it by `kernel` (else the graph is not cached on disk)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    """A node with several kernels computing it: the first call times them and keeps the fastest."""
+
+    local: str  # the name generated code calls the choice by
+    candidates: tuple[str, ...]  # kernel_ops functions taking the same arguments
+    node: str
+    target: str  # the ATen overload
+
+
+Line = Union[KernelCall, Alloc, View, Free, Constant, SizeLet, Comment, Guard, Return]  # noqa: UP007
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +265,18 @@ class Program:
     constants: tuple[TensorConstant, ...]
     setup: tuple[Line, ...]
     body: tuple[Line, ...]
+    notes: tuple[str, ...] = ()  # what passes did or skipped that `report()` should say (symbolic sizes)
+    ranges: tuple[tuple[str, int, int | None], ...] = ()  # size symbols: (name, low, high or None)
+    jit_kernels: tuple[JitKernelSpec, ...] = ()
+    choices: tuple[KernelChoice, ...] = ()
 
 
 def refs(arg: Arg) -> Iterator[str]:
     """Names an argument refers to, in order."""
     if isinstance(arg, Ref):
         yield arg.name
+    elif isinstance(arg, SizeExpr):
+        yield from arg.symbols
     elif isinstance(arg, tuple):
         for item in arg:
             yield from refs(item)
@@ -194,8 +287,12 @@ def uses(line: Line) -> tuple[str, ...]:
     match line:
         case KernelCall(args=args, kwargs=kwargs):
             return tuple(refs(args)) + tuple(refs(tuple(v for _, v in kwargs)))
-        case View(source=source):
-            return (source,)
+        case View(source=source, value=value):
+            return (source, *(value.meta.symbols if value.meta is not None else ()))
+        case Alloc(value=value):
+            return value.meta.symbols if value.meta is not None else ()
+        case SizeLet(reads=reads):
+            return reads
         case Free(names=names) | Guard(inputs=names):
             return names
         case Return(values=values):
@@ -212,7 +309,7 @@ def defs(line: Line) -> tuple[Value, ...]:
             return tuple(v for v in outputs if v is not None)
         case Alloc(value=value) | View(value=value):
             return (value,)
-        case Constant(name=name):
+        case Constant(name=name) | SizeLet(name=name):
             return (Value(name),)
     return ()
 
@@ -257,7 +354,7 @@ def substitute_line(line: Line, mapping: Mapping[str, Arg]) -> Line:
 
 def meta_table(program: Program) -> dict[str, TensorMeta]:
     """The meta of every named tensor value of a program."""
-    table = {i.name: i.meta for i in program.inputs}
+    table = {i.name: i.meta for i in program.inputs if i.size is None}
     table.update((c.name, c.meta) for c in program.constants)
     for line in (*program.setup, *program.body):
         table.update((v.name, v.meta) for v in defs(line) if v.meta is not None)

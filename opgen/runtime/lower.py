@@ -25,15 +25,22 @@ from opgen.runtime.ir import (
     Arg,
     Guard,
     Input,
+    JitKernelSpec,
     KernelCall,
     Line,
     Program,
     Ref,
     Return,
+    SizeExpr,
     Sym,
     TensorConstant,
+    TensorMeta,
     Value,
+    defs,
+    uses,
 )
+from opgen.runtime.symbolic import ASSERT_TARGETS, bindings, check_bound, graph_symbols, is_size_node, size_of
+from opgen.runtime.triton_lowering import is_triton_node, lower_triton
 
 # Names generated code binds besides kernels; inputs and constants are renamed around them.
 _RESERVED = frozenset(
@@ -105,11 +112,13 @@ class _Lowering:
     setup: list[Line] = field(default_factory=list)
     body: list[Line] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    jit_kernels: list[JitKernelSpec] = field(default_factory=list)
     direct: int = 0
     counter: int = 0
 
     def run(self, gm: torch.fx.GraphModule) -> Lowered:
         self.taken.update(self.registry.by_name)
+        self.taken.update(graph_symbols(gm))  # size symbols are locals of their own name
         specs = {p.name: p for p in self.signature.placeholders}
         mutated = {o.target for o in self.signature.outputs if o.kind == "mutation"}
         for node in gm.graph.nodes:
@@ -124,12 +133,25 @@ class _Lowering:
                     self.output(node)
                 case _:
                     raise UnsupportedOpError(node.op, node.name, f"'{node.op}' nodes are not lowered")
+        lets = bindings(self.inputs)
+        check_bound(self.inputs, lets, {n for line in self.body for n in uses(line)} - self.defined())
+        self.body[:0] = lets
         if self.options.guard:
             self.body.insert(0, Guard(tuple(i.name for i in self.inputs), self.options.grad_mode))
         program = Program(
-            self.options.name, tuple(self.inputs), tuple(self.constants), tuple(self.setup), tuple(self.body)
+            self.options.name,
+            tuple(self.inputs),
+            tuple(self.constants),
+            tuple(self.setup),
+            tuple(self.body),
+            tuple(self.jit_kernels),
         )
         return Lowered(program, self.direct, tuple(self.fallbacks))
+
+    def defined(self) -> set[str]:
+        """Names lines may read other than size symbols: inputs, constants and every value a line defines."""
+        names = {i.name for i in self.inputs} | {c.name for c in self.constants}
+        return names | {v.name for line in (*self.setup, *self.body) for v in defs(line)}
 
     def local(self, raw: str) -> str:
         name = re.sub(r"\W", "_", raw) or "v"
@@ -147,6 +169,9 @@ class _Lowering:
         return name
 
     def placeholder(self, node: torch.fx.Node, spec: PlaceholderSpec, mutated: bool) -> None:
+        if isinstance(node.meta.get("val"), torch.SymInt | int) and spec.kind == "input":
+            self.size_input(node)
+            return
         meta = tensor_meta(node.meta["val"], f"input '{node.name}'")
         name = self.local(node.name)
         self.names[node.name] = Ref(name)
@@ -154,6 +179,15 @@ class _Lowering:
             self.inputs.append(Input(name, meta))
         else:
             self.constants.append(TensorConstant(name, spec.key or node.name, meta, mutated))
+
+    def size_input(self, node: torch.fx.Node) -> None:
+        """A SymInt placeholder (torch.compile): a Python int argument named after its symbol where it is one."""
+        size = size_of(node.meta["val"], f"input '{node.name}'")
+        plain = isinstance(size, SizeExpr) and size.symbols == (size.text,)
+        name = size.text if plain and isinstance(size, SizeExpr) else self.local(node.name)
+        self.names[node.name] = size if plain else Ref(name)
+        expr = size if isinstance(size, SizeExpr) else SizeExpr(str(size), ())
+        self.inputs.append(Input(name, TensorMeta((), (), "int64", "cpu"), expr))
 
     def get_attr(self, node: torch.fx.Node, value: Any) -> None:
         if not isinstance(value, torch.Tensor):
@@ -168,6 +202,15 @@ class _Lowering:
             return
         if node.target is torch.ops.aten._assert_tensor_metadata.default:
             _check_static_assert(node)  # static metas already prove it: no code
+            return
+        if is_size_node(node):  # shape arithmetic: the IR carries its expression, printed where used
+            self.names[node.name] = size_of(node.meta["val"], f"node '{node.name}'")
+            return
+        if node.target in ASSERT_TARGETS or isinstance(node.meta.get("val"), torch.SymBool):
+            return  # range asserts: the input check enforces the ranges they come from
+        if is_triton_node(node):
+            self.body.extend(lower_triton(self, node))
+            self.direct += 1
             return
         reason = ""
         if isinstance(node.target, torch._ops.OpOverload):
@@ -186,8 +229,11 @@ class _Lowering:
         if node.name in self.names:  # named when its producer was lowered
             return
         source, index = node.args
-        assert isinstance(source, torch.fx.Node) and isinstance(index, int)
+        assert isinstance(source, torch.fx.Node) and isinstance(index, int | str)
         items = self.names[source.name]
+        if isinstance(items, dict):  # a Triton kernel's written tensors, by parameter name
+            self.names[node.name] = items[index]
+            return
         if not isinstance(items, tuple):
             raise UnsupportedOpError("getitem", node.name, f"indexing a value that is not a tuple ({items!r})")
         self.names[node.name] = items[index]
@@ -238,7 +284,8 @@ class _Lowering:
         name = self.new_buf()
         meta = tensor_meta(torch.empty((), dtype=getattr(torch, dtype)), node)
         kwargs = (("dtype", sym_of(getattr(torch, dtype))),)
-        self.setup.append(
+        lines = self.body if isinstance(value, SizeExpr) else self.setup  # a size is known per call only
+        lines.append(
             KernelCall(
                 "scalar_tensor",
                 (value,),
@@ -312,6 +359,8 @@ def _check_static_assert(node: torch.fx.Node) -> None:
     source = node.args[0]
     assert isinstance(source, torch.fx.Node)
     tensor = source.meta["val"]
+    if any(isinstance(n, torch.SymInt) for n in (*tensor.shape, *tensor.stride())):
+        return  # symbolic metas: the input check and the shape environment's guards stand for it
     expected = dict(zip(("size", "stride", "dtype"), node.args[1:], strict=False)) | dict(node.kwargs)
     actual = {
         "size": list(tensor.shape),
@@ -328,4 +377,4 @@ def _check_static_assert(node: torch.fx.Node) -> None:
 
 
 def _is_number(arg: Arg) -> bool:
-    return isinstance(arg, bool | int | float) or (isinstance(arg, Sym) and arg.kind == "float")
+    return isinstance(arg, bool | int | float | SizeExpr) or (isinstance(arg, Sym) and arg.kind == "float")

@@ -5,8 +5,10 @@ Shared by `opgen.compile` (export graphs) and the torch.compile backend (AOT gra
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,12 +21,17 @@ from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
 from opgen.runtime.passes.analysis import written_names
 from opgen.runtime.python_backend import emit
 from opgen.runtime.registry import KernelRegistry, load_registry
+from opgen.runtime.symbolic import SizeRange
 
 
 def default_pipeline() -> tuple[str, ...]:
-    """All passes, less `prepack` where torch lacks the oneDNN ops it calls, and `cudnn` where it lacks cuDNN."""
-    has_onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    missing = {"prepack"} if not has_onednn else set()
+    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks cuDNN."""
+    has_onednn = torch.backends.mkldnn.is_available()
+    missing: set[str] = set()
+    if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        missing.add("prepack")
+    if not (has_onednn and hasattr(torch.ops.mkldnn, "_convolution_pointwise")):
+        missing.add("onednn")
     if not torch.backends.cudnn.is_available():
         missing.add("cudnn")
     return tuple(p for p in DEFAULT_PIPELINE if p not in missing)
@@ -58,16 +65,22 @@ def compile_graph(
     options: CompileOptions,
     name: str,
     out_spec: str = "",
+    ranges: Sequence[SizeRange] = (),
 ) -> tuple[CompiledGraph, str]:
-    """The compiled graph and the file name its source is registered under; `out_spec` joins the key."""
+    """The compiled graph and the file name its source is registered under; `out_spec` joins the key.
+
+    `ranges`: the ranges of the graph's size symbols (dynamic shapes); they join the key too.
+    """
     registry = default_registry()
     parts = [torch.__version__, registry.build_id, repr(options), repr(signature), out_spec, graph_fingerprint(gm)]
+    parts.append(repr(tuple(ranges)))
     key = cache.cache_key(parts)
     if options.cache and (graph := cache.load(key)) is not None:
         return graph, str(cache.source_path(key))
     start = time.perf_counter()
     lowered = lower(gm, signature, registry, LowerOptions(options.fallback, options.guard, options.grad_mode))
-    program = run_passes(lowered.program, registry, options.passes)
+    size_ranges = tuple((r.symbol, r.low, r.high) for r in ranges)
+    program = run_passes(dataclasses.replace(lowered.program, ranges=size_ranges), registry, options.passes)
     source = emit(program, header=f"{name}, graph {key[:16]}")
     graph = compiled_graph(
         key,
@@ -78,6 +91,7 @@ def compile_graph(
         fallback_nodes=lowered.fallbacks,
         passes=options.passes,
         codegen_seconds=time.perf_counter() - start,
+        ranges=size_ranges,
     )
-    path = cache.store(graph) if options.cache else None
+    path = cache.store(graph) if options.cache and graph.cacheable else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"

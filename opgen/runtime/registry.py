@@ -57,6 +57,9 @@ class OpInfo:
     is_view: bool
     mutates: tuple[str, ...]
     view_source: str | None = None  # the argument a view's result aliases
+    candidate_for: str | None = None  # Triton ops: the ATen overload they compute ("aten::add.Tensor")
+    contiguous: tuple[str, ...] = ()  # Triton ops: arguments that must be contiguous
+    same_shape: tuple[str, ...] = ()  # Triton ops: arguments that must have one shape
 
     @property
     def returns_list(self) -> bool:
@@ -78,6 +81,11 @@ class KernelRegistry:
     def lookup(self, aten: str) -> OpInfo | None:
         """The functional binding of an overload (`aten::relu` or `aten::relu.default`)."""
         return self.by_aten.get(aten.removesuffix(".default"))
+
+    def candidates(self, aten: str) -> list[OpInfo]:
+        """Kernels that compute the overload `aten` (`aten::add.Tensor`) besides its own binding."""
+        aten = aten.removesuffix(".default")
+        return [i for i in self.by_name.values() if i.candidate_for is not None and i.candidate_for == aten]
 
     def sibling(self, info: OpInfo, variant: str) -> OpInfo | None:
         name = {"inplace": info.inplace, "out": info.out, "functional": info.functional}[variant]
@@ -104,7 +112,12 @@ def load_registry(kernel_ops: Any) -> KernelRegistry:
 
 
 def op_info(entry: Mapping[str, Any]) -> OpInfo:
+    triton = entry.get("triton") or {}
+    target = triton.get("candidate_for")
     return OpInfo(
+        candidate_for=("aten::" + target.removeprefix("aten.")).removesuffix(".default") if target else None,
+        contiguous=tuple(triton.get("contiguous", ())),
+        same_shape=tuple(triton.get("same_shape", ())),
         name=entry["name"],
         aten=entry["aten"],
         args=tuple(arg_info(a) for a in entry["args"]),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +19,9 @@ class Report:
     codegen_seconds: float = 0.0
     specializations: int = 1
     cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
+    ranges: tuple[str, ...] = ()  # dynamic shapes: "s27: [1, 256]" per size symbol
+    notes: tuple[str, ...] = ()  # what passes did differently for symbolic sizes
+    jit: tuple[str, ...] = ()  # per Triton kernel node: the kernel, and which variant runs and why
 
     @property
     def runs_eagerly(self) -> bool:
@@ -37,8 +42,28 @@ class Report:
             lines.append("  (add these ops to ops.yaml to run them direct)")
         if self.torch_ops:
             lines.append(f"  also calls through torch.ops, chosen by passes: {', '.join(self.torch_ops)}")
+        if self.ranges:
+            lines.append(f"  dynamic sizes: {', '.join(self.ranges)}")
+        lines += [f"  {note}" for note in self.notes]
+        if self.jit:
+            lines.append(f"  Triton kernels and kernel choices through opgen's JIT: {len(self.jit)}")
+            lines += [f"    {line}" for line in self.jit]
         if self.cuda_graph is not None:
             lines.append(f"  {self.cuda_graph}")
         if self.specializations > 1:
             lines.append(f"  specializations for input shapes so far: {self.specializations}")
         return "\n".join(lines)
+
+
+def jit_lines(graph: Any, launchers: Mapping[str, Any]) -> tuple[str, ...]:
+    """One line per Triton kernel node of a compiled graph: kernel, configs, and the pick so far."""
+    lines = []
+    for spec in graph.jit_kernels:
+        kernel = getattr(launchers.get(spec.local), "kernel", None)
+        picks = "; ".join(kernel.picks.values()) if kernel is not None and kernel.picks else "not called yet"
+        lines.append(f"node '{spec.node}': {spec.kernel}, {len(spec.configs)} config(s): {picks}")
+    for choice_spec in graph.choices:
+        choice = getattr(launchers.get(choice_spec.local), "choice", None)
+        told = choice.describe() if choice is not None else f"node '{choice_spec.node}': not bound"
+        lines.append(f"choice among {', '.join(choice_spec.candidates)}: {told}")
+    return tuple(lines)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from opgen.jit.expr import Expr
+
 # The scalar (non-list) base types the schema language may name, in the order error messages list them.
 BASE_TYPES = (
     "Tensor",
@@ -163,6 +165,58 @@ def kernel_op_name(function: str) -> str:
     return function
 
 
+MetaValue = int | float | bool | str
+
+
+@dataclass(frozen=True, slots=True)
+class TritonArg:
+    """One runtime parameter of a Triton kernel and the expression that computes it."""
+
+    param: str  # the kernel's parameter name
+    text: str  # the expression as written (`numel(self)`, `alpha`, `out`)
+    value: Expr  # parsed by opgen.jit.expr
+
+
+@dataclass(frozen=True, slots=True)
+class TritonOutput:
+    """A returned tensor the binding allocates: `empty_like(like)` or `empty_like(like, dtype=...)`."""
+
+    name: str
+    like: str  # a Tensor argument of the schema
+    dtype: str | None  # a torch dtype name (`float32`), or None: the dtype of `like`
+
+    @property
+    def text(self) -> str:
+        return f"empty_like({self.like})" if self.dtype is None else f"empty_like({self.like}, dtype={self.dtype})"
+
+
+@dataclass(frozen=True, slots=True)
+class TritonConfig:
+    """One launch configuration: constexpr (meta) values and launch options."""
+
+    meta: tuple[tuple[str, MetaValue], ...]
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TritonKernel:
+    """The `triton:` section of a spec op: which kernel, its arguments, outputs, grid and configs."""
+
+    kernel: str  # `module.path:qualname` of a @triton.jit function
+    args: tuple[TritonArg, ...]  # the kernel's runtime parameters, in its order
+    outputs: tuple[TritonOutput, ...]  # allocated results, in return order
+    grid: tuple[str, ...]  # 1-3 expressions over parameters and constexprs
+    configs: tuple[TritonConfig, ...]
+    candidate_for: str | None = None  # `aten.add.Tensor`: an ATen overload it computes identically
+    contiguous: tuple[str, ...] = ()  # tensor arguments the binding requires to be contiguous
+    same_shape: tuple[str, ...] = ()  # tensor arguments the binding requires to share one shape
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(a.param for a in self.args)
+
+
 @dataclass(frozen=True, slots=True)
 class OpSpec:
     """One bound Python function: a schema, its kernels and where it came from."""
@@ -175,10 +229,11 @@ class OpSpec:
     doc: str
     release_gil: bool
     location: Location
+    triton: TritonKernel | None = None  # a Triton op: `kernels` is empty
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(k.backend for k in self.kernels)
+        return ("triton",) if self.triton is not None else tuple(k.backend for k in self.kernels)
 
     @property
     def tensor_args(self) -> tuple[Arg, ...]:

@@ -12,7 +12,6 @@ Each entry binds one functional op and, on request, its in-place and out variant
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import keyword
 import re
 from pathlib import Path
@@ -31,30 +30,23 @@ from opgen.spec.model import (
     OpSpec,
     Return,
     Schema,
+    TritonKernel,
     Type,
     Variant,
 )
+from opgen.spec.problems import Problems, unknown_key
 from opgen.spec.schema import SchemaSyntaxError, parse_schema
+from opgen.spec.triton import triton_kernel
 
-ENTRY_KEYS = ("func", "python", "kernels", "inplace", "out", "release_gil", "doc")
+ENTRY_KEYS = ("func", "python", "kernels", "triton", "inplace", "out", "release_gil", "doc")
+# Keys a Triton op cannot have: its variants are entries of their own, and its launch keeps the GIL.
+NOT_WITH_TRITON = ("kernels", "inplace", "out", "release_gil")
 VARIANT_KEYS = ("func", "python", "kernels")
 LIST_BASES = ("Tensor", "int", "SymInt", "float", "bool")
 # \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
 _KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab and newline, and DEL
-
-
-class _Problems:
-    """Collects `path:line: op 'name': message` lines."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.items: list[str] = []
-
-    def add(self, line: int, op: str | None, message: str) -> None:
-        where = f"{self.path}:{line}: "
-        self.items.append(where + (f"op '{op}': " if op else "") + message)
 
 
 def load_spec(
@@ -66,7 +58,7 @@ def load_spec(
     when there is one), so that a kernel torch lacks is a spec error, not a C++ compiler error.
     """
     name, entries = load_entries(Path(path), display_name)
-    problems = _Problems(name)
+    problems = Problems(name)
     ops: list[OpSpec] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, RawEntry):
@@ -85,7 +77,7 @@ def load_spec(
     return tuple(ops)
 
 
-def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
+def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
     fields, lines = entry.fields, entry.lines
     func = fields.get("func")
     if not isinstance(func, str):
@@ -94,10 +86,15 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     op_name = func.split("(", 1)[0].strip() or func
     for key in fields:
         if key not in ENTRY_KEYS:
-            problems.add(lines[key], op_name, _unknown_key(key, ENTRY_KEYS))
+            problems.add(lines.get(str(key), entry.line), op_name, unknown_key(key, ENTRY_KEYS))
     count = len(problems.items)
     schema = _schema(func, lines["func"], op_name, problems)
-    kernels = _kernels(fields.get("kernels"), lines.get("kernels", entry.line), op_name, problems)
+    if "triton" in fields:
+        kernels: tuple[Kernel, ...] | None = ()
+        triton = _triton(entry, schema, op_name, problems)
+    else:
+        kernels = _kernels(fields.get("kernels"), lines.get("kernels", entry.line), op_name, problems)
+        triton = None
     doc = fields.get("doc", "")
     if not isinstance(doc, str):
         problems.add(lines["doc"], op_name, "'doc' must be a string")
@@ -114,7 +111,8 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     if not _python_name_ok(python_name, lines.get("python", entry.line), op_name, problems):
         return []
     location = Location(problems.path, lines["func"])
-    base = OpSpec(schema, python_name, kernels, variant_of(schema), python_name, str(doc), release_gil, location)
+    own = variant_of(schema)
+    base = OpSpec(schema, python_name, kernels, own, python_name, str(doc), release_gil, location, triton)
     ops = [base]
     for kind in (Variant.INPLACE, Variant.OUT):
         if kind.value in fields:
@@ -125,10 +123,21 @@ def _entry_ops(entry: RawEntry, problems: _Problems) -> list[OpSpec]:
     return ops
 
 
-def _unknown_key(key: object, allowed: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(str(key), allowed, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return f"unknown key '{key}' (allowed: {', '.join(allowed)}){hint}"
+def _triton(entry: RawEntry, schema: Schema | None, op: str, problems: Problems) -> TritonKernel | None:
+    """The `triton:` section; the keys a Triton op cannot have are problems of their own."""
+    for key in NOT_WITH_TRITON:
+        if key in entry.fields:
+            why = {
+                "kernels": "give either 'kernels' (ATen kernels) or 'triton', not both",
+                "release_gil": "a Triton op keeps the GIL while it launches: remove 'release_gil'",
+            }.get(
+                key, f"a Triton op has no '{key}' variant; declare it as an entry of its own with a Tensor(a!) schema"
+            )
+            problems.add(entry.lines[key], op, why)
+    if schema is None:
+        return None
+    line = entry.lines["triton"]
+    return triton_kernel(entry.fields["triton"], line, schema, lambda ln, msg: problems.add(ln, op, msg))
 
 
 def default_python_name(schema: Schema) -> str:
@@ -147,7 +156,7 @@ def variant_of(schema: Schema) -> Variant:
     return Variant.FUNCTIONAL
 
 
-def _schema(text: str, line: int, op: str, problems: _Problems) -> Schema | None:
+def _schema(text: str, line: int, op: str, problems: Problems) -> Schema | None:
     if control := _CONTROL.search(text.replace("\t", " ").replace("\n", " ")):  # YAML may fold a long line
         problems.add(line, op, f"the schema holds the control character U+{ord(control.group()):04X}")
         return None
@@ -162,7 +171,7 @@ def _schema(text: str, line: int, op: str, problems: _Problems) -> Schema | None
     return schema if len(problems.items) == before else None
 
 
-def _check_args(schema: Schema, line: int, problems: _Problems) -> None:
+def _check_args(schema: Schema, line: int, problems: Problems) -> None:
     op, seen, after_default = schema.qualified_name, set(), None
     for arg in schema.args:
         if arg.name in seen:
@@ -189,7 +198,7 @@ def _check_args(schema: Schema, line: int, problems: _Problems) -> None:
             problems.add(line, op, f"arg '{arg.name}' has no default but follows '{after_default}', which has one")
 
 
-def _check_returns(schema: Schema, line: int, problems: _Problems) -> None:
+def _check_returns(schema: Schema, line: int, problems: Problems) -> None:
     op = schema.qualified_name
     arg_sets = {a.alias.alias_set: a for a in schema.args if a.alias is not None}
     if not schema.returns:
@@ -208,7 +217,7 @@ def _check_returns(schema: Schema, line: int, problems: _Problems) -> None:
             problems.add(line, op, f"return alias '{ret.alias}' and arg '{source.name}' disagree on '!'")
 
 
-def _kernels(raw: Any, line: int, op: str, problems: _Problems) -> tuple[Kernel, ...] | None:
+def _kernels(raw: Any, line: int, op: str, problems: Problems) -> tuple[Kernel, ...] | None:
     if not isinstance(raw, dict) or not raw:
         problems.add(line, op, f"'kernels' must map a backend ({', '.join(BACKENDS)}) to a kernel like at::cpu::add")
         return None
@@ -232,7 +241,7 @@ def _kernels(raw: Any, line: int, op: str, problems: _Problems) -> tuple[Kernel,
     return tuple(kernels) if len(kernels) == len(raw) else None
 
 
-def _python_name_ok(name: Any, line: int, op: str, problems: _Problems) -> bool:
+def _python_name_ok(name: Any, line: int, op: str, problems: Problems) -> bool:
     if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
         problems.add(line, op, f"python name {name!r} is not a valid Python identifier")
         return False
@@ -242,7 +251,7 @@ def _python_name_ok(name: Any, line: int, op: str, problems: _Problems) -> bool:
     return True
 
 
-def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Problems) -> OpSpec | None:
+def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: Problems) -> OpSpec | None:
     op = base.schema.qualified_name
     if isinstance(raw, str):
         raw = {"func": raw}
@@ -255,7 +264,7 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Pr
         return None
     for key in raw:
         if key not in VARIANT_KEYS:
-            problems.add(loc.line, op, f"'{kind.value}': " + _unknown_key(key, VARIANT_KEYS))
+            problems.add(loc.line, op, f"'{kind.value}': " + unknown_key(key, VARIANT_KEYS))
             return None
     func: str = raw["func"]
     schema = (
@@ -277,7 +286,7 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: _Pr
     return OpSpec(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc)
 
 
-def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Problems) -> Schema | None:
+def _derive(base: Schema, kind: Variant, name: str, line: int, problems: Problems) -> Schema | None:
     """Derive `add_.Tensor` or `add.out` from the functional schema."""
     op = base.qualified_name
     schema_name, _, overload = name.partition(".")
@@ -310,7 +319,7 @@ def _derive(base: Schema, kind: Variant, name: str, line: int, problems: _Proble
     return Schema(schema_name, overload, args, (Return(Type("Tensor"), None, written),))
 
 
-def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
+def _check_unique(ops: list[OpSpec], problems: Problems) -> None:
     by_python: dict[str, OpSpec] = {}
     by_schema: dict[str, OpSpec] = {}
     for spec in ops:
@@ -329,7 +338,7 @@ def _check_unique(ops: list[OpSpec], problems: _Problems) -> None:
             )
 
 
-def _check_kernels(ops: list[OpSpec], index: KernelIndex | None, problems: _Problems) -> None:
+def _check_kernels(ops: list[OpSpec], index: KernelIndex | None, problems: Problems) -> None:
     """Each kernel is declared by torch with the schema's number of arguments (the binding passes all)."""
     if index is None:
         return

@@ -35,11 +35,29 @@ def normalized(schema: Schema) -> tuple[object, ...]:
     return schema.name, schema.overload, args, schema.returns
 
 
-@pytest.mark.parametrize("spec", OPS, ids=[s.python_name for s in OPS])
+ATEN_OPS = [s for s in OPS if s.triton is None]
+CANDIDATES = [s for s in OPS if s.triton is not None and s.triton.candidate_for]
+
+
+def torch_schema(qualified: str) -> Schema:
+    """`aten.add.Tensor` (or `add.Tensor`, `relu`) -> torch's own schema of that overload."""
+    name, _, overload = qualified.removeprefix("aten.").partition(".")
+    packet = getattr(torch.ops.aten, name)
+    return parse_schema(str(getattr(packet, overload or "default")._schema).removeprefix("aten::"))
+
+
+@pytest.mark.parametrize("spec", ATEN_OPS, ids=[s.python_name for s in ATEN_OPS])
 def test_schema_matches_torch(spec: OpSpec) -> None:
-    packet = getattr(torch.ops.aten, spec.schema.name)
-    theirs = str(getattr(packet, spec.schema.overload or "default")._schema).removeprefix("aten::")
-    assert normalized(spec.schema) == normalized(parse_schema(theirs)), f"\nours:   {spec.schema}\ntorch:  {theirs}"
+    theirs = torch_schema(spec.schema.qualified_name)
+    assert normalized(spec.schema) == normalized(theirs), f"\nours:   {spec.schema}\ntorch:  {theirs}"
+
+
+@pytest.mark.parametrize("spec", CANDIDATES, ids=[s.python_name for s in CANDIDATES])
+def test_triton_candidate_takes_the_overloads_arguments(spec: OpSpec) -> None:
+    """A Triton op offered as a candidate for an ATen overload is called with that overload's arguments."""
+    assert spec.triton is not None and spec.triton.candidate_for
+    theirs = torch_schema(spec.triton.candidate_for)
+    assert normalized(spec.schema)[2:] == normalized(theirs)[2:], f"\nours:   {spec.schema}\ntorch:  {theirs}"
 
 
 @pytest.mark.parametrize("spec", OPS, ids=[s.python_name for s in OPS])
@@ -76,6 +94,6 @@ def test_coverage_includes_resnet_and_gpt_ops() -> None:
         "gelu.default",
         "_unsafe_view.default",
     }
-    bound = {s.schema.qualified_name if s.schema.overload else f"{s.schema.name}.default" for s in OPS}
+    bound = {s.schema.qualified_name if s.schema.overload else f"{s.schema.name}.default" for s in ATEN_OPS}
     assert needed <= bound, sorted(needed - bound)
     assert len(OPS) >= 100

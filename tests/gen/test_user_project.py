@@ -6,6 +6,7 @@ a bad spec fails the build with the spec's own error message.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,12 @@ SPEC_EDITED = (
     + """
 - func: neg(Tensor self) -> Tensor
   kernels: {cpu: at::cpu::neg}
+- func: scale_(Tensor(a!) self, float f) -> Tensor(a!)
+  triton:
+    kernel: my_ops.kernels:scale
+    args: {x: self, n: numel(self), f: f}
+    grid: ['cdiv(n, BLOCK)']
+    configs: [{BLOCK: 256}]
 """
 )
 
@@ -83,8 +90,11 @@ def test_user_project_builds_regenerates_and_rejects_bad_spec(tmp_path: Path) ->
     assert "opgen: generating kernel_ops bindings" in rebuild.stdout
     assert (
         call(build, "print(k.neg(torch.ones(1)).tolist(), sorted(k.get_kernel_op_names()))")
-        == "[-1.0] ['neg', 'times']"
+        == "[-1.0] ['neg', 'scale_', 'times']"
     )
+    # A Triton op binds like any other; on CPU tensors it refuses (a CPU build: for want of a launcher).
+    refused = call(build, "exec('try: k.scale_(torch.ones(2), 2.0)\\nexcept RuntimeError as e: print(e)')")
+    assert re.match(r"kernel_ops\.scale_\(\): (runs a Triton kernel|argument 'self' is on cpu)", refused), refused
 
     (src / "my_ops.yaml").write_text(SPEC.replace("Tensor other", "Tensr other"))
     failed = run(["ninja"], build)

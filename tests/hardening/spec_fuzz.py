@@ -99,8 +99,11 @@ def mutate(rng: random.Random, entries: list[str]) -> tuple[str, bytes]:
 def structured(rng: random.Random, data: list) -> str:
     entry = rng.choice(data)
     key = rng.choice(list(entry))
-    action = rng.choice(("drop", "type", "unknown", "schema", "kernel", "duplicate", "unicode", "variant", "python"))
+    actions = ("drop", "type", "unknown", "schema", "kernel", "duplicate", "unicode", "variant", "python")
+    action = rng.choice(actions + (("triton",) * 4 if isinstance(entry.get("triton"), dict) else ()))
     match action:
+        case "triton":
+            return f"triton {triton_edit(rng, entry['triton'])}"
         case "drop":
             del entry[key]
         case "type":
@@ -193,6 +196,32 @@ def check_output(files: dict[str, str], ops: tuple, index: KernelIndex | None) -
                 if problem:
                     return f"{op.python_name}: {problem}"
     return None
+
+
+TRITON_VALUES = (
+    None, 1, 2**70, -1, 2.5, True, "", "x", "self", "out", "numel(self)", "cdiv(n, 0)", "size(self, 2**64)",
+    "1 +", "max(1)", "out // 0", [], ["x"], [1, 2, 3, 4], [{"BLOCK": 1}], [{"num_warps": 3}], [{"n_elements": 1}],
+    {}, {"a": "self"}, {"out": "empty_like(other, dtype=int64)"}, {"out": "empty_like(alpha)"}, "aten.add",
+    "a.b:c", "\u00e9", "x )opgen\"", [7],
+)  # fmt: skip
+
+
+def triton_edit(rng: random.Random, section: dict) -> str:
+    """Change, drop or add a key of a `triton:` section, or one entry of its args/outputs/configs."""
+    key = rng.choice([*section, "gird"])
+    target = section.get(key)
+    if isinstance(target, dict) and target and rng.random() < 0.5:
+        inner = rng.choice(list(target))
+        target[inner] = rng.choice(TRITON_VALUES)
+        return f"{key}.{inner}"
+    if isinstance(target, list) and target and rng.random() < 0.5:
+        target[rng.randrange(len(target))] = rng.choice(TRITON_VALUES)
+        return f"{key}[]"
+    if rng.random() < 0.2:
+        section.pop(key, None)
+        return f"drop {key}"
+    section[key] = rng.choice(TRITON_VALUES)
+    return key
 
 
 def cpp_lexical_problem(text: str) -> str | None:

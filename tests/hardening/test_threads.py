@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from leak_check import Model
 
@@ -103,13 +104,16 @@ def test_first_call_from_threads_at_once() -> None:
         run_threads(_calls(fast, xs, expected, rounds=20))
 
 
-def test_new_specialization_from_threads_at_once() -> None:
+@pytest.mark.parametrize("automatic_dynamic, compiles", [(False, 3), (True, 2)])
+def test_new_specialization_from_threads_at_once(automatic_dynamic: bool, compiles: int) -> None:
     """Inputs of new sizes compile a specialization on the slow path; several threads at once."""
     model = Model().eval()
     with torch.no_grad():
-        fast = opgen.compile(model, (torch.randn(2, 16),), cache=False)
+        fast = opgen.compile(model, (torch.randn(2, 16),), cache=False, automatic_dynamic=automatic_dynamic)
     xs = [torch.randn(3 + i % 2, 16) for i in range(4)]  # two new shapes, each wanted by two threads
     with torch.no_grad():
         expected = [model(x) for x in xs]
     run_threads(_calls(fast, xs, expected, rounds=5), threads=4)
-    assert fast.report().specializations == 3  # one per shape, however many threads asked
+    # static: one per shape; automatic dynamic: the first plus one dynamic for both new batch sizes,
+    # however many threads asked
+    assert fast.report().specializations == compiles

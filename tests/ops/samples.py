@@ -658,6 +658,15 @@ def _empty(m: Maker) -> list[Sample]:
     return [S([2, 3], dtype=m.dtype), S([2, 3, 4, 5], dtype=m.dtype, memory_format=CL), S([0]), S((3,), **CPU)]
 
 
+def _empty_permuted(m: Maker) -> list[Sample]:
+    return [
+        S([2, 3], [0, 1], dtype=m.dtype),
+        S([2, 3, 4, 5], [0, 2, 3, 1], dtype=m.dtype),
+        S([0], [0]),
+        S((3,), (0,), **CPU),
+    ]
+
+
 def _arange(m: Maker) -> list[Sample]:
     return [
         S(0, 10, 3, dtype=m.dtype),
@@ -816,6 +825,7 @@ SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
         "ones_like": OpSamples(FLOAT_INT, _like),
         "full_like": OpSamples(FLOAT_INT, _full_like),
         "empty_like": OpSamples(FLOAT_INT, _like, values=False),
+        "empty_permuted": OpSamples(FLOAT_INT, _empty_permuted, values=False),
         "tril": OpSamples((F32, I64, BOOL), _tril),
         "triu": OpSamples((F32, I64, BOOL), _tril),
         # ops the runtime needs

@@ -8,6 +8,7 @@ asked for a CUDA tensor. Skipped without a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 from functools import partial
 from typing import Any
 
@@ -66,3 +67,29 @@ def test_two_gpus_in_one_call_are_a_clear_error() -> None:
 
     with pytest.raises(RuntimeError, match=r"kernel_ops\.add\(\): expected all tensors on one device"):
         kernel_ops.add(torch.ones(3, device="cuda:0"), torch.ones(3, device="cuda:1"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [1, 1000, 5000])
+def test_triton_add_matches_add(dtype: torch.dtype, n: int) -> None:
+    """The spec's Triton op against the ATen overload it is a candidate for (same arguments)."""
+    from opgen import kernel_ops
+
+    x, y = (torch.randn(n, device="cuda").to(dtype) for _ in range(2))
+    for alpha in (1, 2.5, -1):
+        torch.testing.assert_close(kernel_ops.triton_add(x, y, alpha=alpha), torch.add(x, y, alpha=alpha))
+
+
+def test_triton_add_refuses_what_its_kernel_cannot_read() -> None:
+    from opgen import kernel_ops
+
+    x = torch.ones(4, 4, device="cuda")
+    with pytest.raises(RuntimeError, match=r"^kernel_ops\.triton_add\(\): .*'other' is on cpu"):
+        kernel_ops.triton_add(x, torch.ones(4, 4))
+    with pytest.raises(RuntimeError, match=r"^kernel_ops\.triton_add\(\): argument 'self' is on cpu"):
+        kernel_ops.triton_add(torch.ones(4, 4), torch.ones(4, 4))
+    with pytest.raises(ValueError, match=r"^kernel_ops\.triton_add\(\): arguments 'self' \[4, 4\] and 'other' \[4\]"):
+        kernel_ops.triton_add(x, torch.ones(4, device="cuda"))
+    with pytest.raises(ValueError, match=r"^kernel_ops\.triton_add\(\): argument 'other' must be contiguous"):
+        kernel_ops.triton_add(x, x.t())

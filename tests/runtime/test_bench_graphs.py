@@ -13,7 +13,8 @@ from opgen.bench import graphs
 
 def test_graphs_writes_a_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "graphs.json"
-    argv = ["--cases", "single_add", "reshape_add", "--candidates", "opgen", "--repeats", "1", "--json", str(out)]
+    argv = ["--cases", "single_add", "reshape_add", "--candidates", "opgen", "--repeats", "1", "--threads", "1"]
+    argv += ["--json", str(out)]
     assert graphs.main(argv) == 0
     text = capsys.readouterr().out
     assert "| single_add" in text and "opgen.compile" in text and "targets:" in text
@@ -29,3 +30,25 @@ def test_png_without_matplotlib_is_a_message_not_an_error(tmp_path: Path, monkey
     result = graphs.Result("single_add", "opgen", 1.0, 1.0, 1.0, 0.8, 0.1, 0.01, 0.0)
     message = graphs.save_png([result], ["opgen"], tmp_path / "chart.png")
     assert "matplotlib is not installed" in message and not (tmp_path / "chart.png").exists()
+
+
+def test_thread_counts_parse_and_every_table_keeps_them_apart() -> None:
+    assert graphs.thread_counts("1,all,1")[0] == 1 and len(graphs.thread_counts("1,all,1")) <= 2
+    assert graphs.thread_counts("2") == (2,)
+    with pytest.raises(Exception, match="positive integers or 'all'"):
+        graphs.thread_counts("0")
+    results = [
+        graphs.Result(case, cand, us, us, us, us / 10.0, 0.1, None, 0.0, threads)
+        for threads, scale in ((1, 1.0), (4, 0.5))
+        for case, cand, us in (
+            ("gpt_block", "eager", 10.0 * scale),
+            ("gpt_block", "inductor", 8.0 * scale),
+            ("gpt_block", "aoti", 9.0 * scale),
+            ("gpt_block", "opgen", 6.0 * scale if threads == 1 else 12.0 * scale),
+        )
+    ]
+    summary = graphs.summary_table(results, ["eager", "inductor", "aoti", "opgen"])
+    assert summary.count("| gpt_block") == 2
+    lines = graphs.compiler_lines(results)
+    assert "gpt_block, 1 thread(s): opgen.compile 0.750x the faster compiler" in lines[0] and lines[0].endswith(": met")
+    assert "gpt_block, 4 thread(s): opgen.compile 1.500x" in lines[1] and lines[1].endswith("NOT met")

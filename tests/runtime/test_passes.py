@@ -161,6 +161,24 @@ def test_constant_folding_hoists_constant_only_calls_but_not_outputs(registry) -
     assert kernels(out.body) == ["where", "neg"]  # neg(mask) is returned: it stays a fresh result
 
 
+def test_constant_folding_keeps_buffers_the_body_writes(registry) -> None:
+    """A buffer made from constants alone but written on every call (by a Triton kernel, say) is no
+    constant: neither it nor what reads it moves into setup."""
+    write = KernelCall("jit_k", (Ref("x4"), Ref("buf1")), (), (), "k", "triton:k", mutates=("buf1",), jit=True)
+    p = program(
+        call("zeros", (4,), out="buf0", shape=(4,)),
+        call("clone", Ref("buf0"), out="buf1", shape=(4,)),
+        write,
+        call("relu", Ref("buf1"), out="buf2", shape=(4,)),
+        call("neg", Ref("buf2"), out="buf3", shape=(4,)),
+        Return((Ref("buf3"),), "single"),
+        inputs=(Input("x4", meta(4)),),
+    )
+    out = fold_constants(p, registry)
+    assert kernels(out.setup) == ["zeros"]
+    assert kernels(out.body) == ["clone", "jit_k", "relu", "neg"]
+
+
 def test_shape_folding_folds_size_queries_and_resolves_minus_one(registry) -> None:
     size = KernelCall(
         "aten.sym_size.int", (Ref("x"), 0), (), (Value("s0"),), "sym_size", "aten.sym_size.int", fallback=True
@@ -359,6 +377,7 @@ def test_frees_follow_last_use_for_big_values(registry) -> None:
 def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registry) -> None:
     expected = {
         "conv_bn",
+        "onednn",
         "layout",
         "cudnn",
         "identity_views",
@@ -369,11 +388,13 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "dead_code",
         "memory",
         "hoist_views",
+        "sizes",
         "frees",
+        "kernel_choice",
     }
     assert set(PASSES) == expected
     out = run_passes(conv_bn_program(True), registry)
-    assert kernels(out.body) == ["convolution"]
+    assert kernels(out.body) == ["convolution"]  # batch norm folded; too small a convolution for oneDNN
     with pytest.raises(ValueError, match="unknown opgen pass 'nope'"):
         run_passes(conv_bn_program(True), registry, ["nope"])
 
@@ -420,3 +441,33 @@ def test_prepack_fuses_a_following_gelu(registry) -> None:
     fn = executor.bind(compiled_graph("g" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
     expected = torch.nn.functional.gelu(torch.nn.functional.linear(xs, values["w"], values["b"]), approximate="tanh")
     torch.testing.assert_close(fn(xs), expected, atol=1e-4, rtol=1e-4)
+
+
+def cuda_meta(*shape: int, stride: tuple[int, ...] | None = None) -> TensorMeta:
+    return TensorMeta(shape, stride or contiguous_strides(shape), "float32", "cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "chosen"),
+    [
+        (cuda_meta(4, 8), cuda_meta(4, 8), True),
+        (cuda_meta(4, 8), cuda_meta(8), False),  # broadcasting: the Triton add wants one shape
+        (cuda_meta(4, 8, stride=(1, 4)), cuda_meta(4, 8), False),  # not contiguous
+        (meta(4, 8), meta(4, 8), False),  # CPU
+    ],
+)
+def test_kernel_choice_offers_fitting_triton_candidates(registry, a, b, chosen) -> None:
+    from opgen.runtime.passes.kernel_choice import choose_kernels
+
+    if not registry.candidates("aten::add.Tensor"):
+        pytest.skip("this build's spec has no candidate for aten.add.Tensor")
+    add = KernelCall("add", (Ref("a"), Ref("b")), (), (Value("buf0", a),), "add", "aten.add.Tensor", pointwise=True)
+    p = program(add, Return((Ref("buf0"),), "single"), inputs=(Input("a", a), Input("b", b)))
+    out = choose_kernels(p, registry)
+    if chosen:
+        (choice,) = out.choices
+        assert choice.candidates[0] == "add" and "triton_add" in choice.candidates
+        assert out.body[0].jit and out.body[0].kernel == choice.local
+        assert f'rt.jit["{choice.local}"]' in emit(out).text
+    else:
+        assert out == p

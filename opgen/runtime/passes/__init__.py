@@ -2,13 +2,17 @@
 
 `PASSES` names them; `DEFAULT_PIPELINE` is the order `opgen.compile` runs them in. Order matters
 only for quality, not correctness: batch-norm folding wants the raw conv -> bn pattern, and
-cuDNN fusion the conv -> relu pattern folding leaves; view
+oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `onednn` runs before
+`layout` so that max pooling of its channels-last values joins its region; view
 simplification and shape folding leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
 again, removed before memory planning; constant folding and memory planning decide what lives in
-setup; `hoist_views` then moves views of setup values out of the call; `insert_frees` comes last
-because it needs the final body. `prepack` needs oneDNN and `cudnn` cuDNN at run time, so
-`opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it.
+setup; `hoist_views` then moves views of setup values out of the call; `sizes` binds the size
+arithmetic of dynamic shapes once per call, after every pass that rewrites calls; `insert_frees` comes
+last because it needs the final body. `prepack` and `onednn` need oneDNN and `cudnn` cuDNN at run time, so
+`opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it. `kernel_choice`
+is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
+turns functional calls into in-place ones that have no candidates.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
+from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
+from opgen.runtime.passes.sizes import hoist_sizes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
 from opgen.runtime.registry import KernelRegistry
 
@@ -31,6 +38,7 @@ Pass = Callable[[Program, KernelRegistry], Program]
 
 PASSES: dict[str, Pass] = {
     "conv_bn": fold_conv_bn,
+    "onednn": fuse_onednn,
     "layout": channels_last_pooling,
     "cudnn": fuse_cudnn,
     "identity_views": drop_identity_views,
@@ -41,11 +49,14 @@ PASSES: dict[str, Pass] = {
     "dead_code": eliminate_dead_code,
     "memory": plan_memory,
     "hoist_views": hoist_views,
+    "sizes": hoist_sizes,
     "frees": insert_frees,
+    "kernel_choice": choose_kernels,  # opt-in: times ATen against Triton candidates on the first call
 }
 
 DEFAULT_PIPELINE = (
     "conv_bn",
+    "onednn",
     "layout",
     "cudnn",
     "identity_views",
@@ -57,6 +68,7 @@ DEFAULT_PIPELINE = (
     "dead_code",
     "memory",
     "hoist_views",
+    "sizes",
     "frees",
 )
 

@@ -32,17 +32,16 @@ from opgen.runtime.ir import (
     Value,
     meta_table,
     substitute_line,
-    uses,
 )
 from opgen.runtime.passes.analysis import arg_value, constant_names, fresh_namer, use_counts
 from opgen.runtime.passes.layout import channels_last as channels_last_meta
+from opgen.runtime.passes.layout import exit_copies
 from opgen.runtime.registry import KernelRegistry
 
 CONV, RELU, ADD, POOL = "convolution", "relu", "add", "max_pool2d_with_indices"
 CONV_RELU, CONV_ADD_RELU = "cudnn_convolution_relu", "cudnn_convolution_add_relu"
 DTYPES = ("float32", "float16", "bfloat16")
 CHANNELS_LAST = (("memory_format", Sym("memory_format", "channels_last")),)
-CONTIGUOUS = (("memory_format", Sym("memory_format", "contiguous_format")),)
 
 
 def _call(line: Line | None, kernel: str) -> KernelCall | None:
@@ -137,7 +136,7 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
         body.append(replace(substitute_line(line, mapping), outputs=outputs))  # type: ignore[type-var]
     if not packed:
         return program
-    return replace(program, setup=tuple(setup), body=tuple(_exits(body, region, metas)))
+    return replace(program, setup=tuple(setup), body=tuple(exit_copies(body, region, metas)))
 
 
 def _joins_region(
@@ -163,27 +162,6 @@ def _joins_region(
         case "max_pool2d_with_indices":
             return bool(refs) and refs[0] in region and line.outputs[1:] == (None,)
     return False
-
-
-def _exits(body: list[Line], region: dict[str, str], metas: dict[str, TensorMeta]) -> list[Line]:
-    """Copy region values back to their recorded layout where a line outside the region reads them."""
-    original_of = {cl: name for name, cl in region.items()}
-    outside = [line for line in body if not (isinstance(line, KernelCall) and _defines(line, original_of))]
-    read_outside = {n for line in outside for n in uses(line)}
-    out: list[Line] = []
-    for line in body:
-        out.append(line)
-        for value in line.outputs if isinstance(line, KernelCall) else ():
-            original = original_of.get(value.name) if value is not None else None
-            if original is not None and original in read_outside:
-                copy = Value(original, metas[original])
-                out.append(KernelCall("clone", (Ref(value.name),), CONTIGUOUS, (copy,), line.node,
-                                      "contiguous copy out of the channels-last region"))  # fmt: skip
-    return out
-
-
-def _defines(line: KernelCall, names: dict[str, str]) -> bool:
-    return any(v is not None and v.name in names for v in line.outputs)
 
 
 def fuse_cudnn(program: Program, registry: KernelRegistry) -> Program:

@@ -1,4 +1,4 @@
-"""Layout: run 2-d max pooling in channels-last on CPU.
+"""Layout: run 2-d max pooling in channels-last on CPU; the channels-last helpers the cudnn and onednn passes share.
 
 ATen's CPU max pooling is an order of magnitude faster on channels-last input (it vectorises over
 channels) than on contiguous NCHW input: on this kind of machine, 3x3/2 pooling of 64x112x112
@@ -11,22 +11,48 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import KernelCall, Line, Program, Ref, Sym, TensorMeta, Value, meta_table
+from opgen.runtime.ir import KernelCall, Line, Program, Ref, Size, Sym, TensorMeta, Value, meta_table, uses
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.sizes import product
 
 POOL = "max_pool2d_with_indices"
 MIN_CHANNELS = 8
 
 
-def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def channels_last_strides(shape: tuple[Size, ...]) -> tuple[Size, ...]:
     _, c, h, w = shape
-    return (h * w * c, 1, w * c, c)
+    return (product((h, w, c)), 1, product((w, c)), c)
 
 
 def channels_last(meta: TensorMeta) -> TensorMeta:
     """The same 4-d tensor laid out channels-last."""
     return replace(meta, stride=channels_last_strides(meta.shape))
+
+
+CONTIGUOUS = (("memory_format", Sym("memory_format", "contiguous_format")),)
+
+
+def exit_copies(body: list[Line], region: dict[str, str], metas: dict[str, TensorMeta]) -> list[Line]:
+    """Copy channels-last region values (`region`: name -> its channels-last name) back to their
+    recorded layout, under their own names, where a line outside the region reads them."""
+    original_of = {cl: name for name, cl in region.items()}
+    outside = [line for line in body if not (isinstance(line, KernelCall) and _defines(line, original_of))]
+    read_outside = {n for line in outside for n in uses(line)}
+    out: list[Line] = []
+    for line in body:
+        out.append(line)
+        for value in line.outputs if isinstance(line, KernelCall) else ():
+            original = original_of.get(value.name) if value is not None else None
+            if original is not None and original in read_outside:
+                copy = Value(original, metas[original])
+                out.append(KernelCall("clone", (Ref(value.name),), CONTIGUOUS, (copy,), line.node,
+                                      "contiguous copy out of the channels-last region"))  # fmt: skip
+    return out
+
+
+def _defines(line: KernelCall, names: dict[str, str]) -> bool:
+    return any(v is not None and v.name in names for v in line.outputs)
 
 
 def _eligible(line: Line, metas: dict[str, TensorMeta]) -> bool:
@@ -40,6 +66,7 @@ def _eligible(line: Line, metas: dict[str, TensorMeta]) -> bool:
         and meta.device == "cpu"
         and meta.dtype in ("float32", "float64", "bfloat16")
         and meta.is_contiguous()
+        and type(meta.shape[1]) is int
         and meta.shape[1] >= MIN_CHANNELS
     )
 

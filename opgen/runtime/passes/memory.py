@@ -13,6 +13,14 @@
    while the other's kernels still read it, and CUDA's caching allocator already reuses memory
    in stream order for a fraction of a kernel launch.
 
+Symbolic sizes (dynamic shapes): in-place reuse needs the operand's meta to equal the result's,
+which for size expressions means the same canonical expression, so it is provably the same size
+for every call. A contiguous result with symbolic sizes gets a slot when its size has an upper
+bound in the program's ranges (the input check enforces them): the slot holds the largest size,
+and each call views it with that call's sizes (a View in the body, after the sizes are bound).
+Results without a bound are allocated per call by the functional kernel. The plan's counts go
+into the program's notes, and from there into `report()`.
+
 Graph outputs never land in a slot, so every returned tensor is fresh. Persistent buffers make the
 compiled function non-reentrant; the executor guards that with a lock. `insert_frees` then adds
 `del` after the last use of each per-call value of at least FREE_BYTES.
@@ -31,6 +39,7 @@ from opgen.runtime.ir import (
     Line,
     Program,
     Ref,
+    SizeLet,
     TensorMeta,
     Value,
     View,
@@ -49,6 +58,7 @@ from opgen.runtime.passes.analysis import (
     setup_names,
 )
 from opgen.runtime.registry import KernelRegistry, OpInfo
+from opgen.runtime.sizes import product, upper_bound
 
 COMMUTATIVE = frozenset({"aten::add.Tensor", "aten::mul.Tensor", "aten::maximum", "aten::minimum"})
 FREE_BYTES = 64 * 1024
@@ -77,6 +87,8 @@ class _Planner:
     slots: list[_Slot] = field(default_factory=list)
     views: list[Line] = field(default_factory=list)
     mapping: dict[str, Arg] = field(default_factory=dict)
+    per_call_views: list[Line] = field(default_factory=list)  # views of slots with symbolic sizes
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("in_place", "bounded", "per_call"), 0))
 
     def __post_init__(self) -> None:
         p = self.program
@@ -111,16 +123,16 @@ class _Planner:
                 self.released.add(root)
                 self.free.append(slot)
 
-    def take_slot(self, meta: TensorMeta) -> _Slot:
+    def take_slot(self, meta: TensorMeta, span: int) -> _Slot:
         same = [s for s in self.free if s.dtype == meta.dtype and s.device == meta.device]
-        fits = [s for s in same if s.numel >= meta.span]
+        fits = [s for s in same if s.numel >= span]
         slot = min(fits, key=lambda s: s.numel) if fits else max(same, key=lambda s: s.numel, default=None)
         if slot is None:
-            slot = _Slot(next(self.slot_names), meta.dtype, meta.device, meta.span)
+            slot = _Slot(next(self.slot_names), meta.dtype, meta.device, span)
             self.slots.append(slot)
         else:
             self.free.remove(slot)
-            slot.numel = max(slot.numel, meta.span)
+            slot.numel = max(slot.numel, span)
         return slot
 
     def in_place(self, i: int, line: KernelCall, info: OpInfo) -> KernelCall | None:
@@ -159,7 +171,8 @@ class _Planner:
             return None
         if meta.device != "cpu":
             return None
-        if meta.offset != 0 or meta.span != meta.numel or meta.numel == 0:
+        span = self.slot_span(meta)
+        if span is None:
             return None
         if info.name == "clone" and "copy_" in self.registry.by_name:
             call = KernelCall(
@@ -180,10 +193,19 @@ class _Planner:
                 mutates=(out.name,),
                 pointwise=line.pointwise,
             )
-        slot = self.take_slot(meta)
+        slot = self.take_slot(meta, span)
         self.persistent[self.groups.find(out.name)] = slot
-        self.views.append(View(Value(out.name, meta), slot.name, line.node))
+        view = View(Value(out.name, meta), slot.name, line.node)
+        (self.views if meta.is_static else self.per_call_views).append(view)
         return call
+
+    def slot_span(self, meta: TensorMeta) -> int | None:
+        """Elements a slot needs for this result (the upper bound for symbolic sizes), or None: no slot."""
+        if meta.is_static:
+            return meta.span if meta.offset == 0 and meta.span == meta.numel and meta.numel else None
+        bound = upper_bound(product(meta.shape), self.program.ranges) if meta.is_contiguous() else None
+        self.counts["bounded" if bound else "per_call"] += 1
+        return bound
 
     def run(self) -> Program:
         body: list[Line] = []
@@ -192,11 +214,25 @@ class _Planner:
             planned = None
             info = info_of(line, self.registry) if isinstance(line, KernelCall) else None
             if isinstance(line, KernelCall) and info is not None and info.variant == "functional" and not info.is_view:
-                planned = self.in_place(i, line, info) or self.out_variant(line, info)
+                planned = self.in_place(i, line, info)
+                self.counts["in_place"] += planned is not None and bool(line.outputs[0].meta.symbols)  # type: ignore[union-attr]
+                planned = planned or self.out_variant(line, info)
+            body += self.per_call_views
+            self.per_call_views.clear()
             body.append(substitute_line(planned or line, self.mapping))
         allocs = [Alloc(Value(s.name, TensorMeta((s.numel,), (1,), s.dtype, s.device))) for s in self.slots]
         setup = (*self.program.setup, *allocs, *self.views)
-        return replace(self.program, setup=setup, body=tuple(body))
+        return replace(self.program, setup=setup, body=tuple(body), notes=(*self.program.notes, *self.notes()))
+
+    def notes(self) -> tuple[str, ...]:
+        """What the plan did with results of symbolic sizes."""
+        c = self.counts
+        if not any(c.values()):
+            return ()
+        return (
+            f"memory plan, symbolic sizes: {c['in_place']} results in place (provably equal sizes), {c['bounded']} "
+            f"in reused buffers sized for the ranges' upper bounds, {c['per_call']} allocated per call (no bound)",
+        )
 
 
 def plan_memory(program: Program, registry: KernelRegistry) -> Program:
@@ -204,7 +240,7 @@ def plan_memory(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _big(meta: TensorMeta | None) -> bool:
-    return meta is None or meta.numel * ITEMSIZE.get(meta.dtype, 8) >= FREE_BYTES
+    return meta is None or not meta.is_static or meta.numel * ITEMSIZE.get(meta.dtype, 8) >= FREE_BYTES
 
 
 def insert_frees(program: Program, registry: KernelRegistry) -> Program:
@@ -214,7 +250,8 @@ def insert_frees(program: Program, registry: KernelRegistry) -> Program:
     resident = setup_names(program)
     frees: dict[int, list[str]] = {}
     for i, line in enumerate(lines):
-        for value in defs(line):
+        held = isinstance(line, SizeLet) or (isinstance(line, View) and line.source in resident)  # a slot's view
+        for value in defs(line) if not held else ():
             if value.name not in resident and _big(value.meta):
                 frees.setdefault(last.get(value.name, i), []).append(value.name)
     body: list[Line] = []

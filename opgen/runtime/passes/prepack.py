@@ -4,22 +4,33 @@
 weight become `mkldnn._linear_pointwise(x, packed, b)`, `packed` computed in setup by
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
-single-row products stay as they are. A `gelu`/`relu` that is the only reader of the result becomes
-the call's post-op (another 7 us on that product). These calls go through torch.ops (kernel_ops binds ATen
-functions only); `compiled.report()` lists them. The pipeline runs this pass only where oneDNN is
-available (`opgen.runtime.pipeline.default_pipeline`).
+single-row products stay as they are. A symbolic row count (dynamic shapes) is packed for the
+largest row count its range allows (packing for 8 rows runs 256 rows 1.7x slower than packing for
+256; for small counts the largest costs nothing) and calls `opgen.runtime.linear_rows.linear`,
+which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call (its post-ops
+are relu and gelu only). An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
+hardsigmoid, leaky_relu, hardtanh) that is the only reader of the result becomes the call's post-op
+(another 7 us for gelu on that product), and so does a residual `add` of a same-shaped contiguous
+tensor (`mkldnn._linear_pointwise.binary(x, z, packed, b, "add")`). These calls go through
+torch.ops (kernel_ops binds ATen functions only); `compiled.report()` lists them. The pipeline runs
+this pass only where oneDNN is available (`opgen.runtime.pipeline.default_pipeline`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
-from opgen.runtime.passes.analysis import constant_names, fresh_namer, use_counts
+from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
+from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
+from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.sizes import upper_bound
 
 PACK = "mkldnn._reorder_linear_weight.default"
 LINEAR = "mkldnn._linear_pointwise.default"
+BINARY = "mkldnn._linear_pointwise.binary"
+LINEAR_ROWS = "py:opgen.runtime.linear_rows.linear"  # the same arguments + the transposed weight
+ROWS_POST_OPS = ("relu", "gelu")  # what linear_rows applies itself below MIN_ROWS
 MIN_ROWS = 8
 
 
@@ -60,7 +71,9 @@ def _linear(
     if not isinstance(line, KernelCall) or line.kernel not in ("addmm", "mm") or line.fallback or line.kwargs:
         return None
     out = line.outputs[0] if len(line.outputs) == 1 else None
-    if out is None or out.meta is None or len(out.meta.shape) != 2 or out.meta.shape[0] < MIN_ROWS:
+    if out is None or out.meta is None or len(out.meta.shape) != 2:
+        return None
+    if type(out.meta.shape[0]) is int and out.meta.shape[0] < MIN_ROWS:
         return None
     operands = _operands(line, out.meta.shape[1:], metas) if out.meta.is_contiguous() else None
     if operands is None:
@@ -80,6 +93,7 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
     names = fresh_namer(program, "packed")
     setup, body = list(program.setup), []
     packed: dict[str, str] = {}
+    scratches, escapes = fresh_namer(program, "scratch"), escaping(program, registry)
     for line in program.body:
         match = _linear(line, producers, constant, metas)
         if match is None:
@@ -89,50 +103,70 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
         assert isinstance(line, KernelCall) and line.outputs[0] is not None and line.outputs[0].meta is not None
         if weight not in packed:
             packed[weight] = next(names)
-            rows = line.outputs[0].meta.shape[0]
+            rows = upper_bound(line.outputs[0].meta.shape[0], program.ranges)
             pack_out = (Value(packed[weight]),)
             setup.append(
                 KernelCall(PACK, (Ref(weight), rows), (), pack_out, line.node, PACK, fallback=True, fresh=True)
             )
         x = line.args[1] if line.kernel == "addmm" else line.args[0]
-        args = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
-        target = f"{line.target} as {LINEAR}"
-        body.append(replace(line, kernel=LINEAR, args=args, target=target, fallback=True, fresh=True))
-    return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body)))
+        args: tuple[Arg, ...] = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
+        kernel = LINEAR if type(line.outputs[0].meta.shape[0]) is int else LINEAR_ROWS
+        if kernel == LINEAR_ROWS:  # + the transposed weight and a buffer for the rows below MIN_ROWS
+            scratch = _scratch(line.outputs[0], escapes, next(scratches))
+            setup += [scratch] if scratch is not None else []
+            args += (line.args[-1], Ref(scratch.value.name) if scratch is not None else None)
+        target = f"{line.target} as {kernel}"
+        body.append(replace(line, kernel=kernel, args=args, target=target, fallback=True, fresh=True))
+    return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body), registry, metas))
 
 
-def _activation(line: Line, source: str) -> str | None:
-    """The oneDNN algorithm for `gelu(source)` / `relu(source)` ("" for relu), or None."""
-    if not isinstance(line, KernelCall) or line.fallback or line.args != (Ref(source),) or len(line.outputs) != 1:
+def _scratch(out: Value, escapes: set[str], name: str) -> Alloc | None:
+    """A buffer of MIN_ROWS - 1 rows for a linear of symbolic rows whose result stays inside the call."""
+    meta = out.meta
+    if meta is None or out.name in escapes or type(meta.shape[1]) is not int:
         return None
-    if line.kernel == "relu" and not line.kwargs:
-        return ""
-    approximate = dict(line.kwargs).get("approximate", "none")
-    if line.kernel == "gelu" and set(dict(line.kwargs)) <= {"approximate"} and approximate in ("none", "tanh"):
-        return str(approximate)
-    return None
+    cols = meta.shape[1]
+    return Alloc(Value(name, TensorMeta((MIN_ROWS - 1, cols), (cols, 1), meta.dtype, meta.device)))
 
 
-def fuse_activations(body: tuple[Line, ...]) -> tuple[Line, ...]:
-    """`gelu(linear(x))` and `relu(linear(x))` become one oneDNN call with the activation as a post-op."""
+def fuse_activations(
+    body: tuple[Line, ...], registry: KernelRegistry, metas: dict[str, TensorMeta]
+) -> tuple[Line, ...]:
+    """An activation (`onednn.UNARY`) or a residual add that is the only reader of a linear becomes its post-op."""
     counts = use_counts(body)
     lines: list[Line | None] = list(body)
     for i, line in enumerate(body):
-        if (
-            not isinstance(line, KernelCall)
-            or line.kernel != LINEAR
-            or line.args[3] != "none"
-            or line.outputs[0] is None
-        ):
+        if not isinstance(line, KernelCall) or line.kernel not in (LINEAR, LINEAR_ROWS) or line.args[3] != "none":
             continue
-        source = line.outputs[0].name
+        rows = line.kernel == LINEAR_ROWS
+        source = line.outputs[0].name if line.outputs[0] is not None else ""
         user = next((j for j in range(i + 1, len(body)) if source in uses(body[j])), None)
-        activation = body[user] if user is not None and counts[source] == 1 else None
-        algorithm = _activation(activation, source) if activation is not None else None
-        if algorithm is None or not isinstance(activation, KernelCall):
+        reader = body[user] if user is not None and counts[source] == 1 else None
+        if reader is None or not isinstance(reader, KernelCall):
             continue
-        args = (*line.args[:3], activation.kernel, (), algorithm)
-        node, target = f"{line.node}+{activation.node}", f"{line.target}+{activation.kernel}"
-        lines[i] = replace(line, args=args, outputs=activation.outputs, node=node, target=target)
+        post = unary_post_op(reader, source, registry)
+        if post is not None and (not rows or post[0] in ROWS_POST_OPS):
+            args = (*line.args[:3], *post, *line.args[6:])
+            fused = replace(line, args=args, target=f"{line.target}+{reader.kernel}")
+        elif not rows and (other := _residual(reader, source, metas)) is not None:
+            x, weight, bias = line.args[:3]
+            fused = replace(line, kernel=BINARY, args=(x, other, weight, bias, "add"), target=f"{line.target}+add")
+            fused = replace(fused, target=fused.target.replace(LINEAR, BINARY))
+        else:
+            continue
+        lines[i] = replace(fused, outputs=reader.outputs, node=f"{line.node}+{reader.node}")
         lines[user] = None  # type: ignore[index]
     return tuple(line for line in lines if line is not None)
+
+
+def _residual(add: KernelCall, source: str, metas: dict[str, TensorMeta]) -> Ref | None:
+    """`z` if `add` is `source + z` or `z + source` with a contiguous `z` of the same shape (alpha 1)."""
+    if add.kernel != "add" or add.fallback or len(add.args) != 2 or dict(add.kwargs).get("alpha", 1) != 1:
+        return None
+    a, b = add.args
+    z = b if a == Ref(source) else a if b == Ref(source) else None
+    meta = metas.get(z.name) if isinstance(z, Ref) and z.name != source else None
+    out = add.outputs[0].meta if len(add.outputs) == 1 and add.outputs[0] is not None else None
+    if meta is None or out is None or meta.shape != out.shape or meta.dtype != "float32" or not meta.is_contiguous():
+        return None
+    return z  # type: ignore[return-value]

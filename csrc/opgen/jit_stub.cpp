@@ -1,0 +1,18 @@
+// CPU builds (torch without CUDA): Triton ops exist in kernel_ops and the registry, and calling
+// one raises a RuntimeError saying what is missing. jit_launcher.cpp replaces this file in CUDA
+// builds (opgen/cmake/opgen.cmake chooses).
+#include "opgen/jit.h"
+
+#include "opgen/binding.h"
+#include "opgen/jit_binding.h"
+
+namespace opgen::jit {
+
+void launch(SpecKernel& kernel, std::initializer_list<Arg>) {
+  PyErr_SetString(PyExc_RuntimeError, no_jit_message(kernel.op).c_str());
+  throw PythonError{};
+}
+
+void add_jit(pybind11::module_&) {}
+
+}  // namespace opgen::jit

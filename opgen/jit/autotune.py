@@ -1,0 +1,85 @@
+"""Autotuning: the first call with real arguments times every config and keeps the fastest.
+
+Timing runs on copies of the arguments the kernel writes (those it declares, or every tensor when
+it declares none), so the caller's tensors are written once, by the real launch after the pick.
+The pick is stored in the JIT cache, keyed by the configs' binaries and the argument sizes, so a
+second process tunes nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opgen.jit import cache, compiler, env
+from opgen.jit.binary import KernelBinary
+from opgen.jit.specialize import Specialization
+
+if TYPE_CHECKING:
+    from opgen.jit.kernels import JitKernel
+
+
+def size_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    """What a pick depends on besides the binaries: tensor sizes, strides and dtypes, other values."""
+    return tuple(
+        (tuple(a.shape), tuple(a.stride()), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args
+    )
+
+
+def pick(
+    kernel: JitKernel,
+    args: Sequence[Any],
+    specs: Sequence[Specialization],
+    futures: Sequence[concurrent.futures.Future[KernelBinary]],
+    device: int,
+) -> tuple[int, str]:
+    keys = [compiler.binary_key(kernel.fn, s, c.options, device) for s, c in zip(specs, kernel.configs, strict=True)]
+    key = cache.make_key(("tune", keys, size_key(args)))
+    record = cache.load_pick(key)
+    if record is not None and 0 <= record.get("index", -1) < len(keys):
+        cache.STATS.add("tune_hits")
+        return record["index"], "autotune pick from the cache"
+    start = time.perf_counter()
+    pairs = zip(futures, kernel.configs, strict=True)
+    timings = [_time_config(kernel, future.result(), config, args) for future, config in pairs]
+    index = min(range(len(timings)), key=timings.__getitem__)
+    cache.STATS.add("tunes")
+    cache.STATS.add("tune_seconds", time.perf_counter() - start)
+    cache.store_pick(key, {"index": index, "timings_us": timings})
+    shown = ", ".join(f"{t:.1f}" for t in timings)
+    return index, f"autotuned on the first call (us per launch: {shown})"
+
+
+def _time_config(kernel: JitKernel, binary: KernelBinary, config: Any, args: Sequence[Any]) -> float:
+    from triton.testing import do_bench
+
+    native = env.native()
+    scratch = native.JitLauncher(kernel.name, len(args), None)
+    kernel.add_variant(binary, config, args, into=scratch)
+    copies = [clone_like(a) if _written(kernel, i, a) else a for i, a in enumerate(args)]
+
+    def run() -> None:
+        native.jit_launch_strict(scratch, *copies)
+
+    return float(do_bench(run, warmup=5, rep=20, return_mode="median")) * 1000.0
+
+
+def _written(kernel: JitKernel, index: int, arg: Any) -> bool:
+    if not isinstance(arg, torch.Tensor):
+        return False
+    return kernel.mutates is None or index in kernel.mutates
+
+
+def clone_like(t: torch.Tensor) -> torch.Tensor:
+    """A copy with the same sizes, strides and alignment (so it fits the same specialization)."""
+    misalign = t.data_ptr() % 16
+    offset = misalign // t.element_size() if misalign % t.element_size() == 0 else 0
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+    base = torch.empty(span + offset, dtype=t.dtype, device=t.device)
+    copy = base.as_strided(t.shape, t.stride(), offset)
+    copy.copy_(t)
+    return copy

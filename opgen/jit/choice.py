@@ -1,0 +1,104 @@
+"""The multi-kernel choice: several kernels that compute the same thing; the fastest one runs.
+
+The first call with real arguments of each size times every candidate (on copies of the arguments
+they write), keeps the fastest, and stores the pick in the JIT cache, so later processes benchmark
+nothing. `force` (or OPGEN_FORCE_KERNEL=<candidate name>) skips the benchmark, for tests. Calls go
+through an `opgen._C.Switch`; where sizes never change (compiled graphs guard them) the switch is
+pointed at the pick itself, so later calls pay one C-level indirection and no Python.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opgen.jit import cache, env
+from opgen.jit.autotune import clone_like, size_key
+
+Candidate = Callable[..., Any]
+
+
+class Choice:
+    def __init__(
+        self,
+        name: str,
+        candidates: Mapping[str, Candidate],
+        *,
+        identity: Sequence[str] = (),
+        writes: Sequence[int] = (),
+        force: str | None = None,
+        fixed_sizes: bool = False,
+    ) -> None:
+        if len(candidates) < 1:
+            raise ValueError(f"Choice {name!r} needs at least one candidate")
+        force = force or os.environ.get("OPGEN_FORCE_KERNEL") or None
+        if force is not None and force not in candidates:
+            if "OPGEN_FORCE_KERNEL" in os.environ and force == os.environ["OPGEN_FORCE_KERNEL"]:
+                force = None  # the variable names a kernel of another choice
+            else:
+                raise ValueError(f"Choice {name!r}: force={force!r} is not a candidate ({', '.join(candidates)})")
+        self.name = name
+        self.candidates = dict(candidates)
+        self.identity = tuple(identity)  # what identifies the candidates across processes (cache key)
+        self.writes = tuple(writes)
+        self.force = force
+        self.fixed_sizes = fixed_sizes
+        self.picks: dict[tuple[Any, ...], tuple[str, str]] = {}  # size key -> (candidate, why)
+        self._by_size: dict[tuple[Any, ...], Candidate] = {}
+        self._lock = threading.Lock()
+        native = env.native()
+        self.call: Any = native.Switch(self._dispatch) if native is not None else self._dispatch
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call(*args)
+
+    def describe(self) -> str:
+        if not self.picks:
+            return f"{self.name}: not called yet (candidates: {', '.join(self.candidates)})"
+        return "; ".join(f"{self.name}: {pick} ({why})" for pick, why in self.picks.values())
+
+    def _dispatch(self, *args: Any) -> Any:
+        key = size_key(args)
+        chosen = self._by_size.get(key)
+        if chosen is None:
+            with self._lock:
+                chosen = self._by_size.get(key) or self._choose(key, args)
+        return chosen(*args)
+
+    def _choose(self, key: tuple[Any, ...], args: Sequence[Any]) -> Candidate:
+        if self.force is not None:
+            name, why = self.force, "forced"
+        else:
+            name, why = self._benchmarked(key, args)
+        self.picks[key] = (name, why)
+        chosen = self.candidates[name]
+        self._by_size[key] = chosen
+        if self.fixed_sizes and env.native() is not None:
+            self.call.target = chosen
+        return chosen
+
+    def _benchmarked(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[str, str]:
+        pick_key = cache.make_key(("choice", self.name, self.identity, tuple(self.candidates), key))
+        record = cache.load_pick(pick_key)
+        if record is not None and record.get("pick") in self.candidates:
+            cache.STATS.add("choice_hits")
+            return record["pick"], "pick from the cache"
+        timings = {name: _time(fn, args, self.writes) for name, fn in self.candidates.items()}
+        best = min(timings, key=timings.__getitem__)
+        cache.STATS.add("choices")
+        cache.store_pick(pick_key, {"pick": best, "timings_us": timings})
+        shown = ", ".join(f"{n} {t:.1f} us" for n, t in timings.items())
+        return best, f"fastest on the first call: {shown}"
+
+
+def _time(fn: Candidate, args: Sequence[Any], writes: Sequence[int]) -> float:
+    from triton.testing import do_bench
+
+    copies = [clone_like(a) if i in writes else a for i, a in enumerate(args)]
+    start = time.perf_counter()
+    result = float(do_bench(lambda: fn(*copies), warmup=5, rep=20, return_mode="median")) * 1000.0
+    cache.STATS.add("tune_seconds", time.perf_counter() - start)
+    return result

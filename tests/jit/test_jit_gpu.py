@@ -1,0 +1,257 @@
+"""The JIT launcher on a GPU: results match Triton's own launch, grids, in-place kernels,
+specialization, errors, autotuning without corrupting written arguments, the disk cache across
+processes (hits, damaged entries), background compilation, CUDA-graph capture and the choice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import opgen.jit
+
+pytestmark = pytest.mark.skipif(not opgen.jit.available(), reason="; ".join(opgen.jit.missing()) or "-")
+triton = pytest.importorskip("triton")
+import kernels_for_tests as K  # noqa: E402
+
+from opgen.jit import Config  # noqa: E402
+from opgen.jit.cache import STATS  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path / "cache"))
+    STATS.reset()
+    yield tmp_path / "cache"
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@pytest.mark.parametrize("n", [1, 16, 1000, 4097])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_axpy_matches_triton(n, dtype):
+    x = torch.randn(n, device="cuda", dtype=dtype)
+    y = torch.randn(n, device="cuda", dtype=dtype)
+    ours, theirs = torch.empty_like(x), torch.empty_like(x)
+    launch = opgen.jit.kernel(K.axpy_kernel, lambda m: (triton.cdiv(m["n"], m["BLOCK"]),), BLOCK=256)
+    launch(x, y, ours, n, 0.5)
+    K.axpy_kernel[(cdiv(n, 256),)](x, y, theirs, n, 0.5, BLOCK=256)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(ours, x + 0.5 * y)
+
+
+def test_variants_per_specialization():
+    launch = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=128)
+    base = torch.randn(1025, device="cuda")
+    x, y = base[:1024], torch.randn(1024, device="cuda")
+    out = torch.empty(1024, device="cuda")
+    launch(x, y, out, 1024, 2.0)
+    assert launch.variant_count == 1
+    launch(x, y, out, 1024, 3.0)  # same specialization: no new variant
+    assert launch.variant_count == 1
+    xs = base[1:]  # 4-byte aligned only: another specialization
+    launch(xs, y, out, 1024, 2.0)
+    assert launch.variant_count == 2
+    torch.testing.assert_close(out, xs + 2.0 * y)
+    launch(x, y, out, 1000, 1.0)  # not a multiple of 16: the aligned variant compiled for 1024 does not fit
+    torch.testing.assert_close(out[:1000], x[:1000] + y[:1000])
+    assert STATS.compiles == launch.variant_count == 3
+
+
+def test_grids_2d_and_3d():
+    x = torch.randn(37, 50, device="cuda")[:, :45]  # rows of stride 50
+    out = torch.empty(37, 45, device="cuda")
+    launch = opgen.jit.kernel(
+        K.add_2d_kernel,
+        lambda m: (triton.cdiv(m["rows"], m["BLOCK_R"]), triton.cdiv(m["cols"], m["BLOCK_C"])),
+        BLOCK_R=8,
+        BLOCK_C=16,
+    )
+    launch(x, out, 37, 45, x.stride(0))
+    r = torch.arange(37, device="cuda")[:, None]
+    c = torch.arange(45, device="cuda")[None, :]
+    torch.testing.assert_close(out, x + r + c * 1000)
+    out3 = torch.zeros(3, 4, 5, device="cuda", dtype=torch.int32)
+    opgen.jit.kernel(K.grid3_kernel, (5, 4, 3), A=5, B=4)(out3)
+    z, y_, x_ = torch.meshgrid(torch.arange(3), torch.arange(4), torch.arange(5), indexing="ij")
+    assert torch.equal(out3.cpu(), (x_ + 10 * y_ + 100 * z).int())
+
+
+def test_grid_python_fallback_when_untraceable():
+    calls = []
+
+    def grid(meta):
+        calls.append(1)
+        return (max(triton.cdiv(meta["n"], meta["BLOCK"]), 1),)  # max() of a traced value: not traceable
+
+    out = torch.zeros(300, device="cuda", dtype=torch.int64)
+    launch = opgen.jit.kernel(K.int_kernel, grid, BLOCK=64)
+    launch(out, 300, 3)
+    assert torch.equal(out.cpu(), torch.arange(300) * 3)
+    assert len(calls) >= 1
+
+
+def test_inplace_matches_triton():
+    a = torch.randn(5000, device="cuda")
+    b = a.clone()
+    opgen.jit.kernel(K.scale_inplace_kernel, lambda m: (triton.cdiv(m["n"], m["BLOCK"]),), BLOCK=512)(a, 5000, 3.0)
+    K.scale_inplace_kernel[(cdiv(5000, 512),)](b, 5000, 3.0, BLOCK=512)
+    assert torch.equal(a, b)
+
+
+def test_bad_arguments_are_clear_errors():
+    launch = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=128)
+    x = torch.randn(16, device="cuda")
+    with pytest.raises(TypeError, match="takes 5 arguments"):
+        launch(x, x, x, 16)
+    with pytest.raises(ValueError, match="expected CUDA"):
+        launch(x.cpu(), x, x, 16, 1.0)
+    with pytest.raises(TypeError, match="argument 4 has type str"):
+        launch(x, x, x, 16, "2")
+    with pytest.raises(TypeError, match="by position"):
+        launch(x, x, x, 16, alpha=1.0)
+    with pytest.raises(opgen.jit.JitError, match="unknown name"):
+        opgen.jit.kernel(K.axpy_kernel, ("cdiv(m, BLOCK)",), BLOCK=128)(x, x, x, 16, 1.0)
+    with pytest.raises(TypeError, match=r"triton\.jit"):
+        opgen.jit.kernel(lambda: None, (1,))
+
+
+def test_autotune_does_not_corrupt_written_arguments():
+    configs = [Config({"BLOCK": 128}, num_warps=4), Config({"BLOCK": 1024}, num_warps=8)]
+    launch = opgen.jit.kernel(
+        K.accumulate_kernel, lambda m: (triton.cdiv(m["n"], m["BLOCK"]),), configs=configs, mutates=["acc_ptr"]
+    )
+    acc = torch.randn(100_000, device="cuda")
+    x = torch.randn(100_000, device="cuda")
+    expected = acc + x
+    launch(acc, x, 100_000)
+    torch.testing.assert_close(acc, expected, rtol=0, atol=0)  # timing ran on copies: one += only
+    assert STATS.tunes == 1 and STATS.compiles == 2
+    (pick,) = launch.kernel.picks.values()
+    assert "autotuned" in pick
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, torch, triton
+    sys.path.insert(0, {here!r})
+    import kernels_for_tests as K
+    import opgen.jit
+    from opgen.jit import Config
+    configs = [Config({{"BLOCK": 128}}), Config({{"BLOCK": 1024}}, num_warps=8)]
+    launch = opgen.jit.kernel(K.accumulate_kernel, lambda m: (triton.cdiv(m["n"], m["BLOCK"]),), configs=configs,
+                              mutates=["acc_ptr"])
+    acc = torch.zeros(50_000, device="cuda")
+    x = torch.arange(50_000, device="cuda", dtype=torch.float32)
+    launch(acc, x, 50_000)
+    ok = bool(torch.equal(acc, x))
+    print(json.dumps({{**opgen.jit.stats(), "ok": ok}}))
+    """
+)
+
+
+def run_child(cache: Path) -> dict:
+    env = {**os.environ, "OPGEN_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD.format(here=str(HERE))], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_cache_hit_in_a_fresh_process_and_damaged_entries(fresh_cache):
+    first = run_child(fresh_cache)
+    assert first["ok"] and first["compiles"] == 2 and first["tunes"] == 1
+    second = run_child(fresh_cache)
+    assert second["ok"] and second["compiles"] == 0 and second["tunes"] == 0
+    assert second["cache_hits"] >= 1 and second["tune_hits"] == 1
+    for entry in fresh_cache.rglob("*.bin"):
+        data = entry.read_bytes()
+        entry.write_bytes(data[: len(data) // 2])  # truncated
+    for entry in fresh_cache.rglob("*.json"):
+        entry.write_text(entry.read_text()[:-3] + "xyz")  # corrupt
+    third = run_child(fresh_cache)
+    assert third["ok"] and third["rebuilt"] >= 2 and third["compiles"] >= 1
+    fourth = run_child(fresh_cache)
+    assert fourth["ok"] and fourth["compiles"] == 0 and fourth["rebuilt"] == 0
+
+
+def test_warmup_compiles_in_the_background():
+    launch = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=256)
+    x = torch.randn(4096, device="cuda")
+    launch.kernel.warmup(x, x, x, 4096, 1.0)
+    futures = list(launch.kernel._futures.values())
+    assert len(futures) == 1
+    futures[0].result(timeout=120)
+    assert STATS.compiles == 1
+    out = torch.empty_like(x)
+    launch(x, x, out, 4096, 1.0)
+    assert STATS.compiles == 1  # the first call found the binary ready
+    torch.testing.assert_close(out, 2 * x)
+
+
+def test_launches_are_captured_by_cuda_graphs():
+    launch = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=256)
+    x = torch.randn(3000, device="cuda")
+    y = torch.randn(3000, device="cuda")
+    out = torch.empty_like(x)
+    launch(x, y, out, 3000, 1.0)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(x, y, out, 3000, 2.0)
+    out.zero_()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x + 2.0 * y)
+
+
+def test_runs_on_the_callers_stream():
+    launch = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=256)
+    x = torch.randn(1 << 20, device="cuda")
+    out = torch.empty_like(x)
+    launch(x, x, out, x.numel(), 1.0)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            launch(x, x, out, x.numel(), 2.0)
+    stream.synchronize()
+    torch.testing.assert_close(out, 3 * x)
+
+
+def test_choice_picks_persists_and_can_be_forced(fresh_cache):
+    from opgen.jit.choice import Choice
+
+    triton_add = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=1024)
+
+    def with_triton(a, b):
+        out = torch.empty_like(a)
+        triton_add(a, b, out, a.numel(), 1.0)
+        return out
+
+    candidates = {"aten": torch.add, "triton": with_triton}
+    a = torch.randn(1 << 16, device="cuda")
+    b = torch.randn(1 << 16, device="cuda")
+    choice = Choice("add", candidates, identity=("test",), fixed_sizes=True)
+    torch.testing.assert_close(choice(a, b), a + b)
+    ((picked, why),) = choice.picks.values()
+    assert picked in candidates and "fastest" in why and STATS.choices == 1
+    again = Choice("add", candidates, identity=("test",))
+    torch.testing.assert_close(again(a, b), a + b)
+    assert STATS.choice_hits == 1 and next(iter(again.picks.values()))[0] == picked
+    forced = Choice("add", candidates, identity=("test",), force="triton")
+    torch.testing.assert_close(forced(a, b), a + b)
+    assert next(iter(forced.picks.values())) == ("triton", "forced")
+    with pytest.raises(ValueError, match="not a candidate"):
+        Choice("add", candidates, force="cuda")
