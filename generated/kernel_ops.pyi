@@ -2319,6 +2319,28 @@ def var_dim_out(self: Tensor, dim: Sequence[int] | int | None, unbiased: bool = 
     """var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
     """
 
+def adaptive_avg_pool1d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
+    """adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+    """
+
+def adaptive_avg_pool1d_out(self: Tensor, output_size: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def avg_pool1d(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0], ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    """avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+    """
+
+def avg_pool1d_out(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0], ceil_mode: bool = False, count_include_pad: bool = True, *, out: Tensor) -> Tensor:
+    """avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def resize_(self: Tensor, size: Sequence[int], *, memory_format: torch.memory_format | None = None) -> Tensor:
+    """resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+
+    Resizes self in place (new elements are uninitialized).
+    """
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 

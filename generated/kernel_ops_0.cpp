@@ -13,6 +13,8 @@
 #include <ATen/ops/amin_cpu_dispatch.h>
 #include <ATen/ops/any_cpu_dispatch.h>
 #include <ATen/ops/arange_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/avg_pool1d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/avg_pool1d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/avg_pool2d_backward_cpu_dispatch.h>
 #include <ATen/ops/bitwise_and_cpu_dispatch.h>
 #include <ATen/ops/bitwise_not_cpu_dispatch.h>
@@ -2626,7 +2628,51 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1120: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1117: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool1d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"}, 6, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 1);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 1) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 1) : std::vector<int64_t>({0});
+  const bool ceil_mode = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool count_include_pad = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::avg_pool1d(self, kernel_size, stride, padding, ceil_mode, count_include_pad));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1119: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool1d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "out"}, 6, 0x43);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 1);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 1) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 1) : std::vector<int64_t>({0});
+  const bool ceil_mode = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool count_include_pad = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 6);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::avg_pool1d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, out);
+      return opgen::same(slots[6]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1132: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
   OPGEN_TRY
@@ -2650,7 +2696,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1130: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1142: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2675,7 +2721,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1132: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1144: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2702,7 +2748,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1133: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1145: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -2842,6 +2888,8 @@ PyMethodDef opgen_methods_0[] = {
 {"upsample_nearest2d_vec_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_nearest2d_vec_out)), METH_FASTCALL | METH_KEYWORDS, "upsample_nearest2d_vec_out($module, input, output_size, scale_factors, *, out)\n--\n\nupsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)"},
 {"var_dim", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_var_dim)), METH_FASTCALL | METH_KEYWORDS, "var_dim($module, self, dim, unbiased=True, keepdim=False)\n--\n\nvar.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor"},
 {"var_dim_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_var_dim_out)), METH_FASTCALL | METH_KEYWORDS, "var_dim_out($module, self, dim, unbiased=True, keepdim=False, *, out)\n--\n\nvar.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)"},
+{"avg_pool1d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool1d)), METH_FASTCALL | METH_KEYWORDS, "avg_pool1d($module, self, kernel_size, stride=[], padding=[0], ceil_mode=False, count_include_pad=True)\n--\n\navg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor"},
+{"avg_pool1d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool1d_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool1d_out($module, self, kernel_size, stride=[], padding=[0], ceil_mode=False, count_include_pad=True, *, out)\n--\n\navg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)"},
 {"_scaled_dot_product_flash_attention_for_cpu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__scaled_dot_product_flash_attention_for_cpu)), METH_FASTCALL | METH_KEYWORDS, "_scaled_dot_product_flash_attention_for_cpu($module, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)\n--\n\n_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)\n\nFlash attention on CPU; also returns the log-sum-exp of each row."},
 {"addcmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul)), METH_FASTCALL | METH_KEYWORDS, "addcmul($module, self, tensor1, tensor2, *, value=1)\n--\n\naddcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor\n\nself + value * tensor1 * tensor2, element-wise."},
 {"addcmul_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul_)), METH_FASTCALL | METH_KEYWORDS, "addcmul_($module, self, tensor1, tensor2, *, value=1)\n--\n\naddcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)\n\nself + value * tensor1 * tensor2, element-wise."},

@@ -10,6 +10,8 @@
 #include <ATen/ops/_pdist_forward_cpu_dispatch.h>
 #include <ATen/ops/abs_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/abs_cpu_dispatch.h>
+#include <ATen/ops/adaptive_avg_pool1d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/adaptive_avg_pool1d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/argmax_cpu_dispatch.h>
 #include <ATen/ops/as_strided_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
@@ -53,6 +55,7 @@
 #include <ATen/ops/reflection_pad1d_cpu_dispatch.h>
 #include <ATen/ops/remainder_cpu_dispatch.h>
 #include <ATen/ops/replication_pad3d_cpu_dispatch.h>
+#include <ATen/ops/resize_cpu_dispatch.h>
 #include <ATen/ops/rsqrt_cpu_dispatch.h>
 #include <ATen/ops/sign_cpu_dispatch.h>
 #include <ATen/ops/sin_cpu_dispatch.h>
@@ -96,6 +99,7 @@
 #include <ATen/ops/reflection_pad1d_cuda_dispatch.h>
 #include <ATen/ops/remainder_cuda_dispatch.h>
 #include <ATen/ops/replication_pad3d_cuda_dispatch.h>
+#include <ATen/ops/resize_cuda_dispatch.h>
 #include <ATen/ops/rsqrt_cuda_dispatch.h>
 #include <ATen/ops/sign_cuda_dispatch.h>
 #include <ATen/ops/sin_cuda_dispatch.h>
@@ -2501,7 +2505,69 @@ PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1124: mish(Tensor self) -> Tensor
+// ops.yaml:1113: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("adaptive_avg_pool1d", {"self", "output_size"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::adaptive_avg_pool1d(self, output_size));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1115: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("adaptive_avg_pool1d_out", {"self", "output_size", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::adaptive_avg_pool1d_outf(self, output_size, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1121: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("resize_", {"self", "size", "memory_format"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const std::vector<int64_t> size = opgen::int_list(slots[1], sig, 1, 0);
+  const std::optional<at::MemoryFormat> memory_format = slots[2] ? opgen::convert_optional<at::MemoryFormat>(slots[2], sig, 2) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::resize_(self, size, memory_format);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::resize_(self, size, memory_format);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1136: mish(Tensor self) -> Tensor
 PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2523,7 +2589,7 @@ PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1126: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1138: mish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2547,7 +2613,7 @@ PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1127: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1139: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2680,6 +2746,9 @@ PyMethodDef opgen_methods_2[] = {
 {"sinh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sinh_out)), METH_FASTCALL | METH_KEYWORDS, "sinh_out($module, self, *, out)\n--\n\nsinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"sort", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sort)), METH_FASTCALL | METH_KEYWORDS, "sort($module, self, dim=-1, descending=False)\n--\n\nsort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"},
 {"sort_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sort_out)), METH_FASTCALL | METH_KEYWORDS, "sort_out($module, self, dim=-1, descending=False, *, values, indices)\n--\n\nsort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)"},
+{"adaptive_avg_pool1d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool1d)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool1d($module, self, output_size)\n--\n\nadaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor"},
+{"adaptive_avg_pool1d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool1d_out)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool1d_out($module, self, output_size, *, out)\n--\n\nadaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)"},
+{"resize_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_resize_)), METH_FASTCALL | METH_KEYWORDS, "resize_($module, self, size, *, memory_format=None)\n--\n\nresize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)\n\nResizes self in place (new elements are uninitialized)."},
 {"mish", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish)), METH_FASTCALL | METH_KEYWORDS, "mish($module, self)\n--\n\nmish(Tensor self) -> Tensor\n\nx * tanh(softplus(x)), element-wise."},
 {"mish_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_)), METH_FASTCALL | METH_KEYWORDS, "mish_($module, self)\n--\n\nmish_(Tensor(a!) self) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},
 {"mish_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_out)), METH_FASTCALL | METH_KEYWORDS, "mish_out($module, self, *, out)\n--\n\nmish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},

@@ -2737,7 +2737,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1116: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1128: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
   OPGEN_TRY

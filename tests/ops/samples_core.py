@@ -183,6 +183,9 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "reflection_pad3d": OpSamples(FLOAT, _pads(((1, 3, 3, 3), [1, 1, 1, 1, 1, 1]))),
     "replication_pad2d": OpSamples(FLOAT, _pads(((1, 3, 4), [1, 1, 2, 0]))),
     "replication_pad3d": OpSamples(FLOAT, _pads(((1, 3, 3, 3), [1, 1, 1, 1, 1, 1]))),
+    "adaptive_avg_pool1d": OpSamples(FLOAT, lambda m: [S(m(2, 3, 8), [4]), S(m(3, 7), [3])]),
+    "avg_pool1d": OpSamples(FLOAT, lambda m: [S(m(2, 3, 8), [2]), S(m(2, 3, 8), [3], [1], [1])]),
+    "resize_": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [2, 3]), S(m(3, 4), [12]), S(m(2, 3, 2, 2), [1, 3, 2, 2], memory_format=torch.channels_last)]),
     "col2im": OpSamples(FLOAT, lambda m: [S(m(1, 8, 9), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1])]),
     # creation (random or uninitialized: metadata only)
     "empty_strided": OpSamples(FLOAT_INT, lambda m: [S([2, 3], [3, 1], dtype=m.dtype), S([2, 3], [1, 2], dtype=m.dtype)], values=False),

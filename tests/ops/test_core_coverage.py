@@ -20,6 +20,7 @@ EXCLUDED: dict[str, str] = {
     "sym_numel": _NOT_A_TENSOR.format(what="SymInt", why="shapes into constants at compile time"),
     "sym_size.int": _NOT_A_TENSOR.format(what="SymInt", why="shapes into constants at compile time"),
     "sym_stride.int": _NOT_A_TENSOR.format(what="SymInt", why="strides into constants at compile time"),
+    "sym_is_contiguous": _NOT_A_TENSOR.format(what="SymBool", why="layout facts into constants at compile time"),
     "sym_storage_offset": _NOT_A_TENSOR.format(what="SymInt", why="offsets into constants at compile time"),
     "_local_scalar_dense": _NOT_A_TENSOR.format(
         what="Scalar (Tensor.item())", why="no such reads (export refuses data-dependent Python numbers)"
@@ -33,15 +34,19 @@ EXCLUDED: dict[str, str] = {
 
 
 def core_overloads() -> list[str]:
-    """`name` or `name.overload` of each aten overload tagged core, as kernel_ops' registry spells them."""
-    found = []
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
+    """`name` or `name.overload` of each aten overload tagged core, as kernel_ops' registry spells them.
+
+    All of ATen's registered operators, not `dir(torch.ops.aten)`: that lists only packets loaded so far.
+    """
+    found = set()
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = qualified.partition("::")
+        name, _, overload = rest.partition(".")
+        if namespace != "aten":
             continue
-        for overload in packet.overloads():
-            if torch.Tag.core in getattr(packet, overload).tags:
-                found.append(name if overload == "default" else f"{name}.{overload}")
+        op = getattr(getattr(torch.ops.aten, name), overload or "default")
+        if torch.Tag.core in op.tags:
+            found.add(name if not overload or overload == "default" else f"{name}.{overload}")
     return sorted(found)
 
 
