@@ -73,7 +73,9 @@ def main(names: list[str]) -> None:
         if inplace in by_name:
             ik = kernels(by_name[inplace], index, False, by_name)
             if ik and ik != {k: v.replace(str(base), str(base) + "_") for k, v in ks.items()}:
-                print(f"  inplace: {{func: {inplace}, kernels: {{" + ", ".join(f"{k}: {v}" for k, v in ik.items()) + "}}")
+                print(
+                    f"  inplace: {{func: {inplace}, kernels: {{" + ", ".join(f"{k}: {v}" for k, v in ik.items()) + "}}"
+                )
             elif ik:
                 print(f"  inplace: {inplace}")
         out = _out_variant(f, by_name)

@@ -77,7 +77,14 @@ def main(argv: list[str]) -> int:
         for name in names:
             rows.append(bench_model(name, not args.no_inductor, args.repeats))
             print(f"done {name}", flush=True)
-    headers = ["model", "eager us (min-max)", "opgen / eager", "inductor / eager", "opgen compile s", "inductor compile s"]
+    headers = [
+        "model",
+        "eager us (min-max)",
+        "opgen / eager",
+        "inductor / eager",
+        "opgen compile s",
+        "inductor compile s",
+    ]
     print(f"\nmodel zoo, CPU, {args.threads} thread(s), median of {args.repeats} interleaved repeats")
     print(format_table(headers, rows))
     ratios = [float(str(r[2]).rstrip("x")) for r in rows if str(r[2]).endswith("x")]

@@ -99,7 +99,9 @@ def _models() -> tuple[ZooModel, ...]:
         ZooModel("gpt_neo", "decoder", dec("GPTNeo", _gpt_neo)),
         ZooModel("opt", "decoder", dec("OPT", _opt)),
         ZooModel("llama", "decoder", dec("Llama", lambda: _decoder_config(tf.LlamaConfig, num_key_value_heads=2))),
-        ZooModel("mistral", "decoder", dec("Mistral", lambda: _decoder_config(tf.MistralConfig, num_key_value_heads=2))),
+        ZooModel(
+            "mistral", "decoder", dec("Mistral", lambda: _decoder_config(tf.MistralConfig, num_key_value_heads=2))
+        ),
         ZooModel("qwen2", "decoder", dec("Qwen2", lambda: _decoder_config(tf.Qwen2Config, num_key_value_heads=2))),
         ZooModel("t5", "encoder-decoder", lambda: _seq2seq(tf.T5Model, _t5())),
         ZooModel("bart", "encoder-decoder", lambda: _seq2seq(tf.BartModel, _bart())),
@@ -149,9 +151,7 @@ def _opt() -> Any:
 
 
 def _t5() -> Any:
-    return tf.T5Config(
-        vocab_size=1000, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4, use_cache=False
-    )
+    return tf.T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4, use_cache=False)
 
 
 def _bart() -> Any:

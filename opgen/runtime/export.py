@@ -97,10 +97,9 @@ def _export_program(
 def _run_default_decompositions(ep: ExportedProgram, registry: KernelRegistry) -> ExportedProgram:
     """The whole table at once; if that fails, op by op, skipping the decompositions that fail."""
     table = decomposition_table(registry)
-    try:
-        return ep.run_decompositions(table, decompose_custom_triton_ops=True)
-    except Exception:  # one decomposition's failure must not sink the others: find it below
-        pass
+    whole = _try_decompose(ep, _run_table, table)  # one decomposition's failure must not sink the others
+    if whole is not None:
+        return whole  # type: ignore[no-any-return]
     for op in sorted(_graph_ops(ep.graph) & set(table.keys()), key=str):
         candidate = _try_decompose(ep, _run_table, {op: table[op]})
         if candidate is not None:

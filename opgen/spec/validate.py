@@ -186,7 +186,11 @@ def _check_args(schema: Schema, line: int, problems: Problems) -> None:
                 f"arg '{arg.name}': lists of '{arg.type.base}' are not supported (allowed: {', '.join(LIST_BASES)})",
             )
         if arg.type.is_list and arg.type.base == "bool" and (not arg.type.size or arg.type.optional):
-            problems.add(line, op, f"arg '{arg.name}': a list of bools needs a fixed size and no '?' ('bool[3]', not '{arg.type}')")
+            problems.add(
+                line,
+                op,
+                f"arg '{arg.name}': a list of bools needs a fixed size and no '?' ('bool[3]', not '{arg.type}')",
+            )
         if arg.default is not None:
             try:
                 parse_default(arg.type, arg.default)

@@ -18,7 +18,12 @@ INT_BOOL = (I64, BOOL)
 
 def _unary(low: float = -3, high: float = 3) -> Builder:
     def build(m: Maker) -> list[Sample]:
-        return [S(m(3, 4, low=low, high=high)), S(m(4, 3, low=low, high=high).t()), S(m(2, 0)), S(m(low=low, high=high))]
+        return [
+            S(m(3, 4, low=low, high=high)),
+            S(m(4, 3, low=low, high=high).t()),
+            S(m(2, 0)),
+            S(m(low=low, high=high)),
+        ]
 
     return build
 
@@ -35,7 +40,11 @@ def _binary(nonzero: bool = False) -> Builder:
 
 
 def _scalar(value: float, **kwargs: Any) -> Builder:
-    return lambda m: [S(m(3, 4), m.num(value), **kwargs), S(m(4, 3).t(), m.num(value), **kwargs), S(m(), m.num(value), **kwargs)]
+    return lambda m: [
+        S(m(3, 4), m.num(value), **kwargs),
+        S(m(4, 3).t(), m.num(value), **kwargs),
+        S(m(), m.num(value), **kwargs),
+    ]
 
 
 def _pow_scalar_base(m: Maker) -> list[Sample]:
@@ -61,7 +70,9 @@ def _flash_cpu(m: Maker) -> list[Sample]:
 
 def _batch_norm_legit(m: Maker) -> list[Sample]:
     return [
-        S(m(2, 3, 4), m(3), m(3), m(3), m(3, low=0.5), True, 0.1, 1e-5).only("functional"),  # check_out runs the op once more for its templates, updating the stats twice
+        S(m(2, 3, 4), m(3), m(3), m(3), m(3, low=0.5), True, 0.1, 1e-5).only(
+            "functional"
+        ),  # check_out runs the op once more for its templates, updating the stats twice
         S(m(2, 3, 2, 2), None, None, m(3), m(3, low=0.5), False, 0.1, 1e-5),
     ]
 
@@ -112,7 +123,11 @@ def _scatter_reduce(m: Maker) -> list[Sample]:
 
 def _index_put(m: Maker) -> list[Sample]:
     rows = torch.tensor([0, 3])
-    return [S(m(5, 3), [rows], m(2, 3)), S(m(5, 3), [rows, torch.tensor([1, 2])], m(2), True), S(m(5, 3), [None, torch.tensor([2])], m(5, 1))]
+    return [
+        S(m(5, 3), [rows], m(2, 3)),
+        S(m(5, 3), [rows, torch.tensor([1, 2])], m(2), True),
+        S(m(5, 3), [None, torch.tensor([2])], m(5, 1)),
+    ]
 
 
 def _embedding_bag(m: Maker) -> list[Sample]:
@@ -134,7 +149,10 @@ def _pads(*shapes_and_pads: tuple[tuple[int, ...], list[int]]) -> Builder:
 
 CORE_SAMPLES: dict[str, OpSamples] = {
     # element-wise
-    **{name: OpSamples(FLOAT, _unary()) for name in ("asinh", "atan", "cosh", "sinh", "trunc", "mish", "isinf", "isnan")},
+    **{
+        name: OpSamples(FLOAT, _unary())
+        for name in ("asinh", "atan", "cosh", "sinh", "trunc", "mish", "isinf", "isnan")
+    },
     **{name: OpSamples(FLOAT, _unary(-0.9, 0.9)) for name in ("acos", "asin", "atanh")},
     "acosh": OpSamples(FLOAT, _unary(1.1, 3)),
     "tan": OpSamples(FLOAT, _unary(-1, 1)),
@@ -185,10 +203,19 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "replication_pad3d": OpSamples(FLOAT, _pads(((1, 3, 3, 3), [1, 1, 1, 1, 1, 1]))),
     "adaptive_avg_pool1d": OpSamples(FLOAT, lambda m: [S(m(2, 3, 8), [4]), S(m(3, 7), [3])]),
     "avg_pool1d": OpSamples(FLOAT, lambda m: [S(m(2, 3, 8), [2]), S(m(2, 3, 8), [3], [1], [1])]),
-    "resize_": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [2, 3]), S(m(3, 4), [12]), S(m(2, 3, 2, 2), [1, 3, 2, 2], memory_format=torch.channels_last)]),
+    "resize_": OpSamples(
+        FLOAT_INT,
+        lambda m: [
+            S(m(3, 4), [2, 3]),
+            S(m(3, 4), [12]),
+            S(m(2, 3, 2, 2), [1, 3, 2, 2], memory_format=torch.channels_last),
+        ],
+    ),
     "col2im": OpSamples(FLOAT, lambda m: [S(m(1, 8, 9), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1])]),
     # creation (random or uninitialized: metadata only)
-    "empty_strided": OpSamples(FLOAT_INT, lambda m: [S([2, 3], [3, 1], dtype=m.dtype), S([2, 3], [1, 2], dtype=m.dtype)], values=False),
+    "empty_strided": OpSamples(
+        FLOAT_INT, lambda m: [S([2, 3], [3, 1], dtype=m.dtype), S([2, 3], [1, 2], dtype=m.dtype)], values=False
+    ),
     "rand": OpSamples(FLOAT, lambda m: [S([2, 3], dtype=m.dtype)], values=False),
     "randn": OpSamples(FLOAT, lambda m: [S([2, 3], dtype=m.dtype)], values=False),
     "randperm": OpSamples(FLOAT_INT, lambda m: [S(5, dtype=m.dtype)], values=False),
@@ -203,7 +230,9 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "avg_pool2d_backward": OpSamples(
         FLOAT, lambda m: [S(m(1, 2, 2, 2), m(1, 2, 4, 4), [2, 2], [2, 2], [0, 0], False, True, None)]
     ),
-    "avg_pool3d": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2]), S(m(1, 2, 4, 4, 4), [3, 3, 3], [1, 1, 1], 1)]),
+    "avg_pool3d": OpSamples(
+        FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2]), S(m(1, 2, 4, 4, 4), [3, 3, 3], [1, 1, 1], 1)]
+    ),
     "max_pool3d_with_indices": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2])]),
     "max_pool2d_with_indices_backward": OpSamples(FLOAT, _max_pool2d_backward),
     "embedding_dense_backward": OpSamples(FLOAT, lambda m: [S(m(5, 3), torch.tensor([0, 2, 2, 1, 3]), 4, -1, False)]),
@@ -212,8 +241,12 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "upsample_bilinear2d.vec": OpSamples(
         FLOAT, lambda m: [S(m(1, 2, 3, 3), [6, 6], False, None), S(m(1, 2, 3, 3), None, True, [2.0, 2.0])]
     ),
-    "upsample_nearest2d.vec": OpSamples(FLOAT, lambda m: [S(m(1, 2, 3, 3), [6, 6], None), S(m(1, 2, 3, 3), None, [2.0, 1.5])]),
-    "_cdist_forward": OpSamples(FLOAT, lambda m: [S(m(3, 4), m(5, 4), 2.0, None), S(m(2, 3, 4), m(2, 5, 4), 1.0, None)]),
+    "upsample_nearest2d.vec": OpSamples(
+        FLOAT, lambda m: [S(m(1, 2, 3, 3), [6, 6], None), S(m(1, 2, 3, 3), None, [2.0, 1.5])]
+    ),
+    "_cdist_forward": OpSamples(
+        FLOAT, lambda m: [S(m(3, 4), m(5, 4), 2.0, None), S(m(2, 3, 4), m(2, 5, 4), 1.0, None)]
+    ),
     "_pdist_forward": OpSamples(FLOAT, lambda m: [S(m(4, 3)), S(m(4, 3), 1.0)]),
     "_fft_r2c": OpSamples(FLOAT, lambda m: [S(m(3, 8), [1], 0, True), S(m(4, 4), [0, 1], 2, False)]),
     "_fft_c2r": OpSamples(FLOAT, _fft_c2r),

@@ -40,7 +40,10 @@ def test_failing_decomposition_is_skipped_and_the_op_named(registry) -> None:  #
     assert "aten.constant_pad_nd.default" in _ops(ep.graph)
     assert export.is_functional(ep.graph)
     signature = export.signature_of(ep)
-    with pytest.raises(UnsupportedOpError, match=r"op aten\.constant_pad_nd\.default has no kernel_ops binding.*ops\.yaml.*fallback=True"):
+    with pytest.raises(
+        UnsupportedOpError,
+        match=r"op aten\.constant_pad_nd\.default has no kernel_ops binding.*ops\.yaml.*fallback=True",
+    ):
         lower(ep.graph_module, signature, small, LowerOptions())
 
 

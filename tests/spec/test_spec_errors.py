@@ -203,7 +203,9 @@ CASES = [
     (
         "list_of_str",
         "- func: f(Tensor self, str[] names) -> Tensor\n  kernels: {cpu: at::cpu::f}\n",
-        ["ops.yaml:1: op 'f': arg 'names': lists of 'str' are not supported (allowed: Tensor, int, SymInt, float, bool)"],
+        [
+            "ops.yaml:1: op 'f': arg 'names': lists of 'str' are not supported (allowed: Tensor, int, SymInt, float, bool)"
+        ],
     ),
     (
         "list_of_bool_without_size",

@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import opgen  # noqa: E402
-from opgen.bench.zoo_models import BY_NAME, ZOO  # noqa: E402
+import opgen
+from opgen.bench.zoo_models import BY_NAME, ZOO
 
 CI_MODELS = ("bert", "llama", "t5", "vit", "mobilenet_v2", "resnet")
 SELECTED = [m.name for m in ZOO] if os.environ.get("OPGEN_ZOO") == "all" else list(CI_MODELS)
