@@ -7,6 +7,9 @@ PY = $(eval PY := $$(shell PYTHON='$(PYTHON)' sh tools/python_env.sh))$(PY)
 PIP = $(PY) -m pip
 # torch is pinned to the CPU build that lies on this kind of machine; an open range pulls CUDA.
 DEPS := torch==2.13.0 pyyaml jinja2 pytest hypothesis scikit-build-core pybind11
+# The zoo extra (tests/zoo: Hugging Face architectures from configs, nothing downloaded; about 15 s
+# for the CI subset). Without it the zoo tests skip.
+ZOO_DEPS := transformers
 # Bigger budgets for `make fuzz` (CI runs the same suites with small ones, in `make test`).
 FUZZ_ENV := OPGEN_FUZZ_CALLS_PER_FUNCTION=400 OPGEN_FUZZ_SPEC_MUTATIONS=10000 OPGEN_LEAK_CALLS=1000000 \
 	OPGEN_LEAK_COMPILES=1000
@@ -20,7 +23,7 @@ ASAN_ENV = LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 .PHONY: setup build demo test fuzz asan bench clean
 
 setup:
-	$(PIP) install -q $(DEPS)
+	$(PIP) install -q $(DEPS) $(ZOO_DEPS)
 
 # Generates the bindings from ops.yaml and compiles them (editable: Python edits need no rebuild).
 build: setup

@@ -1583,6 +1583,812 @@ def lift_fresh_copy(self: Tensor) -> Tensor:
     A copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile).
     """
 
+def _adaptive_avg_pool2d_backward(grad_output: Tensor, self: Tensor) -> Tensor:
+    """_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
+    """
+
+def _adaptive_avg_pool2d_backward_out(grad_output: Tensor, self: Tensor, *, out: Tensor) -> Tensor:
+    """_adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def _adaptive_avg_pool3d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
+    """_adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
+    """
+
+def _adaptive_avg_pool3d_out(self: Tensor, output_size: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """_adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def _cdist_forward(x1: Tensor, x2: Tensor, p: float, compute_mode: int | None) -> Tensor:
+    """_cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
+    """
+
+def _cdist_forward_out(x1: Tensor, x2: Tensor, p: float, compute_mode: int | None, *, out: Tensor) -> Tensor:
+    """_cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def _embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor, scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False, per_sample_weights: Tensor | None = None, include_last_offset: bool = False, padding_idx: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+    """
+
+def _embedding_bag_out(weight: Tensor, indices: Tensor, offsets: Tensor, scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False, per_sample_weights: Tensor | None = None, include_last_offset: bool = False, padding_idx: int = -1, *, out0: Tensor, out1: Tensor, out2: Tensor, out3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
+    """
+
+def _fft_c2r(self: Tensor, dim: Sequence[int], normalization: int, last_dim_size: int) -> Tensor:
+    """_fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
+    """
+
+def _fft_c2r_out(self: Tensor, dim: Sequence[int], normalization: int, last_dim_size: int, *, out: Tensor) -> Tensor:
+    """_fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def _fft_r2c(self: Tensor, dim: Sequence[int], normalization: int, onesided: bool) -> Tensor:
+    """_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+    """
+
+def _fft_r2c_out(self: Tensor, dim: Sequence[int], normalization: int, onesided: bool, *, out: Tensor) -> Tensor:
+    """_fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def _native_batch_norm_legit(input: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor, running_var: Tensor, training: bool, momentum: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """_native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+    """
+
+def _native_batch_norm_legit_out(input: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor, running_var: Tensor, training: bool, momentum: float, eps: float, *, out: Tensor, save_mean: Tensor, save_invstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """_native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
+    """
+
+def _pdist_forward(self: Tensor, p: float = 2.0) -> Tensor:
+    """_pdist_forward(Tensor self, float p=2) -> Tensor
+    """
+
+def _pdist_forward_out(self: Tensor, p: float = 2.0, *, out: Tensor) -> Tensor:
+    """_pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def acos(self: Tensor) -> Tensor:
+    """acos(Tensor self) -> Tensor
+    """
+
+def acos_(self: Tensor) -> Tensor:
+    """acos_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def acos_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def acosh(self: Tensor) -> Tensor:
+    """acosh(Tensor self) -> Tensor
+    """
+
+def acosh_(self: Tensor) -> Tensor:
+    """acosh_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def acosh_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def any_all(self: Tensor) -> Tensor:
+    """any(Tensor self) -> Tensor
+    """
+
+def any_all_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def any_dims(self: Tensor, dim: Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
+    """
+
+def any_dims_out(self: Tensor, dim: Sequence[int] | None = None, keepdim: bool = False, *, out: Tensor) -> Tensor:
+    """any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def as_strided(self: Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Tensor:
+    """as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
+    """
+
+def as_strided_(self: Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Tensor:
+    """as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
+    """
+
+def asin(self: Tensor) -> Tensor:
+    """asin(Tensor self) -> Tensor
+    """
+
+def asin_(self: Tensor) -> Tensor:
+    """asin_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def asin_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def asinh(self: Tensor) -> Tensor:
+    """asinh(Tensor self) -> Tensor
+    """
+
+def asinh_(self: Tensor) -> Tensor:
+    """asinh_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def asinh_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def atan(self: Tensor) -> Tensor:
+    """atan(Tensor self) -> Tensor
+    """
+
+def atan_(self: Tensor) -> Tensor:
+    """atan_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def atan_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def atan2(self: Tensor, other: Tensor) -> Tensor:
+    """atan2(Tensor self, Tensor other) -> Tensor
+    """
+
+def atan2_(self: Tensor, other: Tensor) -> Tensor:
+    """atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+    """
+
+def atan2_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
+    """atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def atanh(self: Tensor) -> Tensor:
+    """atanh(Tensor self) -> Tensor
+    """
+
+def atanh_(self: Tensor) -> Tensor:
+    """atanh_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def atanh_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def avg_pool2d_backward(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Tensor:
+    """avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
+    """
+
+def avg_pool2d_backward_out(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, ceil_mode: bool, count_include_pad: bool, divisor_override: int | None, *, grad_input: Tensor) -> Tensor:
+    """avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)
+    """
+
+def avg_pool3d(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0, 0], ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+    """
+
+def avg_pool3d_out(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0, 0], ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None, *, out: Tensor) -> Tensor:
+    """avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def bitwise_and_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def bitwise_and_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def bitwise_and_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def bitwise_or_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def bitwise_or_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def bitwise_or_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def bitwise_or(self: Tensor, other: Tensor) -> Tensor:
+    """bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
+    """
+
+def bitwise_or_(self: Tensor, other: Tensor) -> Tensor:
+    """bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+    """
+
+def bitwise_or_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
+    """bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def bitwise_xor_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def bitwise_xor_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def bitwise_xor_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def bitwise_xor(self: Tensor, other: Tensor) -> Tensor:
+    """bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
+    """
+
+def bitwise_xor_(self: Tensor, other: Tensor) -> Tensor:
+    """bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+    """
+
+def bitwise_xor_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
+    """bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def col2im(self: Tensor, output_size: Sequence[int] | int, kernel_size: Sequence[int] | int, dilation: Sequence[int] | int, padding: Sequence[int] | int, stride: Sequence[int] | int) -> Tensor:
+    """col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
+    """
+
+def col2im_out(self: Tensor, output_size: Sequence[int] | int, kernel_size: Sequence[int] | int, dilation: Sequence[int] | int, padding: Sequence[int] | int, stride: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def constant_pad_nd(self: Tensor, pad: Sequence[int], value: complex | float | bool | Tensor = 0) -> Tensor:
+    """constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+    """
+
+def constant_pad_nd_out(self: Tensor, pad: Sequence[int], value: complex | float | bool | Tensor = 0, *, out: Tensor) -> Tensor:
+    """constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def convolution_backward(grad_output: Tensor, input: Tensor, weight: Tensor, bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, output_mask: Sequence[bool] | bool) -> tuple[Tensor, Tensor, Tensor]:
+    """convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+    """
+
+def convolution_backward_out(grad_output: Tensor, input: Tensor, weight: Tensor, bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, output_mask: Sequence[bool] | bool, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """convolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+    """
+
+def copy(self: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
+    """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+    """
+
+def copy_out(self: Tensor, src: Tensor, non_blocking: bool = False, *, out: Tensor) -> Tensor:
+    """copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def cosh(self: Tensor) -> Tensor:
+    """cosh(Tensor self) -> Tensor
+    """
+
+def cosh_(self: Tensor) -> Tensor:
+    """cosh_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def cosh_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
+    """
+
+def div_scalar_mode(self: Tensor, other: complex | float | bool | Tensor, *, rounding_mode: str | None) -> Tensor:
+    """div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
+    """
+
+def div_scalar_mode_(self: Tensor, other: complex | float | bool | Tensor, *, rounding_mode: str | None) -> Tensor:
+    """div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
+    """
+
+def div_scalar_mode_out(self: Tensor, other: complex | float | bool | Tensor, *, rounding_mode: str | None, out: Tensor) -> Tensor:
+    """div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> Tensor:
+    """embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
+    """
+
+def embedding_dense_backward_out(grad_output: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool, *, out: Tensor) -> Tensor:
+    """embedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
+    """empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+    """
+
+def fill_scalar(self: Tensor, value: complex | float | bool | Tensor) -> Tensor:
+    """fill.Scalar(Tensor self, Scalar value) -> Tensor
+    """
+
+def fill_scalar_out(self: Tensor, value: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def flip(self: Tensor, dims: Sequence[int]) -> Tensor:
+    """flip(Tensor self, int[] dims) -> Tensor
+    """
+
+def flip_out(self: Tensor, dims: Sequence[int], *, out: Tensor) -> Tensor:
+    """flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def fmod_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """fmod.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def fmod_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def fmod_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def fmod(self: Tensor, other: Tensor) -> Tensor:
+    """fmod.Tensor(Tensor self, Tensor other) -> Tensor
+    """
+
+def fmod_(self: Tensor, other: Tensor) -> Tensor:
+    """fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+    """
+
+def fmod_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
+    """fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def ge_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """ge.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def ge_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def ge_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def grid_sampler_2d(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int, align_corners: bool) -> Tensor:
+    """grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+    """
+
+def grid_sampler_2d_out(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int, align_corners: bool, *, out: Tensor) -> Tensor:
+    """grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def index_put(self: Tensor, indices: Sequence[Tensor | None], values: Tensor, accumulate: bool = False) -> Tensor:
+    """index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+    """
+
+def index_put_(self: Tensor, indices: Sequence[Tensor | None], values: Tensor, accumulate: bool = False) -> Tensor:
+    """index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+    """
+
+def index_put_out(self: Tensor, indices: Sequence[Tensor | None], values: Tensor, accumulate: bool = False, *, out: Tensor) -> Tensor:
+    """index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def isinf(self: Tensor) -> Tensor:
+    """isinf(Tensor self) -> Tensor
+    """
+
+def isinf_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def isnan(self: Tensor) -> Tensor:
+    """isnan(Tensor self) -> Tensor
+    """
+
+def isnan_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def le_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """le.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def le_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def le_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def log10(self: Tensor) -> Tensor:
+    """log10(Tensor self) -> Tensor
+    """
+
+def log10_(self: Tensor) -> Tensor:
+    """log10_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def log10_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def log2(self: Tensor) -> Tensor:
+    """log2(Tensor self) -> Tensor
+    """
+
+def log2_(self: Tensor) -> Tensor:
+    """log2_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def log2_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def logical_xor(self: Tensor, other: Tensor) -> Tensor:
+    """logical_xor(Tensor self, Tensor other) -> Tensor
+    """
+
+def logical_xor_(self: Tensor, other: Tensor) -> Tensor:
+    """logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+    """
+
+def logical_xor_out(self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
+    """logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def masked_scatter(self: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+    """
+
+def masked_scatter_(self: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+    """
+
+def masked_scatter_out(self: Tensor, mask: Tensor, source: Tensor, *, out: Tensor) -> Tensor:
+    """masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def max_pool2d_with_indices_backward(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, dilation: Sequence[int] | int, ceil_mode: bool, indices: Tensor) -> Tensor:
+    """max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
+    """
+
+def max_pool2d_with_indices_backward_out(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, dilation: Sequence[int] | int, ceil_mode: bool, indices: Tensor, *, grad_input: Tensor) -> Tensor:
+    """max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)
+    """
+
+def max_pool3d_with_indices(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0, 0], dilation: Sequence[int] | int = [1, 1, 1], ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
+    """max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+    """
+
+def max_pool3d_with_indices_out(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0, 0], dilation: Sequence[int] | int = [1, 1, 1], ceil_mode: bool = False, *, out: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+    """
+
+def native_dropout(input: Tensor, p: float, train: bool | None) -> tuple[Tensor, Tensor]:
+    """native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+    """
+
+def native_dropout_out(input: Tensor, p: float, train: bool | None, *, out0: Tensor, out1: Tensor) -> tuple[Tensor, Tensor]:
+    """native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+    """
+
+def native_group_norm_backward(grad_out: Tensor, input: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, N: int, C: int, HxW: int, group: int, output_mask: Sequence[bool] | bool) -> tuple[Tensor, Tensor, Tensor]:
+    """native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+    """
+
+def native_group_norm_backward_out(grad_out: Tensor, input: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, N: int, C: int, HxW: int, group: int, output_mask: Sequence[bool] | bool, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """native_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+    """
+
+def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int], mean: Tensor, rstd: Tensor, weight: Tensor | None, bias: Tensor | None, output_mask: Sequence[bool] | bool) -> tuple[Tensor, Tensor, Tensor]:
+    """native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+    """
+
+def native_layer_norm_backward_out(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int], mean: Tensor, rstd: Tensor, weight: Tensor | None, bias: Tensor | None, output_mask: Sequence[bool] | bool, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """native_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+    """
+
+def nonzero(self: Tensor) -> Tensor:
+    """nonzero(Tensor self) -> Tensor
+    """
+
+def nonzero_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def pow_scalar_base(self: complex | float | bool | Tensor, exponent: Tensor) -> Tensor:
+    """pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+    """
+
+def pow_scalar_base_out(self: complex | float | bool | Tensor, exponent: Tensor, *, out: Tensor) -> Tensor:
+    """pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def prod_all(self: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
+    """prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+    """
+
+def prod_all_out(self: Tensor, *, dtype: torch.dtype | None = None, out: Tensor) -> Tensor:
+    """prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def rand(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
+    """rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+    """
+
+def randn(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
+    """randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+    """
+
+def randperm(n: int, *, dtype: torch.dtype | None = ..., layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
+    """randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+    """
+
+def reflection_pad1d(self: Tensor, padding: Sequence[int] | int) -> Tensor:
+    """reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+    """
+
+def reflection_pad1d_out(self: Tensor, padding: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def reflection_pad2d(self: Tensor, padding: Sequence[int] | int) -> Tensor:
+    """reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+    """
+
+def reflection_pad2d_out(self: Tensor, padding: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def reflection_pad3d(self: Tensor, padding: Sequence[int] | int) -> Tensor:
+    """reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+    """
+
+def reflection_pad3d_out(self: Tensor, padding: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def remainder_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """remainder.Scalar(Tensor self, Scalar other) -> Tensor
+    """
+
+def remainder_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
+    """remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+    """
+
+def remainder_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def replication_pad2d(self: Tensor, padding: Sequence[int] | int) -> Tensor:
+    """replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+    """
+
+def replication_pad2d_out(self: Tensor, padding: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def replication_pad3d(self: Tensor, padding: Sequence[int] | int) -> Tensor:
+    """replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+    """
+
+def replication_pad3d_out(self: Tensor, padding: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def scatter_src(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+    """
+
+def scatter_src_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+    """
+
+def scatter_src_out(self: Tensor, dim: int, index: Tensor, src: Tensor, *, out: Tensor) -> Tensor:
+    """scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+    """
+
+def scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+    """
+
+def scatter_add_out(self: Tensor, dim: int, index: Tensor, src: Tensor, *, out: Tensor) -> Tensor:
+    """scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def scatter_reduce_two(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *, include_self: bool = True) -> Tensor:
+    """scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+    """
+
+def scatter_reduce_two_(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *, include_self: bool = True) -> Tensor:
+    """scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+    """
+
+def scatter_reduce_two_out(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *, include_self: bool = True, out: Tensor) -> Tensor:
+    """scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def select_scatter(self: Tensor, src: Tensor, dim: int, index: int) -> Tensor:
+    """select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+    """
+
+def select_scatter_out(self: Tensor, src: Tensor, dim: int, index: int, *, out: Tensor) -> Tensor:
+    """select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def sinh(self: Tensor) -> Tensor:
+    """sinh(Tensor self) -> Tensor
+    """
+
+def sinh_(self: Tensor) -> Tensor:
+    """sinh_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def sinh_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def slice_scatter(self: Tensor, src: Tensor, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> Tensor:
+    """slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+    """
+
+def slice_scatter_out(self: Tensor, src: Tensor, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1, *, out: Tensor) -> Tensor:
+    """slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+    """sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+    """
+
+def sort_out(self: Tensor, dim: int = -1, descending: bool = False, *, values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+    """
+
+def sub_scalar(self: Tensor, other: complex | float | bool | Tensor, alpha: complex | float | bool | Tensor = 1) -> Tensor:
+    """sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+    """
+
+def sub_scalar_(self: Tensor, other: complex | float | bool | Tensor, alpha: complex | float | bool | Tensor = 1) -> Tensor:
+    """sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+    """
+
+def sub_scalar_out(self: Tensor, other: complex | float | bool | Tensor, alpha: complex | float | bool | Tensor = 1, *, out: Tensor) -> Tensor:
+    """sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def tan(self: Tensor) -> Tensor:
+    """tan(Tensor self) -> Tensor
+    """
+
+def tan_(self: Tensor) -> Tensor:
+    """tan_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def tan_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
+    """topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+    """
+
+def topk_out(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *, values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+    """
+
+def trunc(self: Tensor) -> Tensor:
+    """trunc(Tensor self) -> Tensor
+    """
+
+def trunc_(self: Tensor) -> Tensor:
+    """trunc_(Tensor(a!) self) -> Tensor(a!)
+    """
+
+def trunc_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def upsample_bilinear2d_vec(input: Tensor, output_size: Sequence[int] | None, align_corners: bool, scale_factors: Sequence[float] | None) -> Tensor:
+    """upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+    """
+
+def upsample_bilinear2d_vec_out(input: Tensor, output_size: Sequence[int] | None, align_corners: bool, scale_factors: Sequence[float] | None, *, out: Tensor) -> Tensor:
+    """upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def upsample_nearest2d_vec(input: Tensor, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None) -> Tensor:
+    """upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+    """
+
+def upsample_nearest2d_vec_out(input: Tensor, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None, *, out: Tensor) -> Tensor:
+    """upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def var_dim(self: Tensor, dim: Sequence[int] | int | None, unbiased: bool = True, keepdim: bool = False) -> Tensor:
+    """var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+    """
+
+def var_dim_out(self: Tensor, dim: Sequence[int] | int | None, unbiased: bool = True, keepdim: bool = False, *, out: Tensor) -> Tensor:
+    """var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def adaptive_avg_pool1d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
+    """adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+    """
+
+def adaptive_avg_pool1d_out(self: Tensor, output_size: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def avg_pool1d(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0], ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    """avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+    """
+
+def avg_pool1d_out(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0], ceil_mode: bool = False, count_include_pad: bool = True, *, out: Tensor) -> Tensor:
+    """avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+    """
+
+def resize_(self: Tensor, size: Sequence[int], *, memory_format: torch.memory_format | None = None) -> Tensor:
+    """resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+
+    Resizes self in place (new elements are uninitialized).
+    """
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+    """scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+
+    Attention through the fused kernel eager picks for these inputs (flash attention on CPU; flash, efficient, cuDNN or math on CUDA).
+    """
+
+def _scaled_dot_product_flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+
+    Flash attention on CPU; also returns the log-sum-exp of each row.
+    """
+
+def mish(self: Tensor) -> Tensor:
+    """mish(Tensor self) -> Tensor
+
+    x * tanh(softplus(x)), element-wise.
+    """
+
+def mish_(self: Tensor) -> Tensor:
+    """mish_(Tensor(a!) self) -> Tensor(a!)
+
+    x * tanh(softplus(x)), element-wise.
+    """
+
+def mish_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+
+    x * tanh(softplus(x)), element-wise.
+    """
+
+def addcmul(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: complex | float | bool | Tensor = 1) -> Tensor:
+    """addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+
+    self + value * tensor1 * tensor2, element-wise.
+    """
+
+def addcmul_(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: complex | float | bool | Tensor = 1) -> Tensor:
+    """addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+
+    self + value * tensor1 * tensor2, element-wise.
+    """
+
+def addcmul_out(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: complex | float | bool | Tensor = 1, out: Tensor) -> Tensor:
+    """addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+
+    self + value * tensor1 * tensor2, element-wise.
+    """
+
 def triton_add(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 

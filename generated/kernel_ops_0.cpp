@@ -4,64 +4,105 @@
 
 #include <limits>
 
+#include <ATen/ops/_adaptive_avg_pool3d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_adaptive_avg_pool3d_cpu_dispatch.h>
+#include <ATen/ops/_fft_c2r_cpu_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
 #include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/addcmul_cpu_dispatch.h>
 #include <ATen/ops/alias_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/amin_cpu_dispatch.h>
 #include <ATen/ops/any_cpu_dispatch.h>
 #include <ATen/ops/arange_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/avg_pool1d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/avg_pool1d_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/avg_pool2d_backward_cpu_dispatch.h>
 #include <ATen/ops/bitwise_and_cpu_dispatch.h>
 #include <ATen/ops/bitwise_not_cpu_dispatch.h>
+#include <ATen/ops/bitwise_xor_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cat_cpu_dispatch.h>
 #include <ATen/ops/clamp_cpu_dispatch.h>
 #include <ATen/ops/clone_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/constant_pad_nd_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/contiguous_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/convolution_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/embedding_dense_backward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/embedding_dense_backward_cpu_dispatch.h>
 #include <ATen/ops/empty_cpu_dispatch.h>
+#include <ATen/ops/empty_strided_cpu_dispatch.h>
 #include <ATen/ops/erf_cpu_dispatch.h>
 #include <ATen/ops/full_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/ge_cpu_dispatch.h>
 #include <ATen/ops/hardsigmoid_cpu_dispatch.h>
+#include <ATen/ops/isinf_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/isnan_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/isnan_cpu_dispatch.h>
+#include <ATen/ops/logical_xor_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/logical_xor_cpu_dispatch.h>
 #include <ATen/ops/lt_cpu_dispatch.h>
 #include <ATen/ops/masked_fill_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_cpu_dispatch.h>
 #include <ATen/ops/mean_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/native_group_norm_cpu_dispatch.h>
+#include <ATen/ops/rand_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/randperm_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/reflection_pad3d_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/repeat_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/reshape_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/round_cpu_dispatch.h>
 #include <ATen/ops/scatter_cpu_dispatch.h>
+#include <ATen/ops/scatter_reduce_cpu_dispatch.h>
 #include <ATen/ops/select_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/slice_scatter_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/slice_scatter_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sqrt_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/t_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/topk_cpu_dispatch.h>
 #include <ATen/ops/tril_cpu_dispatch.h>
 #include <ATen/ops/triu_cpu_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/var_compositeimplicitautograd_dispatch.h>
 #ifdef OPGEN_WITH_CUDA
+#include <ATen/ops/_adaptive_avg_pool3d_cuda_dispatch.h>
+#include <ATen/ops/_fft_c2r_cuda_dispatch.h>
+#include <ATen/ops/addcmul_cuda_dispatch.h>
 #include <ATen/ops/amin_cuda_dispatch.h>
 #include <ATen/ops/any_cuda_dispatch.h>
+#include <ATen/ops/avg_pool2d_backward_cuda_dispatch.h>
 #include <ATen/ops/bitwise_and_cuda_dispatch.h>
 #include <ATen/ops/bitwise_not_cuda_dispatch.h>
 #include <ATen/ops/cat_cuda_dispatch.h>
 #include <ATen/ops/clamp_cuda_dispatch.h>
 #include <ATen/ops/cudnn_convolution_add_relu_cuda_dispatch.h>
+#include <ATen/ops/embedding_dense_backward_cuda_dispatch.h>
 #include <ATen/ops/empty_cuda_dispatch.h>
+#include <ATen/ops/empty_strided_cuda_dispatch.h>
 #include <ATen/ops/erf_cuda_dispatch.h>
 #include <ATen/ops/ge_cuda_dispatch.h>
 #include <ATen/ops/hardsigmoid_cuda_dispatch.h>
+#include <ATen/ops/isnan_cuda_dispatch.h>
+#include <ATen/ops/logical_xor_cuda_dispatch.h>
 #include <ATen/ops/lt_cuda_dispatch.h>
 #include <ATen/ops/masked_fill_cuda_dispatch.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_cuda_dispatch.h>
 #include <ATen/ops/mean_cuda_dispatch.h>
 #include <ATen/ops/mm_cuda_dispatch.h>
 #include <ATen/ops/native_group_norm_cuda_dispatch.h>
+#include <ATen/ops/reflection_pad3d_cuda_dispatch.h>
 #include <ATen/ops/relu_cuda_dispatch.h>
 #include <ATen/ops/round_cuda_dispatch.h>
 #include <ATen/ops/scatter_cuda_dispatch.h>
+#include <ATen/ops/scatter_reduce_cuda_dispatch.h>
 #include <ATen/ops/sqrt_cuda_dispatch.h>
 #include <ATen/ops/sub_cuda_dispatch.h>
+#include <ATen/ops/topk_cuda_dispatch.h>
 #include <ATen/ops/tril_cuda_dispatch.h>
 #include <ATen/ops/triu_cuda_dispatch.h>
 #endif
@@ -1544,6 +1585,1198 @@ PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:772: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
+PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_adaptive_avg_pool3d", {"self", "output_size"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_adaptive_avg_pool3d(self, output_size));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_adaptive_avg_pool3d(self, output_size));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:774: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_adaptive_avg_pool3d_out", {"self", "output_size", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_adaptive_avg_pool3d_outf(self, output_size, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:784: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
+PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_fft_c2r", {"self", "dim", "normalization", "last_dim_size"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> dim = opgen::int_list(slots[1], sig, 1, 0);
+  const int64_t normalization = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t last_dim_size = opgen::convert<int64_t>(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_fft_c2r(self, dim, normalization, last_dim_size));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_fft_c2r(self, dim, normalization, last_dim_size));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:786: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_fft_c2r_out", {"self", "dim", "normalization", "last_dim_size", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> dim = opgen::int_list(slots[1], sig, 1, 0);
+  const int64_t normalization = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t last_dim_size = opgen::convert<int64_t>(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::_fft_c2r_outf(self, dim, normalization, last_dim_size, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::_fft_c2r_outf(self, dim, normalization, last_dim_size, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:810: any(Tensor self) -> Tensor
+PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("any_all", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::any(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::any(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:813: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("any_all_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::any_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::any_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:815: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
+PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("any_dims", {"self", "dim", "keepdim"}, 3, 0x1);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> dim = slots[1] ? opgen::optional_int_list(slots[1], sig, 1, 0) : std::nullopt;
+  const bool keepdim = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::any(self, opgen::opt_ref(dim), keepdim));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::any(self, opgen::opt_ref(dim), keepdim));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:817: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("any_dims_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> dim = slots[1] ? opgen::optional_int_list(slots[1], sig, 1, 0) : std::nullopt;
+  const bool keepdim = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::any_outf(self, opgen::opt_ref(dim), keepdim, out);
+      return opgen::same(slots[3]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::any_outf(self, opgen::opt_ref(dim), keepdim, out);
+      return opgen::same(slots[3]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:848: avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
+PyObject* kernel_ops_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool2d_backward", {"grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 8, 0xff);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
+  const bool ceil_mode = opgen::convert<bool>(slots[5], sig, 5);
+  const bool count_include_pad = opgen::convert<bool>(slots[6], sig, 6);
+  const std::optional<int64_t> divisor_override = opgen::convert_optional<int64_t>(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(self, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:850: avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)
+PyObject* kernel_ops_avg_pool2d_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool2d_backward_out", {"grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "grad_input"}, 8, 0x1ff);
+  OPGEN_TRY
+  PyObject* slots[9];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
+  const bool ceil_mode = opgen::convert<bool>(slots[5], sig, 5);
+  const bool count_include_pad = opgen::convert<bool>(slots[6], sig, 6);
+  const std::optional<int64_t> divisor_override = opgen::convert_optional<int64_t>(slots[7], sig, 7);
+  at::Tensor& grad_input = opgen::mutable_tensor(slots[8], sig, 8);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(self, 1).add(grad_input, 8);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::avg_pool2d_backward_outf(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, grad_input);
+      return opgen::same(slots[8]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::avg_pool2d_backward_outf(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, grad_input);
+      return opgen::same(slots[8]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:871: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_xor_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::bitwise_xor(self, other));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:873: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_xor_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::bitwise_xor_(self, other);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:874: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_xor_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::bitwise_xor_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:885: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("constant_pad_nd", {"self", "pad", "value"}, 3, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> pad = opgen::int_list(slots[1], sig, 1, 0);
+  const at::Scalar value = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(0));
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::constant_pad_nd(self, pad, value));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:887: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("constant_pad_nd_out", {"self", "pad", "value", "out"}, 3, 0xb);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> pad = opgen::int_list(slots[1], sig, 1, 0);
+  const at::Scalar value = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(0));
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::constant_pad_nd_outf(self, pad, value, out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:910: embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
+PyObject* kernel_ops_embedding_dense_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("embedding_dense_backward", {"grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq"}, 5, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
+  const int64_t num_weights = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t padding_idx = opgen::convert<int64_t>(slots[3], sig, 3);
+  const bool scale_grad_by_freq = opgen::convert<bool>(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(indices, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:912: embedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_embedding_dense_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("embedding_dense_backward_out", {"grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq", "out"}, 5, 0x3f);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
+  const int64_t num_weights = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t padding_idx = opgen::convert<int64_t>(slots[3], sig, 3);
+  const bool scale_grad_by_freq = opgen::convert<bool>(slots[4], sig, 4);
+  at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(indices, 1).add(out, 5);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::embedding_dense_backward_outf(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, out);
+      return opgen::same(slots[5]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:914: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("empty_strided", {"size", "stride", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const std::vector<int64_t> size = opgen::int_list(slots[0], sig, 0, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[1], sig, 1, 0);
+  const std::optional<at::ScalarType> dtype = slots[2] ? opgen::convert_optional<at::ScalarType>(slots[2], sig, 2) : std::nullopt;
+  const std::optional<at::Layout> layout = slots[3] ? opgen::convert_optional<at::Layout>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<at::Device> device = slots[4] ? opgen::convert_optional<at::Device>(slots[4], sig, 4) : std::nullopt;
+  const std::optional<bool> pin_memory = slots[5] ? opgen::convert_optional<bool>(slots[5], sig, 5) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(device, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::empty_strided(size, stride, dtype, layout, device, pin_memory));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::empty_strided(size, stride, dtype, layout, device, pin_memory));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:935: ge.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("ge_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::ge(self, other));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::ge(self, other));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:937: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("ge_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::ge_(self, other);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::ge_(self, other);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:938: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("ge_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::ge_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::ge_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:949: isinf(Tensor self) -> Tensor
+PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("isinf", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::isinf(self));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:951: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("isinf_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::isinf_outf(self, out);
+      return opgen::same(slots[1]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:953: isnan(Tensor self) -> Tensor
+PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("isnan", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::isnan(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::isnan(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:955: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("isnan_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::isnan_outf(self, out);
+      return opgen::same(slots[1]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:972: logical_xor(Tensor self, Tensor other) -> Tensor
+PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("logical_xor", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::logical_xor(self, other));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:974: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("logical_xor_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::logical_xor_(self, other);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:975: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("logical_xor_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::logical_xor_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::logical_xor_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:982: max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
+PyObject* kernel_ops_max_pool2d_with_indices_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("max_pool2d_with_indices_backward", {"grad_output", "self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "indices"}, 8, 0xff);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 2);
+  const bool ceil_mode = opgen::convert<bool>(slots[6], sig, 6);
+  const at::Tensor& indices = opgen::tensor(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(self, 1).add(indices, 7);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:984: max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)
+PyObject* kernel_ops_max_pool2d_with_indices_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("max_pool2d_with_indices_backward_out", {"grad_output", "self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "indices", "grad_input"}, 8, 0x1ff);
+  OPGEN_TRY
+  PyObject* slots[9];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 2);
+  const bool ceil_mode = opgen::convert<bool>(slots[6], sig, 6);
+  const at::Tensor& indices = opgen::tensor(slots[7], sig, 7);
+  at::Tensor& grad_input = opgen::mutable_tensor(slots[8], sig, 8);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(self, 1).add(indices, 7).add(grad_input, 8);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::max_pool2d_with_indices_backward_outf(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, grad_input);
+      return opgen::same(slots[8]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::max_pool2d_with_indices_backward_outf(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, grad_input);
+      return opgen::same(slots[8]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1016: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("rand", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const std::vector<int64_t> size = opgen::int_list(slots[0], sig, 0, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::nullopt;
+  const std::optional<at::Layout> layout = slots[2] ? opgen::convert_optional<at::Layout>(slots[2], sig, 2) : std::nullopt;
+  const std::optional<at::Device> device = slots[3] ? opgen::convert_optional<at::Device>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<bool> pin_memory = slots[4] ? opgen::convert_optional<bool>(slots[4], sig, 4) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(device, 3);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::rand(size, dtype, layout, device, pin_memory));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1022: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("randperm", {"n", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const int64_t n = opgen::convert<int64_t>(slots[0], sig, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::optional<at::ScalarType>(at::ScalarType::Long);
+  const std::optional<at::Layout> layout = slots[2] ? opgen::convert_optional<at::Layout>(slots[2], sig, 2) : std::nullopt;
+  const std::optional<at::Device> device = slots[3] ? opgen::convert_optional<at::Device>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<bool> pin_memory = slots[4] ? opgen::convert_optional<bool>(slots[4], sig, 4) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(device, 3);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::randperm(n, dtype, layout, device, pin_memory));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1033: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("reflection_pad3d", {"self", "padding"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::reflection_pad3d(self, padding));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::reflection_pad3d(self, padding));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1035: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("reflection_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 6);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::reflection_pad3d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::reflection_pad3d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1060: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_reduce_two", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  const std::string reduce = opgen::convert<std::string>(slots[4], sig, 4);
+  const bool include_self = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::scatter_reduce(self, dim, index, src, reduce, include_self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::scatter_reduce(self, dim, index, src, reduce, include_self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1062: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_reduce_two_", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  const std::string reduce = opgen::convert<std::string>(slots[4], sig, 4);
+  const bool include_self = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_reduce_(self, dim, index, src, reduce, include_self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_reduce_(self, dim, index, src, reduce, include_self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1063: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_reduce_two_out", {"self", "dim", "index", "src", "reduce", "include_self", "out"}, 5, 0x5f);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  const std::string reduce = opgen::convert<std::string>(slots[4], sig, 4);
+  const bool include_self = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3).add(out, 6);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_reduce_outf(self, dim, index, src, reduce, include_self, out);
+      return opgen::same(slots[6]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_reduce_outf(self, dim, index, src, reduce, include_self, out);
+      return opgen::same(slots[6]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1074: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("slice_scatter", {"self", "src", "dim", "start", "end", "step"}, 6, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& src = opgen::tensor(slots[1], sig, 1);
+  const int64_t dim = slots[2] ? opgen::convert<int64_t>(slots[2], sig, 2) : int64_t(0);
+  const std::optional<int64_t> start = slots[3] ? opgen::convert_optional<int64_t>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<int64_t> end = slots[4] ? opgen::convert_optional<int64_t>(slots[4], sig, 4) : std::nullopt;
+  const int64_t step = slots[5] ? opgen::convert<int64_t>(slots[5], sig, 5) : int64_t(1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(src, 1);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautogradnonfunctional::slice_scatter(self, src, dim, start, end, step));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1076: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("slice_scatter_out", {"self", "src", "dim", "start", "end", "step", "out"}, 6, 0x43);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& src = opgen::tensor(slots[1], sig, 1);
+  const int64_t dim = slots[2] ? opgen::convert<int64_t>(slots[2], sig, 2) : int64_t(0);
+  const std::optional<int64_t> start = slots[3] ? opgen::convert_optional<int64_t>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<int64_t> end = slots[4] ? opgen::convert_optional<int64_t>(slots[4], sig, 4) : std::nullopt;
+  const int64_t step = slots[5] ? opgen::convert<int64_t>(slots[5], sig, 5) : int64_t(1);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(src, 1).add(out, 6);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::slice_scatter_outf(self, src, dim, start, end, step, out);
+      return opgen::same(slots[6]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1092: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("topk", {"self", "k", "dim", "largest", "sorted"}, 5, 0x3);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t k = opgen::convert<int64_t>(slots[1], sig, 1);
+  const int64_t dim = slots[2] ? opgen::convert<int64_t>(slots[2], sig, 2) : int64_t(-1);
+  const bool largest = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(true);
+  const bool sorted = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(true);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::topk(self, k, dim, largest, sorted));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::topk(self, k, dim, largest, sorted));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1094: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("topk_out", {"self", "k", "dim", "largest", "sorted", "values", "indices"}, 5, 0x63);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t k = opgen::convert<int64_t>(slots[1], sig, 1);
+  const int64_t dim = slots[2] ? opgen::convert<int64_t>(slots[2], sig, 2) : int64_t(-1);
+  const bool largest = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(true);
+  const bool sorted = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(true);
+  at::Tensor& values = opgen::mutable_tensor(slots[5], sig, 5);
+  at::Tensor& indices = opgen::mutable_tensor(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(values, 5).add(indices, 6);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::topk_outf(self, k, dim, largest, sorted, values, indices);
+      return opgen::same_tuple({slots[5], slots[6]});
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::topk_outf(self, k, dim, largest, sorted, values, indices);
+      return opgen::same_tuple({slots[5], slots[6]});
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1105: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("upsample_nearest2d_vec", {"input", "output_size", "scale_factors"}, 3, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> output_size = opgen::optional_int_list(slots[1], sig, 1, 0);
+  const std::optional<std::vector<double>> scale_factors = opgen::convert_optional<std::vector<double>>(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(input, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::upsample_nearest2d(input, opgen::opt_ref(output_size), opgen::opt_ref(scale_factors)));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1107: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("upsample_nearest2d_vec_out", {"input", "output_size", "scale_factors", "out"}, 3, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> output_size = opgen::optional_int_list(slots[1], sig, 1, 0);
+  const std::optional<std::vector<double>> scale_factors = opgen::convert_optional<std::vector<double>>(slots[2], sig, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::upsample_nearest2d_outf(input, opgen::opt_ref(output_size), opgen::opt_ref(scale_factors), out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1109: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("var_dim", {"self", "dim", "unbiased", "keepdim"}, 4, 0x3);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> dim = opgen::optional_int_list(slots[1], sig, 1, 1);
+  const bool unbiased = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(true);
+  const bool keepdim = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::var(self, opgen::opt_ref(dim), unbiased, keepdim));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1111: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("var_dim_out", {"self", "dim", "unbiased", "keepdim", "out"}, 4, 0x13);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> dim = opgen::optional_int_list(slots[1], sig, 1, 1);
+  const bool unbiased = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(true);
+  const bool keepdim = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeimplicitautograd::var_outf(self, opgen::opt_ref(dim), unbiased, keepdim, out);
+      return opgen::same(slots[4]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1118: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool1d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"}, 6, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 1);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 1) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 1) : std::vector<int64_t>({0});
+  const bool ceil_mode = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool count_include_pad = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::avg_pool1d(self, kernel_size, stride, padding, ceil_mode, count_include_pad));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1120: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool1d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "out"}, 6, 0x43);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 1);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 1) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 1) : std::vector<int64_t>({0});
+  const bool ceil_mode = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool count_include_pad = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 6);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::avg_pool1d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, out);
+      return opgen::same(slots[6]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1133: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& query = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& key = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& value = opgen::tensor(slots[2], sig, 2);
+  const double dropout_p = slots[3] ? opgen::convert<double>(slots[3], sig, 3) : double(0.0);
+  const bool is_causal = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const std::optional<at::Tensor> attn_mask = slots[5] ? opgen::convert_optional<at::Tensor>(slots[5], sig, 5) : std::nullopt;
+  const std::optional<double> scale = slots[6] ? opgen::convert_optional<double>(slots[6], sig, 6) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(query, 0).add(key, 1).add(value, 2).add(attn_mask, 5);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask, scale));
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1143: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& tensor1 = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& tensor2 = opgen::tensor(slots[2], sig, 2);
+  const at::Scalar value = slots[3] ? opgen::convert<at::Scalar>(slots[3], sig, 3) : at::Scalar(int64_t(1));
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(tensor1, 1).add(tensor2, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::addcmul(self, tensor1, tensor2, value));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::addcmul(self, tensor1, tensor2, value));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1145: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& tensor1 = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& tensor2 = opgen::tensor(slots[2], sig, 2);
+  const at::Scalar value = slots[3] ? opgen::convert<at::Scalar>(slots[3], sig, 3) : at::Scalar(int64_t(1));
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(tensor1, 1).add(tensor2, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::addcmul_(self, tensor1, tensor2, value);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::addcmul_(self, tensor1, tensor2, value);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1146: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& tensor1 = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& tensor2 = opgen::tensor(slots[2], sig, 2);
+  const at::Scalar value = slots[3] ? opgen::convert<at::Scalar>(slots[3], sig, 3) : at::Scalar(int64_t(1));
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(tensor1, 1).add(tensor2, 2).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::addcmul_outf(self, tensor1, tensor2, value, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::addcmul_outf(self, tensor1, tensor2, value, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_0[] = {
@@ -1611,5 +2844,56 @@ PyMethodDef opgen_methods_0[] = {
 {"triu_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triu_out)), METH_FASTCALL | METH_KEYWORDS, "triu_out($module, self, diagonal=0, *, out)\n--\n\ntriu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)\n\nUpper triangle of the last two dims; the rest zeroed."},
 {"repeat", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_repeat)), METH_FASTCALL | METH_KEYWORDS, "repeat($module, self, repeats)\n--\n\nrepeat(Tensor self, SymInt[] repeats) -> Tensor\n\nRepeats the tensor along each dimension (torch.compile graphs keep aten.repeat)."},
 {"repeat_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_repeat_out)), METH_FASTCALL | METH_KEYWORDS, "repeat_out($module, self, repeats, *, out)\n--\n\nrepeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)\n\nRepeats the tensor along each dimension (torch.compile graphs keep aten.repeat)."},
+{"_adaptive_avg_pool3d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool3d)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool3d($module, self, output_size)\n--\n\n_adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor"},
+{"_adaptive_avg_pool3d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool3d_out)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool3d_out($module, self, output_size, *, out)\n--\n\n_adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)"},
+{"_fft_c2r", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__fft_c2r)), METH_FASTCALL | METH_KEYWORDS, "_fft_c2r($module, self, dim, normalization, last_dim_size)\n--\n\n_fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor"},
+{"_fft_c2r_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__fft_c2r_out)), METH_FASTCALL | METH_KEYWORDS, "_fft_c2r_out($module, self, dim, normalization, last_dim_size, *, out)\n--\n\n_fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)"},
+{"any_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_all)), METH_FASTCALL | METH_KEYWORDS, "any_all($module, self)\n--\n\nany(Tensor self) -> Tensor"},
+{"any_all_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_all_out)), METH_FASTCALL | METH_KEYWORDS, "any_all_out($module, self, *, out)\n--\n\nany.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"any_dims", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_dims)), METH_FASTCALL | METH_KEYWORDS, "any_dims($module, self, dim=None, keepdim=False)\n--\n\nany.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor"},
+{"any_dims_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_dims_out)), METH_FASTCALL | METH_KEYWORDS, "any_dims_out($module, self, dim=None, keepdim=False, *, out)\n--\n\nany.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)"},
+{"avg_pool2d_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d_backward)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d_backward($module, grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)\n--\n\navg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor"},
+{"avg_pool2d_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d_backward_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d_backward_out($module, grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, *, grad_input)\n--\n\navg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)"},
+{"bitwise_xor_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_scalar)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_scalar($module, self, other)\n--\n\nbitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"bitwise_xor_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_scalar_)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_scalar_($module, self, other)\n--\n\nbitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"bitwise_xor_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_scalar_out($module, self, other, *, out)\n--\n\nbitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"constant_pad_nd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_constant_pad_nd)), METH_FASTCALL | METH_KEYWORDS, "constant_pad_nd($module, self, pad, value=0)\n--\n\nconstant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor"},
+{"constant_pad_nd_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_constant_pad_nd_out)), METH_FASTCALL | METH_KEYWORDS, "constant_pad_nd_out($module, self, pad, value=0, *, out)\n--\n\nconstant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)"},
+{"embedding_dense_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding_dense_backward)), METH_FASTCALL | METH_KEYWORDS, "embedding_dense_backward($module, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)\n--\n\nembedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor"},
+{"embedding_dense_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding_dense_backward_out)), METH_FASTCALL | METH_KEYWORDS, "embedding_dense_backward_out($module, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, *, out)\n--\n\nembedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)"},
+{"empty_strided", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_strided)), METH_FASTCALL | METH_KEYWORDS, "empty_strided($module, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nempty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
+{"ge_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_scalar)), METH_FASTCALL | METH_KEYWORDS, "ge_scalar($module, self, other)\n--\n\nge.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"ge_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_scalar_)), METH_FASTCALL | METH_KEYWORDS, "ge_scalar_($module, self, other)\n--\n\nge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"ge_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "ge_scalar_out($module, self, other, *, out)\n--\n\nge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"isinf", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_isinf)), METH_FASTCALL | METH_KEYWORDS, "isinf($module, self)\n--\n\nisinf(Tensor self) -> Tensor"},
+{"isinf_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_isinf_out)), METH_FASTCALL | METH_KEYWORDS, "isinf_out($module, self, *, out)\n--\n\nisinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"isnan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_isnan)), METH_FASTCALL | METH_KEYWORDS, "isnan($module, self)\n--\n\nisnan(Tensor self) -> Tensor"},
+{"isnan_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_isnan_out)), METH_FASTCALL | METH_KEYWORDS, "isnan_out($module, self, *, out)\n--\n\nisnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"logical_xor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_logical_xor)), METH_FASTCALL | METH_KEYWORDS, "logical_xor($module, self, other)\n--\n\nlogical_xor(Tensor self, Tensor other) -> Tensor"},
+{"logical_xor_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_logical_xor_)), METH_FASTCALL | METH_KEYWORDS, "logical_xor_($module, self, other)\n--\n\nlogical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)"},
+{"logical_xor_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_logical_xor_out)), METH_FASTCALL | METH_KEYWORDS, "logical_xor_out($module, self, other, *, out)\n--\n\nlogical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"max_pool2d_with_indices_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices_backward)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices_backward($module, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)\n--\n\nmax_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor"},
+{"max_pool2d_with_indices_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices_backward_out)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices_backward_out($module, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, *, grad_input)\n--\n\nmax_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)"},
+{"rand", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_rand)), METH_FASTCALL | METH_KEYWORDS, "rand($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nrand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
+{"randperm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_randperm)), METH_FASTCALL | METH_KEYWORDS, "randperm($module, n, *, dtype=..., layout=None, device=None, pin_memory=None)\n--\n\nrandperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
+{"reflection_pad3d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad3d)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad3d($module, self, padding)\n--\n\nreflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor"},
+{"reflection_pad3d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad3d_out)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad3d_out($module, self, padding, *, out)\n--\n\nreflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)"},
+{"scatter_reduce_two", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_reduce_two)), METH_FASTCALL | METH_KEYWORDS, "scatter_reduce_two($module, self, dim, index, src, reduce, *, include_self=True)\n--\n\nscatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor"},
+{"scatter_reduce_two_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_reduce_two_)), METH_FASTCALL | METH_KEYWORDS, "scatter_reduce_two_($module, self, dim, index, src, reduce, *, include_self=True)\n--\n\nscatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)"},
+{"scatter_reduce_two_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_reduce_two_out)), METH_FASTCALL | METH_KEYWORDS, "scatter_reduce_two_out($module, self, dim, index, src, reduce, *, include_self=True, out)\n--\n\nscatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)"},
+{"slice_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_slice_scatter)), METH_FASTCALL | METH_KEYWORDS, "slice_scatter($module, self, src, dim=0, start=None, end=None, step=1)\n--\n\nslice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor"},
+{"slice_scatter_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_slice_scatter_out)), METH_FASTCALL | METH_KEYWORDS, "slice_scatter_out($module, self, src, dim=0, start=None, end=None, step=1, *, out)\n--\n\nslice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)"},
+{"topk", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_topk)), METH_FASTCALL | METH_KEYWORDS, "topk($module, self, k, dim=-1, largest=True, sorted=True)\n--\n\ntopk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"},
+{"topk_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_topk_out)), METH_FASTCALL | METH_KEYWORDS, "topk_out($module, self, k, dim=-1, largest=True, sorted=True, *, values, indices)\n--\n\ntopk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)"},
+{"upsample_nearest2d_vec", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_nearest2d_vec)), METH_FASTCALL | METH_KEYWORDS, "upsample_nearest2d_vec($module, input, output_size, scale_factors)\n--\n\nupsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor"},
+{"upsample_nearest2d_vec_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_nearest2d_vec_out)), METH_FASTCALL | METH_KEYWORDS, "upsample_nearest2d_vec_out($module, input, output_size, scale_factors, *, out)\n--\n\nupsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)"},
+{"var_dim", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_var_dim)), METH_FASTCALL | METH_KEYWORDS, "var_dim($module, self, dim, unbiased=True, keepdim=False)\n--\n\nvar.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor"},
+{"var_dim_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_var_dim_out)), METH_FASTCALL | METH_KEYWORDS, "var_dim_out($module, self, dim, unbiased=True, keepdim=False, *, out)\n--\n\nvar.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)"},
+{"avg_pool1d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool1d)), METH_FASTCALL | METH_KEYWORDS, "avg_pool1d($module, self, kernel_size, stride=[], padding=[0], ceil_mode=False, count_include_pad=True)\n--\n\navg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor"},
+{"avg_pool1d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool1d_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool1d_out($module, self, kernel_size, stride=[], padding=[0], ceil_mode=False, count_include_pad=True, *, out)\n--\n\navg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)"},
+{"_scaled_dot_product_flash_attention_for_cpu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__scaled_dot_product_flash_attention_for_cpu)), METH_FASTCALL | METH_KEYWORDS, "_scaled_dot_product_flash_attention_for_cpu($module, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)\n--\n\n_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)\n\nFlash attention on CPU; also returns the log-sum-exp of each row."},
+{"addcmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul)), METH_FASTCALL | METH_KEYWORDS, "addcmul($module, self, tensor1, tensor2, *, value=1)\n--\n\naddcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor\n\nself + value * tensor1 * tensor2, element-wise."},
+{"addcmul_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul_)), METH_FASTCALL | METH_KEYWORDS, "addcmul_($module, self, tensor1, tensor2, *, value=1)\n--\n\naddcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)\n\nself + value * tensor1 * tensor2, element-wise."},
+{"addcmul_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul_out)), METH_FASTCALL | METH_KEYWORDS, "addcmul_out($module, self, tensor1, tensor2, *, value=1, out)\n--\n\naddcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)\n\nself + value * tensor1 * tensor2, element-wise."},
 {nullptr, nullptr, 0, nullptr},
 };

@@ -4,25 +4,40 @@
 
 #include <limits>
 
+#include <ATen/ops/_adaptive_avg_pool2d_backward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_adaptive_avg_pool2d_backward_cpu_dispatch.h>
 #include <ATen/ops/_adaptive_avg_pool2d_cpu_dispatch.h>
+#include <ATen/ops/_embedding_bag_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_embedding_bag_cpu_dispatch.h>
+#include <ATen/ops/_fft_r2c_cpu_dispatch.h>
 #include <ATen/ops/_native_batch_norm_legit_no_training_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/acos_cpu_dispatch.h>
 #include <ATen/ops/adaptive_avg_pool2d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/add_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/all_cpu_dispatch.h>
 #include <ATen/ops/amax_cpu_dispatch.h>
+#include <ATen/ops/atan2_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
+#include <ATen/ops/bitwise_and_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/col2im_cpu_dispatch.h>
 #include <ATen/ops/conv2d_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/convolution_backward_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cos_cpu_dispatch.h>
 #include <ATen/ops/cumsum_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/elu_cpu_dispatch.h>
 #include <ATen/ops/empty_like_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/fill_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/flip_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/flip_cpu_dispatch.h>
+#include <ATen/ops/fmod_cpu_dispatch.h>
 #include <ATen/ops/full_like_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/gather_cpu_dispatch.h>
 #include <ATen/ops/gelu_cpu_dispatch.h>
 #include <ATen/ops/gt_cpu_dispatch.h>
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
+#include <ATen/ops/le_cpu_dispatch.h>
 #include <ATen/ops/lift_fresh_copy_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/log_cpu_dispatch.h>
 #include <ATen/ops/log_softmax_compositeimplicitautograd_dispatch.h>
@@ -35,33 +50,52 @@
 #include <ATen/ops/neg_cpu_dispatch.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/reciprocal_cpu_dispatch.h>
+#include <ATen/ops/reflection_pad2d_cpu_dispatch.h>
+#include <ATen/ops/remainder_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/rsub_cpu_dispatch.h>
 #include <ATen/ops/scalar_tensor_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/scatter_cpu_dispatch.h>
+#include <ATen/ops/select_scatter_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/select_scatter_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/silu_cpu_dispatch.h>
 #include <ATen/ops/slice_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/split_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/split_with_sizes_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/squeeze_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/sub_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/sum_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
 #include <ATen/ops/transpose_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/trunc_cpu_dispatch.h>
 #include <ATen/ops/unsqueeze_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/upsample_bilinear2d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/upsample_bilinear2d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
 #include <opgen/jit_binding.h>
 #ifdef OPGEN_WITH_CUDA
+#include <ATen/ops/_adaptive_avg_pool2d_backward_cuda_dispatch.h>
 #include <ATen/ops/_adaptive_avg_pool2d_cuda_dispatch.h>
+#include <ATen/ops/_embedding_bag_cuda_dispatch.h>
+#include <ATen/ops/_fft_r2c_cuda_dispatch.h>
+#include <ATen/ops/acos_cuda_dispatch.h>
 #include <ATen/ops/all_cuda_dispatch.h>
 #include <ATen/ops/amax_cuda_dispatch.h>
+#include <ATen/ops/atan2_cuda_dispatch.h>
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
+#include <ATen/ops/col2im_cuda_dispatch.h>
+#include <ATen/ops/convolution_backward_cuda_dispatch.h>
 #include <ATen/ops/cos_cuda_dispatch.h>
 #include <ATen/ops/cumsum_cuda_dispatch.h>
 #include <ATen/ops/div_cuda_dispatch.h>
 #include <ATen/ops/elu_cuda_dispatch.h>
+#include <ATen/ops/flip_cuda_dispatch.h>
+#include <ATen/ops/fmod_cuda_dispatch.h>
 #include <ATen/ops/gather_cuda_dispatch.h>
 #include <ATen/ops/gelu_cuda_dispatch.h>
 #include <ATen/ops/gt_cuda_dispatch.h>
 #include <ATen/ops/index_cuda_dispatch.h>
 #include <ATen/ops/index_select_cuda_dispatch.h>
+#include <ATen/ops/le_cuda_dispatch.h>
 #include <ATen/ops/log_cuda_dispatch.h>
 #include <ATen/ops/lt_cuda_dispatch.h>
 #include <ATen/ops/max_cuda_dispatch.h>
@@ -71,9 +105,12 @@
 #include <ATen/ops/neg_cuda_dispatch.h>
 #include <ATen/ops/pow_cuda_dispatch.h>
 #include <ATen/ops/reciprocal_cuda_dispatch.h>
+#include <ATen/ops/reflection_pad2d_cuda_dispatch.h>
 #include <ATen/ops/rsub_cuda_dispatch.h>
+#include <ATen/ops/scatter_cuda_dispatch.h>
 #include <ATen/ops/silu_cuda_dispatch.h>
 #include <ATen/ops/sum_cuda_dispatch.h>
+#include <ATen/ops/trunc_cuda_dispatch.h>
 #include <ATen/ops/zero_cuda_dispatch.h>
 #endif
 
@@ -1821,7 +1858,1094 @@ PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:766: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:768: _adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
+PyObject* kernel_ops__adaptive_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_adaptive_avg_pool2d_backward", {"grad_output", "self"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(self, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_adaptive_avg_pool2d_backward(grad_output, self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_adaptive_avg_pool2d_backward(grad_output, self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:770: _adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__adaptive_avg_pool2d_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_adaptive_avg_pool2d_backward_out", {"grad_output", "self", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(self, 1).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_adaptive_avg_pool2d_backward_outf(grad_output, self, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:780: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_embedding_bag", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx"}, 9, 0x7);
+  OPGEN_TRY
+  PyObject* slots[9];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& weight = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& offsets = opgen::tensor(slots[2], sig, 2);
+  const bool scale_grad_by_freq = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  const int64_t mode = slots[4] ? opgen::convert<int64_t>(slots[4], sig, 4) : int64_t(0);
+  const bool sparse = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  const std::optional<at::Tensor> per_sample_weights = slots[6] ? opgen::convert_optional<at::Tensor>(slots[6], sig, 6) : std::nullopt;
+  const bool include_last_offset = slots[7] ? opgen::convert<bool>(slots[7], sig, 7) : bool(false);
+  const int64_t padding_idx = slots[8] ? opgen::convert<int64_t>(slots[8], sig, 8) : int64_t(-1);
+  opgen::Devices devices(sig);
+  devices.add(weight, 0).add(indices, 1).add(offsets, 2).add(per_sample_weights, 6);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:782: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
+PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_embedding_bag_out", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx", "out0", "out1", "out2", "out3"}, 9, 0x1e07);
+  OPGEN_TRY
+  PyObject* slots[13];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& weight = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& offsets = opgen::tensor(slots[2], sig, 2);
+  const bool scale_grad_by_freq = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  const int64_t mode = slots[4] ? opgen::convert<int64_t>(slots[4], sig, 4) : int64_t(0);
+  const bool sparse = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  const std::optional<at::Tensor> per_sample_weights = slots[6] ? opgen::convert_optional<at::Tensor>(slots[6], sig, 6) : std::nullopt;
+  const bool include_last_offset = slots[7] ? opgen::convert<bool>(slots[7], sig, 7) : bool(false);
+  const int64_t padding_idx = slots[8] ? opgen::convert<int64_t>(slots[8], sig, 8) : int64_t(-1);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[9], sig, 9);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[10], sig, 10);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[11], sig, 11);
+  at::Tensor& out3 = opgen::mutable_tensor(slots[12], sig, 12);
+  opgen::Devices devices(sig);
+  devices.add(weight, 0).add(indices, 1).add(offsets, 2).add(per_sample_weights, 6).add(out0, 9).add(out1, 10).add(out2, 11).add(out3, 12);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_embedding_bag_outf(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx, out0, out1, out2, out3);
+      return opgen::same_tuple({slots[9], slots[10], slots[11], slots[12]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:788: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_fft_r2c", {"self", "dim", "normalization", "onesided"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> dim = opgen::int_list(slots[1], sig, 1, 0);
+  const int64_t normalization = opgen::convert<int64_t>(slots[2], sig, 2);
+  const bool onesided = opgen::convert<bool>(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_fft_r2c(self, dim, normalization, onesided));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_fft_r2c(self, dim, normalization, onesided));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:790: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_fft_r2c_out", {"self", "dim", "normalization", "onesided", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> dim = opgen::int_list(slots[1], sig, 1, 0);
+  const int64_t normalization = opgen::convert<int64_t>(slots[2], sig, 2);
+  const bool onesided = opgen::convert<bool>(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::_fft_r2c_outf(self, dim, normalization, onesided, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::_fft_r2c_outf(self, dim, normalization, onesided, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:800: acos(Tensor self) -> Tensor
+PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("acos", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::acos(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::acos(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:802: acos_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("acos_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::acos_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::acos_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:803: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("acos_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::acos_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::acos_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:838: atan2(Tensor self, Tensor other) -> Tensor
+PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atan2", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::atan2(self, other));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::atan2(self, other));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:840: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atan2_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::atan2_(self, other);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::atan2_(self, other);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:841: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atan2_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::atan2_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::atan2_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:856: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_and_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::bitwise_and(self, other));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:858: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_and_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::bitwise_and_(self, other);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:859: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_and_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::bitwise_and_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:881: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
+PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("col2im", {"self", "output_size", "kernel_size", "dilation", "padding", "stride"}, 6, 0x3f);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 2);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[3], sig, 3, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[5], sig, 5, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::col2im(self, output_size, kernel_size, dilation, padding, stride));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::col2im(self, output_size, kernel_size, dilation, padding, stride));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:883: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("col2im_out", {"self", "output_size", "kernel_size", "dilation", "padding", "stride", "out"}, 6, 0x7f);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 2);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[3], sig, 3, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[5], sig, 5, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 6);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::col2im_outf(self, output_size, kernel_size, dilation, padding, stride, out);
+      return opgen::same(slots[6]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::col2im_outf(self, output_size, kernel_size, dilation, padding, stride, out);
+      return opgen::same(slots[6]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:889: convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+PyObject* kernel_ops_convolution_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("convolution_backward", {"grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "output_mask"}, 11, 0x7ff);
+  OPGEN_TRY
+  PyObject* slots[11];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& weight = opgen::tensor(slots[2], sig, 2);
+  const std::optional<std::vector<int64_t>> bias_sizes = opgen::optional_int_list(slots[3], sig, 3, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[4], sig, 4, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[5], sig, 5, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[6], sig, 6, 0);
+  const bool transposed = opgen::convert<bool>(slots[7], sig, 7);
+  const std::vector<int64_t> output_padding = opgen::int_list(slots[8], sig, 8, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[9], sig, 9);
+  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[10], sig, 10);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(input, 1).add(weight, 2);
+  switch (devices.type()) {
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::convolution_backward(grad_output, input, weight, opgen::opt_ref(bias_sizes), stride, padding, dilation, transposed, output_padding, groups, output_mask));
+#endif
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::convolution_backward(grad_output, input, weight, opgen::opt_ref(bias_sizes), stride, padding, dilation, transposed, output_padding, groups, output_mask));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:891: convolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+PyObject* kernel_ops_convolution_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("convolution_backward_out", {"grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "output_mask", "out0", "out1", "out2"}, 11, 0x3fff);
+  OPGEN_TRY
+  PyObject* slots[14];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& weight = opgen::tensor(slots[2], sig, 2);
+  const std::optional<std::vector<int64_t>> bias_sizes = opgen::optional_int_list(slots[3], sig, 3, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[4], sig, 4, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[5], sig, 5, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[6], sig, 6, 0);
+  const bool transposed = opgen::convert<bool>(slots[7], sig, 7);
+  const std::vector<int64_t> output_padding = opgen::int_list(slots[8], sig, 8, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[9], sig, 9);
+  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[10], sig, 10);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[11], sig, 11);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[12], sig, 12);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[13], sig, 13);
+  opgen::Devices devices(sig);
+  devices.add(grad_output, 0).add(input, 1).add(weight, 2).add(out0, 11).add(out1, 12).add(out2, 13);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::convolution_backward_outf(grad_output, input, weight, opgen::opt_ref(bias_sizes), stride, padding, dilation, transposed, output_padding, groups, output_mask, out0, out1, out2);
+      return opgen::same_tuple({slots[11], slots[12], slots[13]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:917: fill.Scalar(Tensor self, Scalar value) -> Tensor
+PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fill_scalar", {"self", "value"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar value = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::fill(self, value));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:919: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fill_scalar_out", {"self", "value", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar value = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::fill_outf(self, value, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:921: flip(Tensor self, int[] dims) -> Tensor
+PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("flip", {"self", "dims"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> dims = opgen::int_list(slots[1], sig, 1, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::flip(self, dims));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::flip(self, dims));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:923: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("flip_out", {"self", "dims", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> dims = opgen::int_list(slots[1], sig, 1, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::flip_outf(self, dims, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:930: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fmod", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::fmod(self, other));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::fmod(self, other));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:932: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fmod_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::fmod_(self, other);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::fmod_(self, other);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:933: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fmod_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::fmod_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::fmod_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:957: le.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("le_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::le(self, other));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::le(self, other));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:959: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("le_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::le_(self, other);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::le_(self, other);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:960: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("le_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::le_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::le_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1029: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("reflection_pad2d", {"self", "padding"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::reflection_pad2d(self, padding));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::reflection_pad2d(self, padding));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1031: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("reflection_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 4);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::reflection_pad2d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::reflection_pad2d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1037: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("remainder_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::remainder(self, other));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1039: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("remainder_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::remainder_(self, other);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1040: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("remainder_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::remainder_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1050: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_src", {"self", "dim", "index", "src"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::scatter(self, dim, index, src));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::scatter(self, dim, index, src));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1052: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_src_", {"self", "dim", "index", "src"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_(self, dim, index, src);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_(self, dim, index, src);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1053: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_src_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_outf(self, dim, index, src, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_outf(self, dim, index, src, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1065: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("select_scatter", {"self", "src", "dim", "index"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& src = opgen::tensor(slots[1], sig, 1);
+  const int64_t dim = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t index = opgen::convert<int64_t>(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(src, 1);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautogradnonfunctional::select_scatter(self, src, dim, index));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1067: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("select_scatter_out", {"self", "src", "dim", "index", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& src = opgen::tensor(slots[1], sig, 1);
+  const int64_t dim = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t index = opgen::convert<int64_t>(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(src, 1).add(out, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::select_scatter_outf(self, src, dim, index, out);
+      return opgen::same(slots[4]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1082: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sub_scalar", {"self", "other", "alpha"}, 3, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const at::Scalar alpha = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::sub(self, other, alpha));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1084: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sub_scalar_", {"self", "other", "alpha"}, 3, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const at::Scalar alpha = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::sub_(self, other, alpha);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1085: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sub_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const at::Scalar alpha = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::sub_outf(self, other, alpha, out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1096: trunc(Tensor self) -> Tensor
+PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("trunc", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::trunc(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::trunc(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1098: trunc_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("trunc_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::trunc_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::trunc_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1099: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("trunc_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::trunc_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::trunc_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1101: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("upsample_bilinear2d_vec", {"input", "output_size", "align_corners", "scale_factors"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> output_size = opgen::optional_int_list(slots[1], sig, 1, 0);
+  const bool align_corners = opgen::convert<bool>(slots[2], sig, 2);
+  const std::optional<std::vector<double>> scale_factors = opgen::convert_optional<std::vector<double>>(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(input, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::upsample_bilinear2d(input, opgen::opt_ref(output_size), align_corners, opgen::opt_ref(scale_factors)));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1103: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("upsample_bilinear2d_vec_out", {"input", "output_size", "align_corners", "scale_factors", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> output_size = opgen::optional_int_list(slots[1], sig, 1, 0);
+  const bool align_corners = opgen::convert<bool>(slots[2], sig, 2);
+  const std::optional<std::vector<double>> scale_factors = opgen::convert_optional<std::vector<double>>(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(out, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::upsample_bilinear2d_outf(input, opgen::opt_ref(output_size), align_corners, opgen::opt_ref(scale_factors), out);
+      return opgen::same(slots[4]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1152: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -1838,7 +2962,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   opgen::jit::require_contiguous(sig, other, 1);
   opgen::jit::require_same_shape(sig, self, 0, other, 1);
   at::Tensor out = opgen::jit::empty_like(self);
-  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:766\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1152\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
   opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
   return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)
@@ -1922,6 +3046,53 @@ PyMethodDef opgen_methods_1[] = {
 {"empty_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_like)), METH_FASTCALL | METH_KEYWORDS, "empty_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns an uninitialized tensor with the same size as input."},
 {"mean_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mean_all)), METH_FASTCALL | METH_KEYWORDS, "mean_all($module, self, *, dtype=None)\n--\n\nmean(Tensor self, *, ScalarType? dtype=None) -> Tensor\n\nThe mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default)."},
 {"lift_fresh_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_lift_fresh_copy)), METH_FASTCALL | METH_KEYWORDS, "lift_fresh_copy($module, self)\n--\n\nlift_fresh_copy(Tensor self) -> Tensor\n\nA copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile)."},
+{"_adaptive_avg_pool2d_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool2d_backward)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool2d_backward($module, grad_output, self)\n--\n\n_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor"},
+{"_adaptive_avg_pool2d_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool2d_backward_out)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool2d_backward_out($module, grad_output, self, *, out)\n--\n\n_adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"_embedding_bag", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__embedding_bag)), METH_FASTCALL | METH_KEYWORDS, "_embedding_bag($module, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=-1)\n--\n\n_embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)"},
+{"_embedding_bag_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__embedding_bag_out)), METH_FASTCALL | METH_KEYWORDS, "_embedding_bag_out($module, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=-1, *, out0, out1, out2, out3)\n--\n\n_embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))"},
+{"_fft_r2c", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__fft_r2c)), METH_FASTCALL | METH_KEYWORDS, "_fft_r2c($module, self, dim, normalization, onesided)\n--\n\n_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor"},
+{"_fft_r2c_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__fft_r2c_out)), METH_FASTCALL | METH_KEYWORDS, "_fft_r2c_out($module, self, dim, normalization, onesided, *, out)\n--\n\n_fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)"},
+{"acos", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_acos)), METH_FASTCALL | METH_KEYWORDS, "acos($module, self)\n--\n\nacos(Tensor self) -> Tensor"},
+{"acos_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_acos_)), METH_FASTCALL | METH_KEYWORDS, "acos_($module, self)\n--\n\nacos_(Tensor(a!) self) -> Tensor(a!)"},
+{"acos_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_acos_out)), METH_FASTCALL | METH_KEYWORDS, "acos_out($module, self, *, out)\n--\n\nacos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"atan2", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atan2)), METH_FASTCALL | METH_KEYWORDS, "atan2($module, self, other)\n--\n\natan2(Tensor self, Tensor other) -> Tensor"},
+{"atan2_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atan2_)), METH_FASTCALL | METH_KEYWORDS, "atan2_($module, self, other)\n--\n\natan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)"},
+{"atan2_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atan2_out)), METH_FASTCALL | METH_KEYWORDS, "atan2_out($module, self, other, *, out)\n--\n\natan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"bitwise_and_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_and_scalar)), METH_FASTCALL | METH_KEYWORDS, "bitwise_and_scalar($module, self, other)\n--\n\nbitwise_and.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"bitwise_and_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_and_scalar_)), METH_FASTCALL | METH_KEYWORDS, "bitwise_and_scalar_($module, self, other)\n--\n\nbitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"bitwise_and_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_and_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_and_scalar_out($module, self, other, *, out)\n--\n\nbitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"col2im", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_col2im)), METH_FASTCALL | METH_KEYWORDS, "col2im($module, self, output_size, kernel_size, dilation, padding, stride)\n--\n\ncol2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"},
+{"col2im_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_col2im_out)), METH_FASTCALL | METH_KEYWORDS, "col2im_out($module, self, output_size, kernel_size, dilation, padding, stride, *, out)\n--\n\ncol2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)"},
+{"convolution_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution_backward)), METH_FASTCALL | METH_KEYWORDS, "convolution_backward($module, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)\n--\n\nconvolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"},
+{"convolution_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution_backward_out)), METH_FASTCALL | METH_KEYWORDS, "convolution_backward_out($module, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask, *, out0, out1, out2)\n--\n\nconvolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))"},
+{"fill_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fill_scalar)), METH_FASTCALL | METH_KEYWORDS, "fill_scalar($module, self, value)\n--\n\nfill.Scalar(Tensor self, Scalar value) -> Tensor"},
+{"fill_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fill_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "fill_scalar_out($module, self, value, *, out)\n--\n\nfill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)"},
+{"flip", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_flip)), METH_FASTCALL | METH_KEYWORDS, "flip($module, self, dims)\n--\n\nflip(Tensor self, int[] dims) -> Tensor"},
+{"flip_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_flip_out)), METH_FASTCALL | METH_KEYWORDS, "flip_out($module, self, dims, *, out)\n--\n\nflip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)"},
+{"fmod", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fmod)), METH_FASTCALL | METH_KEYWORDS, "fmod($module, self, other)\n--\n\nfmod.Tensor(Tensor self, Tensor other) -> Tensor"},
+{"fmod_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fmod_)), METH_FASTCALL | METH_KEYWORDS, "fmod_($module, self, other)\n--\n\nfmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)"},
+{"fmod_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fmod_out)), METH_FASTCALL | METH_KEYWORDS, "fmod_out($module, self, other, *, out)\n--\n\nfmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"le_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_le_scalar)), METH_FASTCALL | METH_KEYWORDS, "le_scalar($module, self, other)\n--\n\nle.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"le_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_le_scalar_)), METH_FASTCALL | METH_KEYWORDS, "le_scalar_($module, self, other)\n--\n\nle_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"le_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_le_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "le_scalar_out($module, self, other, *, out)\n--\n\nle.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"reflection_pad2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad2d)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad2d($module, self, padding)\n--\n\nreflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor"},
+{"reflection_pad2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad2d_out)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad2d_out($module, self, padding, *, out)\n--\n\nreflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)"},
+{"remainder_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_remainder_scalar)), METH_FASTCALL | METH_KEYWORDS, "remainder_scalar($module, self, other)\n--\n\nremainder.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"remainder_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_remainder_scalar_)), METH_FASTCALL | METH_KEYWORDS, "remainder_scalar_($module, self, other)\n--\n\nremainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"remainder_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_remainder_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "remainder_scalar_out($module, self, other, *, out)\n--\n\nremainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"scatter_src", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_src)), METH_FASTCALL | METH_KEYWORDS, "scatter_src($module, self, dim, index, src)\n--\n\nscatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor"},
+{"scatter_src_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_src_)), METH_FASTCALL | METH_KEYWORDS, "scatter_src_($module, self, dim, index, src)\n--\n\nscatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)"},
+{"scatter_src_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_src_out)), METH_FASTCALL | METH_KEYWORDS, "scatter_src_out($module, self, dim, index, src, *, out)\n--\n\nscatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)"},
+{"select_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_select_scatter)), METH_FASTCALL | METH_KEYWORDS, "select_scatter($module, self, src, dim, index)\n--\n\nselect_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor"},
+{"select_scatter_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_select_scatter_out)), METH_FASTCALL | METH_KEYWORDS, "select_scatter_out($module, self, src, dim, index, *, out)\n--\n\nselect_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)"},
+{"sub_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sub_scalar)), METH_FASTCALL | METH_KEYWORDS, "sub_scalar($module, self, other, alpha=1)\n--\n\nsub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor"},
+{"sub_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sub_scalar_)), METH_FASTCALL | METH_KEYWORDS, "sub_scalar_($module, self, other, alpha=1)\n--\n\nsub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)"},
+{"sub_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sub_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "sub_scalar_out($module, self, other, alpha=1, *, out)\n--\n\nsub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)"},
+{"trunc", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_trunc)), METH_FASTCALL | METH_KEYWORDS, "trunc($module, self)\n--\n\ntrunc(Tensor self) -> Tensor"},
+{"trunc_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_trunc_)), METH_FASTCALL | METH_KEYWORDS, "trunc_($module, self)\n--\n\ntrunc_(Tensor(a!) self) -> Tensor(a!)"},
+{"trunc_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_trunc_out)), METH_FASTCALL | METH_KEYWORDS, "trunc_out($module, self, *, out)\n--\n\ntrunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"upsample_bilinear2d_vec", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_bilinear2d_vec)), METH_FASTCALL | METH_KEYWORDS, "upsample_bilinear2d_vec($module, input, output_size, align_corners, scale_factors)\n--\n\nupsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor"},
+{"upsample_bilinear2d_vec_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_bilinear2d_vec_out)), METH_FASTCALL | METH_KEYWORDS, "upsample_bilinear2d_vec_out($module, input, output_size, align_corners, scale_factors, *, out)\n--\n\nupsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)"},
 {"triton_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triton_add)), METH_FASTCALL | METH_KEYWORDS, "triton_add($module, self, other, *, alpha=1)\n--\n\ntriton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\n\nAdds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA)."},
 {nullptr, nullptr, 0, nullptr},
 };

@@ -4,31 +4,65 @@
 
 #include <limits>
 
+#include <ATen/ops/_cdist_forward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_cdist_forward_cpu_dispatch.h>
+#include <ATen/ops/_native_batch_norm_legit_cpu_dispatch.h>
+#include <ATen/ops/_pdist_forward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_pdist_forward_cpu_dispatch.h>
 #include <ATen/ops/abs_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/abs_cpu_dispatch.h>
+#include <ATen/ops/adaptive_avg_pool1d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/adaptive_avg_pool1d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/argmax_cpu_dispatch.h>
+#include <ATen/ops/as_strided_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/asin_cpu_dispatch.h>
+#include <ATen/ops/asinh_cpu_dispatch.h>
+#include <ATen/ops/avg_pool3d_cpu_dispatch.h>
+#include <ATen/ops/bitwise_or_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/bitwise_or_cpu_dispatch.h>
 #include <ATen/ops/clamp_cpu_dispatch.h>
+#include <ATen/ops/copy_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/copy_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/diagonal_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/div_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/embedding_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/empty_permuted_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/floor_cpu_dispatch.h>
+#include <ATen/ops/grid_sampler_2d_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/grid_sampler_2d_cpu_dispatch.h>
 #include <ATen/ops/gt_cpu_dispatch.h>
 #include <ATen/ops/hardtanh_cpu_dispatch.h>
 #include <ATen/ops/layer_norm_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/leaky_relu_cpu_dispatch.h>
+#include <ATen/ops/log2_cpu_dispatch.h>
 #include <ATen/ops/logical_or_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/logical_or_cpu_dispatch.h>
+#include <ATen/ops/masked_scatter_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/masked_scatter_cpu_dispatch.h>
 #include <ATen/ops/matmul_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/maximum_cpu_dispatch.h>
 #include <ATen/ops/min_cpu_dispatch.h>
+#include <ATen/ops/mish_cpu_dispatch.h>
 #include <ATen/ops/narrow_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/native_dropout_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/native_dropout_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_cpu_dispatch.h>
 #include <ATen/ops/ones_like_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
+#include <ATen/ops/prod_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/prod_cpu_dispatch.h>
+#include <ATen/ops/randn_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/reflection_pad1d_cpu_dispatch.h>
 #include <ATen/ops/remainder_cpu_dispatch.h>
+#include <ATen/ops/replication_pad3d_cpu_dispatch.h>
+#include <ATen/ops/resize_cpu_dispatch.h>
 #include <ATen/ops/rsqrt_cpu_dispatch.h>
 #include <ATen/ops/sign_cpu_dispatch.h>
 #include <ATen/ops/sin_cpu_dispatch.h>
+#include <ATen/ops/sinh_cpu_dispatch.h>
 #include <ATen/ops/softmax_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/sort_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/squeeze_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/stack_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/unbind_compositeexplicitautograd_dispatch.h>
@@ -37,22 +71,40 @@
 #include <ATen/ops/where_cpu_dispatch.h>
 #include <ATen/ops/zeros_compositeexplicitautograd_dispatch.h>
 #ifdef OPGEN_WITH_CUDA
+#include <ATen/ops/_cdist_forward_cuda_dispatch.h>
+#include <ATen/ops/_native_batch_norm_legit_cuda_dispatch.h>
+#include <ATen/ops/_pdist_forward_cuda_dispatch.h>
 #include <ATen/ops/abs_cuda_dispatch.h>
 #include <ATen/ops/argmax_cuda_dispatch.h>
+#include <ATen/ops/as_strided_cuda_dispatch.h>
+#include <ATen/ops/asin_cuda_dispatch.h>
+#include <ATen/ops/asinh_cuda_dispatch.h>
+#include <ATen/ops/avg_pool3d_cuda_dispatch.h>
+#include <ATen/ops/bitwise_or_cuda_dispatch.h>
 #include <ATen/ops/clamp_cuda_dispatch.h>
 #include <ATen/ops/floor_cuda_dispatch.h>
+#include <ATen/ops/grid_sampler_2d_cuda_dispatch.h>
 #include <ATen/ops/gt_cuda_dispatch.h>
 #include <ATen/ops/hardtanh_cuda_dispatch.h>
 #include <ATen/ops/leaky_relu_cuda_dispatch.h>
+#include <ATen/ops/log2_cuda_dispatch.h>
 #include <ATen/ops/logical_or_cuda_dispatch.h>
+#include <ATen/ops/masked_scatter_cuda_dispatch.h>
 #include <ATen/ops/maximum_cuda_dispatch.h>
 #include <ATen/ops/min_cuda_dispatch.h>
+#include <ATen/ops/mish_cuda_dispatch.h>
+#include <ATen/ops/native_dropout_cuda_dispatch.h>
 #include <ATen/ops/native_layer_norm_cuda_dispatch.h>
 #include <ATen/ops/pow_cuda_dispatch.h>
+#include <ATen/ops/prod_cuda_dispatch.h>
+#include <ATen/ops/reflection_pad1d_cuda_dispatch.h>
 #include <ATen/ops/remainder_cuda_dispatch.h>
+#include <ATen/ops/replication_pad3d_cuda_dispatch.h>
+#include <ATen/ops/resize_cuda_dispatch.h>
 #include <ATen/ops/rsqrt_cuda_dispatch.h>
 #include <ATen/ops/sign_cuda_dispatch.h>
 #include <ATen/ops/sin_cuda_dispatch.h>
+#include <ATen/ops/sinh_cuda_dispatch.h>
 #include <ATen/ops/var_cuda_dispatch.h>
 #include <ATen/ops/view_cuda_dispatch.h>
 #include <ATen/ops/where_cuda_dispatch.h>
@@ -1317,6 +1369,1276 @@ PyObject* kernel_ops_empty_permuted(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:776: _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
+PyObject* kernel_ops__cdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_cdist_forward", {"x1", "x2", "p", "compute_mode"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& x1 = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& x2 = opgen::tensor(slots[1], sig, 1);
+  const double p = opgen::convert<double>(slots[2], sig, 2);
+  const std::optional<int64_t> compute_mode = opgen::convert_optional<int64_t>(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(x1, 0).add(x2, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_cdist_forward(x1, x2, p, compute_mode));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_cdist_forward(x1, x2, p, compute_mode));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:778: _cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_cdist_forward_out", {"x1", "x2", "p", "compute_mode", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& x1 = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& x2 = opgen::tensor(slots[1], sig, 1);
+  const double p = opgen::convert<double>(slots[2], sig, 2);
+  const std::optional<int64_t> compute_mode = opgen::convert_optional<int64_t>(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(x1, 0).add(x2, 1).add(out, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_cdist_forward_outf(x1, x2, p, compute_mode, out);
+      return opgen::same(slots[4]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:792: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_native_batch_norm_legit", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"}, 8, 0xff);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[1], sig, 1);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  at::Tensor& running_mean = opgen::mutable_tensor(slots[3], sig, 3);
+  at::Tensor& running_var = opgen::mutable_tensor(slots[4], sig, 4);
+  const bool training = opgen::convert<bool>(slots[5], sig, 5);
+  const double momentum = opgen::convert<double>(slots[6], sig, 6);
+  const double eps = opgen::convert<double>(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:794: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
+PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_native_batch_norm_legit_out", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps", "out", "save_mean", "save_invstd"}, 8, 0x7ff);
+  OPGEN_TRY
+  PyObject* slots[11];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[1], sig, 1);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  at::Tensor& running_mean = opgen::mutable_tensor(slots[3], sig, 3);
+  at::Tensor& running_var = opgen::mutable_tensor(slots[4], sig, 4);
+  const bool training = opgen::convert<bool>(slots[5], sig, 5);
+  const double momentum = opgen::convert<double>(slots[6], sig, 6);
+  const double eps = opgen::convert<double>(slots[7], sig, 7);
+  at::Tensor& out = opgen::mutable_tensor(slots[8], sig, 8);
+  at::Tensor& save_mean = opgen::mutable_tensor(slots[9], sig, 9);
+  at::Tensor& save_invstd = opgen::mutable_tensor(slots[10], sig, 10);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4).add(out, 8).add(save_mean, 9).add(save_invstd, 10);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::_native_batch_norm_legit_outf(input, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd);
+      return opgen::same_tuple({slots[8], slots[9], slots[10]});
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::_native_batch_norm_legit_outf(input, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd);
+      return opgen::same_tuple({slots[8], slots[9], slots[10]});
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:796: _pdist_forward(Tensor self, float p=2) -> Tensor
+PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_pdist_forward", {"self", "p"}, 2, 0x1);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const double p = slots[1] ? opgen::convert<double>(slots[1], sig, 1) : double(2.0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::_pdist_forward(self, p));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_pdist_forward(self, p));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:798: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_pdist_forward_out", {"self", "p", "out"}, 2, 0x5);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const double p = slots[1] ? opgen::convert<double>(slots[1], sig, 1) : double(2.0);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_pdist_forward_outf(self, p, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:819: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
+PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("as_strided", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> size = opgen::int_list(slots[1], sig, 1, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[2], sig, 2, 0);
+  const std::optional<int64_t> storage_offset = slots[3] ? opgen::convert_optional<int64_t>(slots[3], sig, 3) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::as_strided(self, size, stride, storage_offset));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::as_strided(self, size, stride, storage_offset));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:821: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
+PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("as_strided_", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const std::vector<int64_t> size = opgen::int_list(slots[1], sig, 1, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[2], sig, 2, 0);
+  const std::optional<int64_t> storage_offset = slots[3] ? opgen::convert_optional<int64_t>(slots[3], sig, 3) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautogradnonfunctional::as_strided_(self, size, stride, storage_offset);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:823: asin(Tensor self) -> Tensor
+PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("asin", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::asin(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::asin(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:825: asin_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("asin_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::asin_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::asin_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:826: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("asin_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::asin_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::asin_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:828: asinh(Tensor self) -> Tensor
+PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("asinh", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::asinh(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::asinh(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:830: asinh_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("asinh_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::asinh_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::asinh_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:831: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("asinh_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::asinh_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::asinh_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:852: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool3d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 7, 0x3);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 3);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 3) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 3) : std::vector<int64_t>({0, 0, 0});
+  const bool ceil_mode = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool count_include_pad = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  const std::optional<int64_t> divisor_override = slots[6] ? opgen::convert_optional<int64_t>(slots[6], sig, 6) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::avg_pool3d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::avg_pool3d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:854: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("avg_pool3d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "out"}, 7, 0x83);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 3);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 3) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 3) : std::vector<int64_t>({0, 0, 0});
+  const bool ceil_mode = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool count_include_pad = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(true);
+  const std::optional<int64_t> divisor_override = slots[6] ? opgen::convert_optional<int64_t>(slots[6], sig, 6) : std::nullopt;
+  at::Tensor& out = opgen::mutable_tensor(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 7);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::avg_pool3d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, out);
+      return opgen::same(slots[7]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::avg_pool3d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, out);
+      return opgen::same(slots[7]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:861: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_or_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::bitwise_or(self, other));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:863: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_or_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::bitwise_or_(self, other);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:864: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_or_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::bitwise_or_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:866: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
+PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_or", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::bitwise_or(self, other));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::bitwise_or(self, other));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:868: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_or_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::bitwise_or_(self, other);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::bitwise_or_(self, other);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:869: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_or_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::bitwise_or_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::bitwise_or_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:893: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("copy", {"self", "src", "non_blocking"}, 3, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& src = opgen::tensor(slots[1], sig, 1);
+  const bool non_blocking = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(src, 1);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautogradnonfunctional::copy(self, src, non_blocking));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:895: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("copy_out", {"self", "src", "non_blocking", "out"}, 3, 0xb);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& src = opgen::tensor(slots[1], sig, 1);
+  const bool non_blocking = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(src, 1).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::copy_outf(self, src, non_blocking, out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:902: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
+PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("diagonal", {"self", "offset", "dim1", "dim2"}, 4, 0x1);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t offset = slots[1] ? opgen::convert<int64_t>(slots[1], sig, 1) : int64_t(0);
+  const int64_t dim1 = slots[2] ? opgen::convert<int64_t>(slots[2], sig, 2) : int64_t(0);
+  const int64_t dim2 = slots[3] ? opgen::convert<int64_t>(slots[3], sig, 3) : int64_t(1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::diagonal(self, offset, dim1, dim2));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:905: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
+PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("div_scalar_mode", {"self", "other", "rounding_mode"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const std::optional<std::string> rounding_mode = opgen::convert_optional<std::string>(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::div(self, other, opgen::opt_view(rounding_mode)));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:907: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
+PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("div_scalar_mode_", {"self", "other", "rounding_mode"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const std::optional<std::string> rounding_mode = opgen::convert_optional<std::string>(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::div_(self, other, opgen::opt_view(rounding_mode));
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:908: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("div_scalar_mode_out", {"self", "other", "rounding_mode", "out"}, 2, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const std::optional<std::string> rounding_mode = opgen::convert_optional<std::string>(slots[2], sig, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::div_outf(self, other, opgen::opt_view(rounding_mode), out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:940: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("grid_sampler_2d", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners"}, 5, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& grid = opgen::tensor(slots[1], sig, 1);
+  const int64_t interpolation_mode = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t padding_mode = opgen::convert<int64_t>(slots[3], sig, 3);
+  const bool align_corners = opgen::convert<bool>(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(grid, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:942: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("grid_sampler_2d_out", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners", "out"}, 5, 0x3f);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& grid = opgen::tensor(slots[1], sig, 1);
+  const int64_t interpolation_mode = opgen::convert<int64_t>(slots[2], sig, 2);
+  const int64_t padding_mode = opgen::convert<int64_t>(slots[3], sig, 3);
+  const bool align_corners = opgen::convert<bool>(slots[4], sig, 4);
+  at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(grid, 1).add(out, 5);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::grid_sampler_2d_outf(input, grid, interpolation_mode, padding_mode, align_corners, out);
+      return opgen::same(slots[5]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:967: log2(Tensor self) -> Tensor
+PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("log2", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::log2(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::log2(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:969: log2_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("log2_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::log2_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::log2_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:970: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("log2_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::log2_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::log2_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:977: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("masked_scatter", {"self", "mask", "source"}, 3, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& mask = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& source = opgen::tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(mask, 1).add(source, 2);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::masked_scatter(self, mask, source));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:979: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("masked_scatter_", {"self", "mask", "source"}, 3, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& mask = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& source = opgen::tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(mask, 1).add(source, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::masked_scatter_(self, mask, source);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::masked_scatter_(self, mask, source);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:980: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("masked_scatter_out", {"self", "mask", "source", "out"}, 3, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& mask = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& source = opgen::tensor(slots[2], sig, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(mask, 1).add(source, 2).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::masked_scatter_outf(self, mask, source, out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:990: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_dropout", {"input", "p", "train"}, 3, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const double p = opgen::convert<double>(slots[1], sig, 1);
+  const std::optional<bool> train = opgen::convert_optional<bool>(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(input, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::native_dropout(input, p, train));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::native_dropout(input, p, train));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:992: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_dropout_out", {"input", "p", "train", "out0", "out1"}, 3, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const double p = opgen::convert<double>(slots[1], sig, 1);
+  const std::optional<bool> train = opgen::convert_optional<bool>(slots[2], sig, 2);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[3], sig, 3);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(out0, 3).add(out1, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::native_dropout_outf(input, p, train, out0, out1);
+      return opgen::same_tuple({slots[3], slots[4]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1011: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("prod_all", {"self", "dtype"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::prod(self, dtype));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::prod(self, dtype));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1014: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("prod_all_out", {"self", "dtype", "out"}, 1, 0x5);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::nullopt;
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::prod_outf(self, dtype, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1019: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("randn", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const std::vector<int64_t> size = opgen::int_list(slots[0], sig, 0, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::nullopt;
+  const std::optional<at::Layout> layout = slots[2] ? opgen::convert_optional<at::Layout>(slots[2], sig, 2) : std::nullopt;
+  const std::optional<at::Device> device = slots[3] ? opgen::convert_optional<at::Device>(slots[3], sig, 3) : std::nullopt;
+  const std::optional<bool> pin_memory = slots[4] ? opgen::convert_optional<bool>(slots[4], sig, 4) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(device, 3);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::randn(size, dtype, layout, device, pin_memory));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1025: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("reflection_pad1d", {"self", "padding"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::reflection_pad1d(self, padding));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::reflection_pad1d(self, padding));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1027: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("reflection_pad1d_out", {"self", "padding", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::reflection_pad1d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::reflection_pad1d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1046: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("replication_pad3d", {"self", "padding"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 6);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::replication_pad3d(self, padding));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::replication_pad3d(self, padding));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1048: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("replication_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 6);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::replication_pad3d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::replication_pad3d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1069: sinh(Tensor self) -> Tensor
+PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sinh", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::sinh(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::sinh(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1071: sinh_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sinh_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::sinh_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::sinh_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1072: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sinh_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::sinh_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::sinh_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1078: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sort", {"self", "dim", "descending"}, 3, 0x1);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = slots[1] ? opgen::convert<int64_t>(slots[1], sig, 1) : int64_t(-1);
+  const bool descending = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::sort(self, dim, descending));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1080: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("sort_out", {"self", "dim", "descending", "values", "indices"}, 3, 0x19);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = slots[1] ? opgen::convert<int64_t>(slots[1], sig, 1) : int64_t(-1);
+  const bool descending = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  at::Tensor& values = opgen::mutable_tensor(slots[3], sig, 3);
+  at::Tensor& indices = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(values, 3).add(indices, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::sort_outf(self, dim, descending, values, indices);
+      return opgen::same_tuple({slots[3], slots[4]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1114: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("adaptive_avg_pool1d", {"self", "output_size"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::adaptive_avg_pool1d(self, output_size));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1116: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("adaptive_avg_pool1d_out", {"self", "output_size", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::adaptive_avg_pool1d_outf(self, output_size, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1122: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("resize_", {"self", "size", "memory_format"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const std::vector<int64_t> size = opgen::int_list(slots[1], sig, 1, 0);
+  const std::optional<at::MemoryFormat> memory_format = slots[2] ? opgen::convert_optional<at::MemoryFormat>(slots[2], sig, 2) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::resize_(self, size, memory_format);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::resize_(self, size, memory_format);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1137: mish(Tensor self) -> Tensor
+PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::mish(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::mish(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1139: mish_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::mish_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::mish_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1140: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::mish_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::mish_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_2[] = {
@@ -1375,5 +2697,61 @@ PyMethodDef opgen_methods_2[] = {
 {"zeros", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zeros)), METH_FASTCALL | METH_KEYWORDS, "zeros($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nzeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA tensor of zeros."},
 {"ones_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ones_like)), METH_FASTCALL | METH_KEYWORDS, "ones_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor filled with the scalar value 1, with the same size as input."},
 {"empty_permuted", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_permuted)), METH_FASTCALL | METH_KEYWORDS, "empty_permuted($module, size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nempty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nAn uninitialised tensor of the given size whose dims are laid out in memory in physical_layout order (how AOTAutograd allocates empty_like)."},
+{"_cdist_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__cdist_forward)), METH_FASTCALL | METH_KEYWORDS, "_cdist_forward($module, x1, x2, p, compute_mode)\n--\n\n_cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor"},
+{"_cdist_forward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__cdist_forward_out)), METH_FASTCALL | METH_KEYWORDS, "_cdist_forward_out($module, x1, x2, p, compute_mode, *, out)\n--\n\n_cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)"},
+{"_native_batch_norm_legit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__native_batch_norm_legit)), METH_FASTCALL | METH_KEYWORDS, "_native_batch_norm_legit($module, input, weight, bias, running_mean, running_var, training, momentum, eps)\n--\n\n_native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)"},
+{"_native_batch_norm_legit_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__native_batch_norm_legit_out)), METH_FASTCALL | METH_KEYWORDS, "_native_batch_norm_legit_out($module, input, weight, bias, running_mean, running_var, training, momentum, eps, *, out, save_mean, save_invstd)\n--\n\n_native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))"},
+{"_pdist_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__pdist_forward)), METH_FASTCALL | METH_KEYWORDS, "_pdist_forward($module, self, p=2.0)\n--\n\n_pdist_forward(Tensor self, float p=2) -> Tensor"},
+{"_pdist_forward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__pdist_forward_out)), METH_FASTCALL | METH_KEYWORDS, "_pdist_forward_out($module, self, p=2.0, *, out)\n--\n\n_pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)"},
+{"as_strided", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_as_strided)), METH_FASTCALL | METH_KEYWORDS, "as_strided($module, self, size, stride, storage_offset=None)\n--\n\nas_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)"},
+{"as_strided_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_as_strided_)), METH_FASTCALL | METH_KEYWORDS, "as_strided_($module, self, size, stride, storage_offset=None)\n--\n\nas_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)"},
+{"asin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_asin)), METH_FASTCALL | METH_KEYWORDS, "asin($module, self)\n--\n\nasin(Tensor self) -> Tensor"},
+{"asin_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_asin_)), METH_FASTCALL | METH_KEYWORDS, "asin_($module, self)\n--\n\nasin_(Tensor(a!) self) -> Tensor(a!)"},
+{"asin_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_asin_out)), METH_FASTCALL | METH_KEYWORDS, "asin_out($module, self, *, out)\n--\n\nasin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"asinh", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_asinh)), METH_FASTCALL | METH_KEYWORDS, "asinh($module, self)\n--\n\nasinh(Tensor self) -> Tensor"},
+{"asinh_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_asinh_)), METH_FASTCALL | METH_KEYWORDS, "asinh_($module, self)\n--\n\nasinh_(Tensor(a!) self) -> Tensor(a!)"},
+{"asinh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_asinh_out)), METH_FASTCALL | METH_KEYWORDS, "asinh_out($module, self, *, out)\n--\n\nasinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"avg_pool3d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool3d)), METH_FASTCALL | METH_KEYWORDS, "avg_pool3d($module, self, kernel_size, stride=[], padding=[0, 0, 0], ceil_mode=False, count_include_pad=True, divisor_override=None)\n--\n\navg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor"},
+{"avg_pool3d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool3d_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool3d_out($module, self, kernel_size, stride=[], padding=[0, 0, 0], ceil_mode=False, count_include_pad=True, divisor_override=None, *, out)\n--\n\navg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)"},
+{"bitwise_or_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_or_scalar)), METH_FASTCALL | METH_KEYWORDS, "bitwise_or_scalar($module, self, other)\n--\n\nbitwise_or.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"bitwise_or_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_or_scalar_)), METH_FASTCALL | METH_KEYWORDS, "bitwise_or_scalar_($module, self, other)\n--\n\nbitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"bitwise_or_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_or_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_or_scalar_out($module, self, other, *, out)\n--\n\nbitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"bitwise_or", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_or)), METH_FASTCALL | METH_KEYWORDS, "bitwise_or($module, self, other)\n--\n\nbitwise_or.Tensor(Tensor self, Tensor other) -> Tensor"},
+{"bitwise_or_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_or_)), METH_FASTCALL | METH_KEYWORDS, "bitwise_or_($module, self, other)\n--\n\nbitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)"},
+{"bitwise_or_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_or_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_or_out($module, self, other, *, out)\n--\n\nbitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_copy)), METH_FASTCALL | METH_KEYWORDS, "copy($module, self, src, non_blocking=False)\n--\n\ncopy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"},
+{"copy_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_copy_out)), METH_FASTCALL | METH_KEYWORDS, "copy_out($module, self, src, non_blocking=False, *, out)\n--\n\ncopy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)"},
+{"diagonal", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_diagonal)), METH_FASTCALL | METH_KEYWORDS, "diagonal($module, self, offset=0, dim1=0, dim2=1)\n--\n\ndiagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)"},
+{"div_scalar_mode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_mode)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_mode($module, self, other, *, rounding_mode)\n--\n\ndiv.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor"},
+{"div_scalar_mode_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_mode_)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_mode_($module, self, other, *, rounding_mode)\n--\n\ndiv_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)"},
+{"div_scalar_mode_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_mode_out)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_mode_out($module, self, other, *, rounding_mode, out)\n--\n\ndiv.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)"},
+{"grid_sampler_2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_grid_sampler_2d)), METH_FASTCALL | METH_KEYWORDS, "grid_sampler_2d($module, input, grid, interpolation_mode, padding_mode, align_corners)\n--\n\ngrid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor"},
+{"grid_sampler_2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_grid_sampler_2d_out)), METH_FASTCALL | METH_KEYWORDS, "grid_sampler_2d_out($module, input, grid, interpolation_mode, padding_mode, align_corners, *, out)\n--\n\ngrid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)"},
+{"log2", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log2)), METH_FASTCALL | METH_KEYWORDS, "log2($module, self)\n--\n\nlog2(Tensor self) -> Tensor"},
+{"log2_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log2_)), METH_FASTCALL | METH_KEYWORDS, "log2_($module, self)\n--\n\nlog2_(Tensor(a!) self) -> Tensor(a!)"},
+{"log2_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log2_out)), METH_FASTCALL | METH_KEYWORDS, "log2_out($module, self, *, out)\n--\n\nlog2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"masked_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_masked_scatter)), METH_FASTCALL | METH_KEYWORDS, "masked_scatter($module, self, mask, source)\n--\n\nmasked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor"},
+{"masked_scatter_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_masked_scatter_)), METH_FASTCALL | METH_KEYWORDS, "masked_scatter_($module, self, mask, source)\n--\n\nmasked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)"},
+{"masked_scatter_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_masked_scatter_out)), METH_FASTCALL | METH_KEYWORDS, "masked_scatter_out($module, self, mask, source, *, out)\n--\n\nmasked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)"},
+{"native_dropout", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_dropout)), METH_FASTCALL | METH_KEYWORDS, "native_dropout($module, input, p, train)\n--\n\nnative_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)"},
+{"native_dropout_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_dropout_out)), METH_FASTCALL | METH_KEYWORDS, "native_dropout_out($module, input, p, train, *, out0, out1)\n--\n\nnative_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))"},
+{"prod_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_prod_all)), METH_FASTCALL | METH_KEYWORDS, "prod_all($module, self, *, dtype=None)\n--\n\nprod(Tensor self, *, ScalarType? dtype=None) -> Tensor"},
+{"prod_all_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_prod_all_out)), METH_FASTCALL | METH_KEYWORDS, "prod_all_out($module, self, *, dtype=None, out)\n--\n\nprod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)"},
+{"randn", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_randn)), METH_FASTCALL | METH_KEYWORDS, "randn($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nrandn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
+{"reflection_pad1d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad1d)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad1d($module, self, padding)\n--\n\nreflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor"},
+{"reflection_pad1d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad1d_out)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad1d_out($module, self, padding, *, out)\n--\n\nreflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)"},
+{"replication_pad3d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_replication_pad3d)), METH_FASTCALL | METH_KEYWORDS, "replication_pad3d($module, self, padding)\n--\n\nreplication_pad3d(Tensor self, SymInt[6] padding) -> Tensor"},
+{"replication_pad3d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_replication_pad3d_out)), METH_FASTCALL | METH_KEYWORDS, "replication_pad3d_out($module, self, padding, *, out)\n--\n\nreplication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)"},
+{"sinh", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sinh)), METH_FASTCALL | METH_KEYWORDS, "sinh($module, self)\n--\n\nsinh(Tensor self) -> Tensor"},
+{"sinh_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sinh_)), METH_FASTCALL | METH_KEYWORDS, "sinh_($module, self)\n--\n\nsinh_(Tensor(a!) self) -> Tensor(a!)"},
+{"sinh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sinh_out)), METH_FASTCALL | METH_KEYWORDS, "sinh_out($module, self, *, out)\n--\n\nsinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"sort", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sort)), METH_FASTCALL | METH_KEYWORDS, "sort($module, self, dim=-1, descending=False)\n--\n\nsort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"},
+{"sort_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sort_out)), METH_FASTCALL | METH_KEYWORDS, "sort_out($module, self, dim=-1, descending=False, *, values, indices)\n--\n\nsort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)"},
+{"adaptive_avg_pool1d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool1d)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool1d($module, self, output_size)\n--\n\nadaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor"},
+{"adaptive_avg_pool1d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool1d_out)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool1d_out($module, self, output_size, *, out)\n--\n\nadaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)"},
+{"resize_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_resize_)), METH_FASTCALL | METH_KEYWORDS, "resize_($module, self, size, *, memory_format=None)\n--\n\nresize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)\n\nResizes self in place (new elements are uninitialized)."},
+{"mish", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish)), METH_FASTCALL | METH_KEYWORDS, "mish($module, self)\n--\n\nmish(Tensor self) -> Tensor\n\nx * tanh(softplus(x)), element-wise."},
+{"mish_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_)), METH_FASTCALL | METH_KEYWORDS, "mish_($module, self)\n--\n\nmish_(Tensor(a!) self) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},
+{"mish_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_out)), METH_FASTCALL | METH_KEYWORDS, "mish_out($module, self, *, out)\n--\n\nmish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},
 {nullptr, nullptr, 0, nullptr},
 };

@@ -7,13 +7,18 @@
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/_softmax_cpu_dispatch.h>
 #include <ATen/ops/_unsafe_view_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/acosh_cpu_dispatch.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/argmin_cpu_dispatch.h>
+#include <ATen/ops/atan_cpu_dispatch.h>
+#include <ATen/ops/atanh_cpu_dispatch.h>
 #include <ATen/ops/avg_pool2d_cpu_dispatch.h>
+#include <ATen/ops/bitwise_xor_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/ceil_cpu_dispatch.h>
 #include <ATen/ops/copy_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/cosh_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/eq_cpu_dispatch.h>
 #include <ATen/ops/exp_cpu_dispatch.h>
@@ -21,9 +26,12 @@
 #include <ATen/ops/expm1_cpu_dispatch.h>
 #include <ATen/ops/fill_cpu_dispatch.h>
 #include <ATen/ops/flatten_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/fmod_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/hardswish_cpu_dispatch.h>
+#include <ATen/ops/index_put_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/le_cpu_dispatch.h>
 #include <ATen/ops/linear_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/log10_cpu_dispatch.h>
 #include <ATen/ops/log1p_cpu_dispatch.h>
 #include <ATen/ops/logical_and_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/logical_and_cpu_dispatch.h>
@@ -31,23 +39,39 @@
 #include <ATen/ops/logical_not_cpu_dispatch.h>
 #include <ATen/ops/masked_select_cpu_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_cpu_dispatch.h>
+#include <ATen/ops/max_pool3d_with_indices_cpu_dispatch.h>
+#include <ATen/ops/native_group_norm_backward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/native_group_norm_backward_cpu_dispatch.h>
+#include <ATen/ops/native_layer_norm_backward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/ne_cpu_dispatch.h>
+#include <ATen/ops/nonzero_cpu_dispatch.h>
 #include <ATen/ops/ones_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/permute_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/prod_cpu_dispatch.h>
+#include <ATen/ops/replication_pad2d_cpu_dispatch.h>
+#include <ATen/ops/scaled_dot_product_attention_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/scatter_add_cpu_dispatch.h>
 #include <ATen/ops/sigmoid_cpu_dispatch.h>
 #include <ATen/ops/softplus_cpu_dispatch.h>
+#include <ATen/ops/tan_cpu_dispatch.h>
 #include <ATen/ops/tanh_cpu_dispatch.h>
 #include <ATen/ops/zeros_like_compositeexplicitautograd_dispatch.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_log_softmax_cuda_dispatch.h>
 #include <ATen/ops/_softmax_cuda_dispatch.h>
+#include <ATen/ops/acosh_cuda_dispatch.h>
 #include <ATen/ops/add_cuda_dispatch.h>
 #include <ATen/ops/addmm_cuda_dispatch.h>
 #include <ATen/ops/argmin_cuda_dispatch.h>
+#include <ATen/ops/atan_cuda_dispatch.h>
+#include <ATen/ops/atanh_cuda_dispatch.h>
 #include <ATen/ops/avg_pool2d_cuda_dispatch.h>
+#include <ATen/ops/bitwise_xor_cuda_dispatch.h>
 #include <ATen/ops/bmm_cuda_dispatch.h>
 #include <ATen/ops/ceil_cuda_dispatch.h>
+#include <ATen/ops/cosh_cuda_dispatch.h>
 #include <ATen/ops/cudnn_convolution_relu_cuda_dispatch.h>
 #include <ATen/ops/div_cuda_dispatch.h>
 #include <ATen/ops/eq_cuda_dispatch.h>
@@ -56,15 +80,24 @@
 #include <ATen/ops/fill_cuda_dispatch.h>
 #include <ATen/ops/hardswish_cuda_dispatch.h>
 #include <ATen/ops/le_cuda_dispatch.h>
+#include <ATen/ops/log10_cuda_dispatch.h>
 #include <ATen/ops/log1p_cuda_dispatch.h>
 #include <ATen/ops/logical_and_cuda_dispatch.h>
 #include <ATen/ops/logical_not_cuda_dispatch.h>
 #include <ATen/ops/masked_select_cuda_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_cuda_dispatch.h>
+#include <ATen/ops/max_pool3d_with_indices_cuda_dispatch.h>
+#include <ATen/ops/native_group_norm_backward_cuda_dispatch.h>
+#include <ATen/ops/native_layer_norm_backward_cuda_dispatch.h>
 #include <ATen/ops/ne_cuda_dispatch.h>
+#include <ATen/ops/nonzero_cuda_dispatch.h>
+#include <ATen/ops/pow_cuda_dispatch.h>
 #include <ATen/ops/prod_cuda_dispatch.h>
+#include <ATen/ops/replication_pad2d_cuda_dispatch.h>
+#include <ATen/ops/scatter_add_cuda_dispatch.h>
 #include <ATen/ops/sigmoid_cuda_dispatch.h>
 #include <ATen/ops/softplus_cuda_dispatch.h>
+#include <ATen/ops/tan_cuda_dispatch.h>
 #include <ATen/ops/tanh_cuda_dispatch.h>
 #endif
 
@@ -1692,6 +1725,1042 @@ PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:805: acosh(Tensor self) -> Tensor
+PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("acosh", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::acosh(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::acosh(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:807: acosh_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("acosh_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::acosh_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::acosh_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:808: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("acosh_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::acosh_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::acosh_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:833: atan(Tensor self) -> Tensor
+PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atan", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::atan(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::atan(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:835: atan_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atan_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::atan_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::atan_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:836: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atan_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::atan_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::atan_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:843: atanh(Tensor self) -> Tensor
+PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atanh", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::atanh(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::atanh(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:845: atanh_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atanh_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::atanh_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::atanh_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:846: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("atanh_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::atanh_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::atanh_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:876: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
+PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_xor", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::bitwise_xor(self, other));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::bitwise_xor(self, other));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:878: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_xor_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::bitwise_xor_(self, other);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::bitwise_xor_(self, other);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:879: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("bitwise_xor_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(other, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::bitwise_xor_outf(self, other, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::bitwise_xor_outf(self, other, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:897: cosh(Tensor self) -> Tensor
+PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("cosh", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::cosh(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::cosh(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:899: cosh_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("cosh_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::cosh_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::cosh_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:900: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("cosh_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::cosh_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::cosh_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:925: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fmod_scalar", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::fmod(self, other));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:927: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fmod_scalar_", {"self", "other"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::fmod_(self, other);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:928: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("fmod_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::fmod_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:944: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("index_put", {"self", "indices", "values", "accumulate"}, 4, 0x7);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const c10::List<std::optional<at::Tensor>> indices = opgen::convert<c10::List<std::optional<at::Tensor>>>(slots[1], sig, 1);
+  const at::Tensor& values = opgen::tensor(slots[2], sig, 2);
+  const bool accumulate = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(indices, 1).add(values, 2);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeexplicitautograd::index_put(self, indices, values, accumulate));
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:946: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("index_put_", {"self", "indices", "values", "accumulate"}, 4, 0x7);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const c10::List<std::optional<at::Tensor>> indices = opgen::convert<c10::List<std::optional<at::Tensor>>>(slots[1], sig, 1);
+  const at::Tensor& values = opgen::tensor(slots[2], sig, 2);
+  const bool accumulate = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(indices, 1).add(values, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::index_put_(self, indices, values, accumulate);
+      return opgen::same(slots[0]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:947: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("index_put_out", {"self", "indices", "values", "accumulate", "out"}, 4, 0x17);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const c10::List<std::optional<at::Tensor>> indices = opgen::convert<c10::List<std::optional<at::Tensor>>>(slots[1], sig, 1);
+  const at::Tensor& values = opgen::tensor(slots[2], sig, 2);
+  const bool accumulate = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(indices, 1).add(values, 2).add(out, 4);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::index_put_outf(self, indices, values, accumulate, out);
+      return opgen::same(slots[4]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:962: log10(Tensor self) -> Tensor
+PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("log10", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::log10(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::log10(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:964: log10_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("log10_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::log10_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::log10_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:965: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("log10_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::log10_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::log10_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:986: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("max_pool3d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 3);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 3) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 3) : std::vector<int64_t>({0, 0, 0});
+  const std::vector<int64_t> dilation = slots[4] ? opgen::int_list(slots[4], sig, 4, 3) : std::vector<int64_t>({1, 1, 1});
+  const bool ceil_mode = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::max_pool3d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::max_pool3d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:988: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("max_pool3d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 3);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 3) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 3) : std::vector<int64_t>({0, 0, 0});
+  const std::vector<int64_t> dilation = slots[4] ? opgen::int_list(slots[4], sig, 4, 3) : std::vector<int64_t>({1, 1, 1});
+  const bool ceil_mode = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  at::Tensor& indices = opgen::mutable_tensor(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 6).add(indices, 7);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::max_pool3d_with_indices_outf(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices);
+      return opgen::same_tuple({slots[6], slots[7]});
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::max_pool3d_with_indices_outf(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices);
+      return opgen::same_tuple({slots[6], slots[7]});
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:994: native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+PyObject* kernel_ops_native_group_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_group_norm_backward", {"grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "output_mask"}, 10, 0x3ff);
+  OPGEN_TRY
+  PyObject* slots[10];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& mean = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& rstd = opgen::tensor(slots[3], sig, 3);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[4], sig, 4);
+  const int64_t N = opgen::convert<int64_t>(slots[5], sig, 5);
+  const int64_t C = opgen::convert<int64_t>(slots[6], sig, 6);
+  const int64_t HxW = opgen::convert<int64_t>(slots[7], sig, 7);
+  const int64_t group = opgen::convert<int64_t>(slots[8], sig, 8);
+  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[9], sig, 9);
+  opgen::Devices devices(sig);
+  devices.add(grad_out, 0).add(input, 1).add(mean, 2).add(rstd, 3).add(weight, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:996: native_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+PyObject* kernel_ops_native_group_norm_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_group_norm_backward_out", {"grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "output_mask", "out0", "out1", "out2"}, 10, 0x1fff);
+  OPGEN_TRY
+  PyObject* slots[13];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& mean = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& rstd = opgen::tensor(slots[3], sig, 3);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[4], sig, 4);
+  const int64_t N = opgen::convert<int64_t>(slots[5], sig, 5);
+  const int64_t C = opgen::convert<int64_t>(slots[6], sig, 6);
+  const int64_t HxW = opgen::convert<int64_t>(slots[7], sig, 7);
+  const int64_t group = opgen::convert<int64_t>(slots[8], sig, 8);
+  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[9], sig, 9);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[10], sig, 10);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[11], sig, 11);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[12], sig, 12);
+  opgen::Devices devices(sig);
+  devices.add(grad_out, 0).add(input, 1).add(mean, 2).add(rstd, 3).add(weight, 4).add(out0, 10).add(out1, 11).add(out2, 12);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::native_group_norm_backward_outf(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask, out0, out1, out2);
+      return opgen::same_tuple({slots[10], slots[11], slots[12]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:998: native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+PyObject* kernel_ops_native_layer_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_layer_norm_backward", {"grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask"}, 8, 0xff);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
+  const std::vector<int64_t> normalized_shape = opgen::int_list(slots[2], sig, 2, 0);
+  const at::Tensor& mean = opgen::tensor(slots[3], sig, 3);
+  const at::Tensor& rstd = opgen::tensor(slots[4], sig, 4);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[5], sig, 5);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[6], sig, 6);
+  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(grad_out, 0).add(input, 1).add(mean, 3).add(rstd, 4).add(weight, 5).add(bias, 6);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1000: native_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+PyObject* kernel_ops_native_layer_norm_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_layer_norm_backward_out", {"grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask", "out0", "out1", "out2"}, 8, 0x7ff);
+  OPGEN_TRY
+  PyObject* slots[11];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
+  const std::vector<int64_t> normalized_shape = opgen::int_list(slots[2], sig, 2, 0);
+  const at::Tensor& mean = opgen::tensor(slots[3], sig, 3);
+  const at::Tensor& rstd = opgen::tensor(slots[4], sig, 4);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[5], sig, 5);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[6], sig, 6);
+  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[7], sig, 7);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[8], sig, 8);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[9], sig, 9);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[10], sig, 10);
+  opgen::Devices devices(sig);
+  devices.add(grad_out, 0).add(input, 1).add(mean, 3).add(rstd, 4).add(weight, 5).add(bias, 6).add(out0, 8).add(out1, 9).add(out2, 10);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::native_layer_norm_backward_outf(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, out0, out1, out2);
+      return opgen::same_tuple({slots[8], slots[9], slots[10]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1002: nonzero(Tensor self) -> Tensor
+PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("nonzero", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::nonzero(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::nonzero(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1004: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("nonzero_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::nonzero_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::nonzero_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1006: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("pow_scalar_base", {"self", "exponent"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Scalar self = opgen::convert<at::Scalar>(slots[0], sig, 0);
+  const at::Tensor& exponent = opgen::tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(exponent, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::pow(self, exponent));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::pow(self, exponent));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1009: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("pow_scalar_base_out", {"self", "exponent", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Scalar self = opgen::convert<at::Scalar>(slots[0], sig, 0);
+  const at::Tensor& exponent = opgen::tensor(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(exponent, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::pow_outf(self, exponent, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::pow_outf(self, exponent, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1042: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("replication_pad2d", {"self", "padding"}, 2, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::replication_pad2d(self, padding));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::replication_pad2d(self, padding));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1044: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("replication_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[1], sig, 1, 4);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::replication_pad2d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::replication_pad2d_outf(self, padding, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1055: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_add", {"self", "dim", "index", "src"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::scatter_add(self, dim, index, src));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::scatter_add(self, dim, index, src));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1057: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_add_", {"self", "dim", "index", "src"}, 4, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_add_(self, dim, index, src);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_add_(self, dim, index, src);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1058: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_add_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Tensor& src = opgen::tensor(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(src, 3).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_add_outf(self, dim, index, src, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_add_outf(self, dim, index, src, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1087: tan(Tensor self) -> Tensor
+PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("tan", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::tan(self));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::tan(self));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1089: tan_(Tensor(a!) self) -> Tensor(a!)
+PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("tan_", {"self"}, 1, 0x1);
+  OPGEN_TRY
+  PyObject* slots[1];
+  sig.bind(args, nargs, kwnames, slots);
+  at::Tensor& self = opgen::mutable_tensor(slots[0], sig, 0);
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::tan_(self);
+      return opgen::same(slots[0]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::tan_(self);
+      return opgen::same(slots[0]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1090: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("tan_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::tan_outf(self, out);
+      return opgen::same(slots[1]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::tan_outf(self, out);
+      return opgen::same(slots[1]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1129: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& query = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& key = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& value = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Tensor> attn_mask = slots[3] ? opgen::convert_optional<at::Tensor>(slots[3], sig, 3) : std::nullopt;
+  const double dropout_p = slots[4] ? opgen::convert<double>(slots[4], sig, 4) : double(0.0);
+  const bool is_causal = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  const std::optional<double> scale = slots[6] ? opgen::convert_optional<double>(slots[6], sig, 6) : std::nullopt;
+  const bool enable_gqa = slots[7] ? opgen::convert<bool>(slots[7], sig, 7) : bool(false);
+  opgen::Devices devices(sig);
+  devices.add(query, 0).add(key, 1).add(value, 2).add(attn_mask, 3);
+  switch (devices.type()) {
+    default:
+      return opgen::wrap(at::compositeimplicitautograd::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa));
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_3[] = {
@@ -1763,5 +2832,48 @@ PyMethodDef opgen_methods_3[] = {
 {"masked_select", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_masked_select)), METH_FASTCALL | METH_KEYWORDS, "masked_select($module, self, mask)\n--\n\nmasked_select(Tensor self, Tensor mask) -> Tensor\n\n1-D tensor of the elements where mask is True."},
 {"ones", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ones)), METH_FASTCALL | METH_KEYWORDS, "ones($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA tensor of ones."},
 {"zeros_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zeros_like)), METH_FASTCALL | METH_KEYWORDS, "zeros_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nzeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor filled with the scalar value 0, with the same size as input."},
+{"acosh", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_acosh)), METH_FASTCALL | METH_KEYWORDS, "acosh($module, self)\n--\n\nacosh(Tensor self) -> Tensor"},
+{"acosh_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_acosh_)), METH_FASTCALL | METH_KEYWORDS, "acosh_($module, self)\n--\n\nacosh_(Tensor(a!) self) -> Tensor(a!)"},
+{"acosh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_acosh_out)), METH_FASTCALL | METH_KEYWORDS, "acosh_out($module, self, *, out)\n--\n\nacosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"atan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atan)), METH_FASTCALL | METH_KEYWORDS, "atan($module, self)\n--\n\natan(Tensor self) -> Tensor"},
+{"atan_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atan_)), METH_FASTCALL | METH_KEYWORDS, "atan_($module, self)\n--\n\natan_(Tensor(a!) self) -> Tensor(a!)"},
+{"atan_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atan_out)), METH_FASTCALL | METH_KEYWORDS, "atan_out($module, self, *, out)\n--\n\natan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"atanh", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atanh)), METH_FASTCALL | METH_KEYWORDS, "atanh($module, self)\n--\n\natanh(Tensor self) -> Tensor"},
+{"atanh_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atanh_)), METH_FASTCALL | METH_KEYWORDS, "atanh_($module, self)\n--\n\natanh_(Tensor(a!) self) -> Tensor(a!)"},
+{"atanh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_atanh_out)), METH_FASTCALL | METH_KEYWORDS, "atanh_out($module, self, *, out)\n--\n\natanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"bitwise_xor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor($module, self, other)\n--\n\nbitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor"},
+{"bitwise_xor_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_($module, self, other)\n--\n\nbitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)"},
+{"bitwise_xor_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_out($module, self, other, *, out)\n--\n\nbitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"cosh", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cosh)), METH_FASTCALL | METH_KEYWORDS, "cosh($module, self)\n--\n\ncosh(Tensor self) -> Tensor"},
+{"cosh_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cosh_)), METH_FASTCALL | METH_KEYWORDS, "cosh_($module, self)\n--\n\ncosh_(Tensor(a!) self) -> Tensor(a!)"},
+{"cosh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cosh_out)), METH_FASTCALL | METH_KEYWORDS, "cosh_out($module, self, *, out)\n--\n\ncosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"fmod_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fmod_scalar)), METH_FASTCALL | METH_KEYWORDS, "fmod_scalar($module, self, other)\n--\n\nfmod.Scalar(Tensor self, Scalar other) -> Tensor"},
+{"fmod_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fmod_scalar_)), METH_FASTCALL | METH_KEYWORDS, "fmod_scalar_($module, self, other)\n--\n\nfmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
+{"fmod_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fmod_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "fmod_scalar_out($module, self, other, *, out)\n--\n\nfmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
+{"index_put", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index_put)), METH_FASTCALL | METH_KEYWORDS, "index_put($module, self, indices, values, accumulate=False)\n--\n\nindex_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor"},
+{"index_put_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index_put_)), METH_FASTCALL | METH_KEYWORDS, "index_put_($module, self, indices, values, accumulate=False)\n--\n\nindex_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)"},
+{"index_put_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index_put_out)), METH_FASTCALL | METH_KEYWORDS, "index_put_out($module, self, indices, values, accumulate=False, *, out)\n--\n\nindex_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)"},
+{"log10", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log10)), METH_FASTCALL | METH_KEYWORDS, "log10($module, self)\n--\n\nlog10(Tensor self) -> Tensor"},
+{"log10_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log10_)), METH_FASTCALL | METH_KEYWORDS, "log10_($module, self)\n--\n\nlog10_(Tensor(a!) self) -> Tensor(a!)"},
+{"log10_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log10_out)), METH_FASTCALL | METH_KEYWORDS, "log10_out($module, self, *, out)\n--\n\nlog10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"max_pool3d_with_indices", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool3d_with_indices)), METH_FASTCALL | METH_KEYWORDS, "max_pool3d_with_indices($module, self, kernel_size, stride=[], padding=[0, 0, 0], dilation=[1, 1, 1], ceil_mode=False)\n--\n\nmax_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)"},
+{"max_pool3d_with_indices_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool3d_with_indices_out)), METH_FASTCALL | METH_KEYWORDS, "max_pool3d_with_indices_out($module, self, kernel_size, stride=[], padding=[0, 0, 0], dilation=[1, 1, 1], ceil_mode=False, *, out, indices)\n--\n\nmax_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))"},
+{"native_group_norm_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm_backward)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm_backward($module, grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)\n--\n\nnative_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"},
+{"native_group_norm_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm_backward_out)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm_backward_out($module, grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask, *, out0, out1, out2)\n--\n\nnative_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))"},
+{"native_layer_norm_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_layer_norm_backward)), METH_FASTCALL | METH_KEYWORDS, "native_layer_norm_backward($module, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)\n--\n\nnative_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"},
+{"native_layer_norm_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_layer_norm_backward_out)), METH_FASTCALL | METH_KEYWORDS, "native_layer_norm_backward_out($module, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, *, out0, out1, out2)\n--\n\nnative_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))"},
+{"nonzero", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_nonzero)), METH_FASTCALL | METH_KEYWORDS, "nonzero($module, self)\n--\n\nnonzero(Tensor self) -> Tensor"},
+{"nonzero_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_nonzero_out)), METH_FASTCALL | METH_KEYWORDS, "nonzero_out($module, self, *, out)\n--\n\nnonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"pow_scalar_base", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_pow_scalar_base)), METH_FASTCALL | METH_KEYWORDS, "pow_scalar_base($module, self, exponent)\n--\n\npow.Scalar(Scalar self, Tensor exponent) -> Tensor"},
+{"pow_scalar_base_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_pow_scalar_base_out)), METH_FASTCALL | METH_KEYWORDS, "pow_scalar_base_out($module, self, exponent, *, out)\n--\n\npow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)"},
+{"replication_pad2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_replication_pad2d)), METH_FASTCALL | METH_KEYWORDS, "replication_pad2d($module, self, padding)\n--\n\nreplication_pad2d(Tensor self, SymInt[4] padding) -> Tensor"},
+{"replication_pad2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_replication_pad2d_out)), METH_FASTCALL | METH_KEYWORDS, "replication_pad2d_out($module, self, padding, *, out)\n--\n\nreplication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)"},
+{"scatter_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_add)), METH_FASTCALL | METH_KEYWORDS, "scatter_add($module, self, dim, index, src)\n--\n\nscatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor"},
+{"scatter_add_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_add_)), METH_FASTCALL | METH_KEYWORDS, "scatter_add_($module, self, dim, index, src)\n--\n\nscatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)"},
+{"scatter_add_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_add_out)), METH_FASTCALL | METH_KEYWORDS, "scatter_add_out($module, self, dim, index, src, *, out)\n--\n\nscatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)"},
+{"tan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_tan)), METH_FASTCALL | METH_KEYWORDS, "tan($module, self)\n--\n\ntan(Tensor self) -> Tensor"},
+{"tan_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_tan_)), METH_FASTCALL | METH_KEYWORDS, "tan_($module, self)\n--\n\ntan_(Tensor(a!) self) -> Tensor(a!)"},
+{"tan_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_tan_out)), METH_FASTCALL | METH_KEYWORDS, "tan_out($module, self, *, out)\n--\n\ntan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
+{"scaled_dot_product_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scaled_dot_product_attention)), METH_FASTCALL | METH_KEYWORDS, "scaled_dot_product_attention($module, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)\n--\n\nscaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor\n\nAttention through the fused kernel eager picks for these inputs (flash attention on CPU; flash, efficient, cuDNN or math on CUDA)."},
 {nullptr, nullptr, 0, nullptr},
 };

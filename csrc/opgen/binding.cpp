@@ -211,6 +211,21 @@ std::optional<std::vector<int64_t>> optional_int_list(PyObject* o, const Signatu
   return int_list(o, sig, i, size);
 }
 
+// `bool[N]` (ATen's `std::array<bool, N>`): a list or tuple of exactly N bools.
+std::vector<bool> bool_list(PyObject* o, const Signature& sig, int i, int size) {
+  std::vector<bool> out;
+  const Py_ssize_t n = for_each_item(o, sig, i, "a list of bools", [&](PyObject* item, Py_ssize_t k) {
+    if (!PyBool_Check(item)) element_error(item, sig, i, k, "bools");
+    out.push_back(item == Py_True);
+  });
+  if (n != size) {
+    PyErr_Format(PyExc_ValueError, "kernel_ops.%s(): argument '%s' (position %d) must hold %d bools, not %zd",
+                 sig.op(), sig.name(i), i + 1, size, n);
+    throw PythonError{};
+  }
+  return out;
+}
+
 template <>
 std::vector<double> convert<std::vector<double>>(PyObject* o, const Signature& sig, int i) {
   std::vector<double> out;

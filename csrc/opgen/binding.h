@@ -69,11 +69,22 @@ std::optional<T> convert_optional(PyObject* o, const Signature& sig, int i) {
 std::vector<int64_t> int_list(PyObject* o, const Signature& sig, int i, int size);
 std::optional<std::vector<int64_t>> optional_int_list(PyObject* o, const Signature& sig, int i, int size);
 
+// `bool[N]`: exactly N bools (ATen takes them as std::array<bool, N>).
+std::vector<bool> bool_list(PyObject* o, const Signature& sig, int i, int size);
+template <size_t N>
+std::array<bool, N> bool_array(PyObject* o, const Signature& sig, int i) {
+  const std::vector<bool> v = bool_list(o, sig, i, static_cast<int>(N));
+  std::array<bool, N> out{};
+  for (size_t k = 0; k < N; ++k) out[k] = v[k];
+  return out;
+}
+
 inline at::OptionalIntArrayRef opt_ref(const std::optional<std::vector<int64_t>>& v) {
   return v ? at::OptionalIntArrayRef(*v) : at::OptionalIntArrayRef();
 }
-inline at::OptionalArrayRef<double> opt_ref(const std::optional<std::vector<double>>& v) {
-  return v ? at::OptionalArrayRef<double>(*v) : at::OptionalArrayRef<double>();
+// ATen declares `float[]?` as std::optional<ArrayRef<double>> (upsample_*.vec's scale_factors).
+inline std::optional<c10::ArrayRef<double>> opt_ref(const std::optional<std::vector<double>>& v) {
+  return v ? std::optional<c10::ArrayRef<double>>(*v) : std::nullopt;
 }
 inline std::optional<c10::string_view> opt_view(const std::optional<std::string>& v) {
   return v ? std::optional<c10::string_view>(*v) : std::nullopt;

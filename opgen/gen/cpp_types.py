@@ -71,7 +71,10 @@ def value_type(type_: Type) -> str:
         if type_.is_list:
             return "c10::List<std::optional<at::Tensor>>" if type_.elem_optional else LIST_CPP["Tensor"]
         return "std::optional<at::Tensor>" if type_.optional else "at::Tensor"
-    inner = LIST_CPP[type_.base] if type_.is_list else _SCALAR_CPP[type_.base]
+    if type_.is_list and type_.base == "bool":
+        inner = f"std::array<bool, {type_.size}>"
+    else:
+        inner = LIST_CPP[type_.base] if type_.is_list else _SCALAR_CPP[type_.base]
     return f"std::optional<{inner}>" if type_.optional else inner
 
 
@@ -86,6 +89,8 @@ def convert_expr(arg: Arg, index: int) -> str:
     if type_.is_list and type_.base in ("int", "SymInt"):
         func = "optional_int_list" if type_.optional else "int_list"
         return f"opgen::{func}({slot}, sig, {index}, {type_.size or 0})"
+    if type_.is_list and type_.base == "bool" and not type_.optional:
+        return f"opgen::bool_array<{type_.size}>({slot}, sig, {index})"
     if type_.optional:
         return f"opgen::convert_optional<{value_type(Type(type_.base, False, type_.is_list))}>{tail}"
     return f"opgen::convert<{value_type(type_)}>{tail}"

@@ -23,6 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from opgen.runtime import executor
 from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions
+from opgen.runtime.decompositions import aot_decompositions
 from opgen.runtime.errors import OpgenWarning, RequiresGradError
 from opgen.runtime.export import attr_constants, decompose_uncovered
 from opgen.runtime.guards import PROCEED
@@ -110,5 +111,5 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
         )
         return compile_aten_graph(fx_gm, compile_options, name, graphs)
 
-    decompositions = torch.export.default_decompositions()
+    decompositions = aot_decompositions(default_registry())
     return aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions)(gm, example_inputs)  # type: ignore[no-any-return]

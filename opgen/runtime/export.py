@@ -1,8 +1,11 @@
 """Capture: torch.export, decomposition to ops kernel_ops covers, and what the graph's inputs are.
 
-Decomposition runs torch's default table (the core ATen op set), then, for ops left in the graph
-that kernel_ops does not bind but torch can decompose, one more decomposition each, kept only if
-it does not bring in ops kernel_ops lacks (torch's own tables often lower to `prims`).
+Decomposition runs torch's default table (the core ATen op set) less the fused kernels kernel_ops
+binds (`opgen.runtime.decompositions`), then, for ops left in the graph that kernel_ops does not
+bind but torch can decompose, one more decomposition each, kept only if it succeeds, leaves a
+functional graph and does not bring in ops kernel_ops lacks (torch's own tables often lower to
+`prims`, some to mutating ops such as `prims.copy_to`). A decomposition that fails is skipped:
+the op stays in the graph, and lowering names it (or calls it, with fallback=True).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
+from opgen.runtime.decompositions import decomposition_table
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.lower import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.registry import KernelRegistry
@@ -86,8 +90,43 @@ def _export_program(
         )
         raise
     # triton_op custom ops become the wrap_triton kernel calls inside them, which opgen launches.
-    ep = ep.run_decompositions(torch.export.default_decompositions(), decompose_custom_triton_ops=True)
+    ep = _run_default_decompositions(ep, registry)
     return _decompose_uncovered(ep, registry)
+
+
+def _run_default_decompositions(ep: ExportedProgram, registry: KernelRegistry) -> ExportedProgram:
+    """The whole table at once; if that fails, op by op, skipping the decompositions that fail."""
+    table = decomposition_table(registry)
+    whole = _try_decompose(ep, _run_table, table)  # one decomposition's failure must not sink the others
+    if whole is not None:
+        return whole  # type: ignore[no-any-return]
+    for op in sorted(_graph_ops(ep.graph) & set(table.keys()), key=str):
+        candidate = _try_decompose(ep, _run_table, {op: table[op]})
+        if candidate is not None:
+            ep = candidate
+    return _run_table(ep, {})  # the core IR, without the decompositions that failed
+
+
+def _run_table(ep: ExportedProgram, table: dict[Any, Any]) -> ExportedProgram:
+    return ep.run_decompositions(table, decompose_custom_triton_ops=True)
+
+
+def _graph_ops(graph: torch.fx.Graph) -> set[Any]:
+    return {n.target for n in graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+
+
+def _try_decompose(program: Any, decompose: Callable[[Any, dict[Any, Any]], Any], table: dict[Any, Any]) -> Any:
+    """`decompose(program, table)`, or None where it raises or leaves a mutating op in the graph."""
+    try:
+        candidate = decompose(program, table)
+    except Exception:  # torch's decompositions and aot_autograd's asserts raise anything
+        return None
+    return candidate if is_functional(candidate.graph) else None
+
+
+def is_functional(graph: torch.fx.Graph) -> bool:
+    """No node calls an op that writes its inputs (`prims.copy_to`, `aten.add_`...)."""
+    return not any(op._schema.is_mutable for op in _graph_ops(graph))
 
 
 def uncovered_ops(graph: torch.fx.Graph, registry: KernelRegistry) -> set[Any]:
@@ -108,8 +147,8 @@ def decompose_uncovered(program: Any, decompose: Callable[[Any, dict[Any, Any]],
     table = torch._decomp.decomposition_table
     missing = uncovered_ops(program.graph, registry)
     for op in sorted((op for op in missing if op in table), key=str):
-        candidate = decompose(program, {op: table[op]})
-        if uncovered_ops(candidate.graph, registry) <= missing - {op}:
+        candidate = _try_decompose(program, decompose, {op: table[op]})
+        if candidate is not None and uncovered_ops(candidate.graph, registry) <= missing - {op}:
             program, missing = candidate, missing - {op}
     return program
 

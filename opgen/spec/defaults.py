@@ -9,6 +9,8 @@ from opgen.spec.model import Type
 
 MEMORY_FORMATS = ("contiguous_format", "preserve_format", "channels_last", "channels_last_3d")
 SCALAR_TYPES = ("Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "Bool", "BFloat16")
+# native_functions.yaml also writes a few ScalarType defaults in lower case (`ScalarType? dtype=long`).
+SCALAR_TYPE_ALIASES = {"long": "Long", "int": "Int", "float": "Float", "double": "Double", "bool": "Bool"}
 
 DefaultValue = int | float | bool | str | None | list[int] | list[float]
 
@@ -70,4 +72,6 @@ def _parse_scalar(base: str, text: str) -> DefaultValue:
         case "ScalarType":
             if text in SCALAR_TYPES:
                 return text
+            if text in SCALAR_TYPE_ALIASES:
+                return SCALAR_TYPE_ALIASES[text]
     raise ValueError(f"default '{text}' is not a valid {base}")

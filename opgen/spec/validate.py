@@ -43,7 +43,7 @@ ENTRY_KEYS = ("func", "python", "kernels", "triton", "inplace", "out", "release_
 # Keys a Triton op cannot have: its variants are entries of their own, and its launch keeps the GIL.
 NOT_WITH_TRITON = ("kernels", "inplace", "out", "release_gil")
 VARIANT_KEYS = ("func", "python", "kernels")
-LIST_BASES = ("Tensor", "int", "SymInt", "float")
+LIST_BASES = ("Tensor", "int", "SymInt", "float", "bool")
 # \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
 _KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -190,6 +190,12 @@ def _check_args(schema: Schema, line: int, problems: Problems) -> None:
                 line,
                 op,
                 f"arg '{arg.name}': lists of '{arg.type.base}' are not supported (allowed: {', '.join(LIST_BASES)})",
+            )
+        if arg.type.is_list and arg.type.base == "bool" and (not arg.type.size or arg.type.optional):
+            problems.add(
+                line,
+                op,
+                f"arg '{arg.name}': a list of bools needs a fixed size and no '?' ('bool[3]', not '{arg.type}')",
             )
         if arg.default is not None:
             try:

@@ -26,7 +26,7 @@ def valid(arg: dict[str, Any]) -> Any:
     base = t.split("[")[0].rstrip("?")
     size = t.split("[")[1].split("]")[0] if "[" in t else None
     if size is not None:
-        element = {"Tensor": torch.ones(2, 2), "Tensor?": None, "float": 1.0}.get(base, 1)
+        element = {"Tensor": torch.ones(2, 2), "Tensor?": None, "float": 1.0, "bool": True}.get(base, 1)
         return [element] * (int(size) if size else 1)
     return {
         "Tensor": torch.ones(2, 2),

@@ -48,4 +48,4 @@ for call in (lambda: k.add(a), lambda: k.add(a, "x"), lambda: k.add(a, a, beta=1
         "OverflowError kernel_ops.sum_dim(): argument 'dim' does not fit in int64",
     ]
     assert out.splitlines()[8].startswith("RuntimeError kernel_ops.add(): The size of tensor a (2) must match")
-    assert out.splitlines()[9] == "KeyError \"kernel_ops has no function 'ad'; close matches: add, add_\""
+    assert out.splitlines()[9] == "KeyError \"kernel_ops has no function 'ad'; close matches: add, rand, add_\""

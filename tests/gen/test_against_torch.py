@@ -13,6 +13,7 @@ from opgen.spec.model import OpSpec, Schema
 from opgen.spec.schema import parse_schema
 from opgen.spec.validate import load_spec
 
+SCALAR_TYPE_VALUES = {4: "Long", 6: "Float", 7: "Double", 11: "Bool"}  # the ones ops.yaml's defaults use
 ROOT = Path(__file__).resolve().parents[2]
 OPS = load_spec(ROOT / "ops.yaml")
 TORCH_INCLUDE = Path(os.path.dirname(torch.__file__)) / "include"
@@ -26,6 +27,8 @@ def normalized(schema: Schema) -> tuple[object, ...]:
             return None
         if arg.type.base == "MemoryFormat" and arg.default.isdigit():  # torch prints the enum value
             return MEMORY_FORMATS[int(arg.default)]
+        if arg.type.base == "ScalarType" and arg.default.isdigit():  # c10::ScalarType's value
+            return SCALAR_TYPE_VALUES[int(arg.default)]
         return parse_default(arg.type, arg.default)
 
     args = tuple((a.name, a.type, a.kwarg_only, a.alias, default(a)) for a in schema.args)

@@ -66,6 +66,8 @@ def test_schema_syntax_error_names_the_argument() -> None:
         ("str", '"none"', "none"),
         ("int?", "None", None),
         ("MemoryFormat", "contiguous_format", "contiguous_format"),
+        ("ScalarType?", "long", "Long"),
+        ("ScalarType", "Float", "Float"),
     ],
 )
 def test_defaults_parse(type_text: str, default: str, value: object) -> None:
@@ -89,6 +91,15 @@ def test_cpp_translation() -> None:
     assert args[6].default == "double(-std::numeric_limits<double>::infinity())"
     assert args[7].decl == "at::Tensor&" and args[7].convert.startswith("opgen::mutable_tensor(")
     assert cpp_var("default") == "default_" and cpp_var("self") == "self"
+
+
+def test_cpp_translation_of_bool_array() -> None:
+    """`bool[3]` (the output masks of backward ops) converts into ATen's std::array<bool, 3>."""
+    (arg,) = parse_schema("f(bool[3] output_mask) -> Tensor").args
+    translated = cpp_arg(arg, 0)
+    assert translated.decl == "const std::array<bool, 3>"
+    assert translated.convert == "opgen::bool_array<3>(slots[0], sig, 0)"
+    assert translated.default is None and translated.pass_expr == "output_mask"
 
 
 def test_kernel_op_name() -> None:

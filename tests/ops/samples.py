@@ -835,5 +835,11 @@ SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
     }
 )
 
+# The core-opset entries live in their own module (imported last: it builds on this one's helpers).
+from samples_core import CORE_NO_FLOAT32, CORE_SAMPLES  # noqa: E402
+
+assert not set(SAMPLES) & set(CORE_SAMPLES), "an op has samples in both samples.py and samples_core.py"
+SAMPLES = MappingProxyType({**SAMPLES, **CORE_SAMPLES})
+
 # Ops that float32 does not apply to; every other entry must run in float32.
-NO_FLOAT32 = frozenset({"bitwise_not", "bitwise_and.Tensor"})
+NO_FLOAT32 = frozenset({"bitwise_not", "bitwise_and.Tensor"}) | CORE_NO_FLOAT32

@@ -10,9 +10,9 @@ import opgen
 from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
 
 
-class Sorts(nn.Module):
+class Kthvalue(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sort(x).values + 1
+        return torch.kthvalue(x, 2).values + 1
 
 
 class Adds(nn.Module):
@@ -22,34 +22,34 @@ class Adds(nn.Module):
 
 def test_unsupported_op_names_the_op_the_node_and_what_to_do() -> None:
     with torch.no_grad(), pytest.raises(opgen.UnsupportedOpError) as info:
-        opgen.compile(Sorts(), (torch.randn(5),))
+        opgen.compile(Kthvalue(), (torch.randn(5),))
     message = str(info.value)
-    assert "graph node 'sort'" in message and "op aten.sort.default has no kernel_ops binding" in message
+    assert "graph node 'kthvalue'" in message and "op aten.kthvalue.default has no kernel_ops binding" in message
     assert "ops.yaml" in message and "fallback=True" in message
-    assert info.value.op == "aten.sort.default" and info.value.node == "sort"
+    assert info.value.op == "aten.kthvalue.default" and info.value.node == "kthvalue"
 
 
 def test_fallback_runs_the_aten_op_and_reports_it() -> None:
     x = torch.randn(5)
     with torch.no_grad():
-        compiled = opgen.compile(Sorts(), (x,), fallback=True)
-        torch.testing.assert_close(compiled(x), torch.sort(x).values + 1)
+        compiled = opgen.compile(Kthvalue(), (x,), fallback=True)
+        torch.testing.assert_close(compiled(x), torch.kthvalue(x, 2).values + 1)
     report = compiled.report()
-    assert report.fallbacks == (("sort", "aten.sort.default"),) and report.direct == 1
+    assert report.fallbacks == (("kthvalue", "aten.kthvalue.default"),) and report.direct == 1
     text = str(report)
     assert "direct through kernel_ops: 1" in text and "fallback to the ATen op:   1" in text
-    assert "node 'sort': aten.sort.default" in text
+    assert "node 'kthvalue': aten.kthvalue.default" in text
 
 
 def test_backend_unsupported_op_and_fallback_option() -> None:
     x = torch.randn(5)
     torch._dynamo.reset()
-    with torch.no_grad(), pytest.raises(Exception, match=r"op aten\.sort\.default has no kernel_ops binding"):
-        torch.compile(Sorts(), backend="opgen")(x)
+    with torch.no_grad(), pytest.raises(Exception, match=r"op aten\.kthvalue\.default has no kernel_ops binding"):
+        torch.compile(Kthvalue(), backend="opgen")(x)
     torch._dynamo.reset()
     with torch.no_grad():
-        out = torch.compile(Sorts(), backend="opgen", options={"fallback": True})(x)
-    torch.testing.assert_close(out, torch.sort(x).values + 1)
+        out = torch.compile(Kthvalue(), backend="opgen", options={"fallback": True})(x)
+    torch.testing.assert_close(out, torch.kthvalue(x, 2).values + 1)
 
 
 @pytest.fixture

@@ -233,9 +233,16 @@ CASES = [
         ],
     ),
     (
-        "list_of_bool",
-        "- func: f(Tensor self, bool[3] mask) -> Tensor\n  kernels: {cpu: at::cpu::f}\n",
-        ["ops.yaml:1: op 'f': arg 'mask': lists of 'bool' are not supported (allowed: Tensor, int, SymInt, float)"],
+        "list_of_str",
+        "- func: f(Tensor self, str[] names) -> Tensor\n  kernels: {cpu: at::cpu::f}\n",
+        [
+            "ops.yaml:1: op 'f': arg 'names': lists of 'str' are not supported (allowed: Tensor, int, SymInt, float, bool)"
+        ],
+    ),
+    (
+        "list_of_bool_without_size",
+        "- func: f(Tensor self, bool[] mask) -> Tensor\n  kernels: {cpu: at::cpu::f}\n",
+        ["ops.yaml:1: op 'f': arg 'mask': a list of bools needs a fixed size and no '?' ('bool[3]', not 'bool[]')"],
     ),
     (
         "written_optional",

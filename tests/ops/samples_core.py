@@ -1,0 +1,258 @@
+"""Samples for the core-opset section of ops.yaml and the fused ops beyond it (issue 9).
+
+Same format as `samples.py` (which merges these into `SAMPLES`): one entry per op group, keyed
+by the functional op's aten name. Backward ops get their saved tensors from the forward op, so the
+values they see are those autograd would pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from samples import BOOL, F32, F64, FLOAT, FLOAT_INT, I64, LOGICAL, Builder, Maker, OpSamples, S, Sample
+
+aten = torch.ops.aten
+INT_BOOL = (I64, BOOL)
+
+
+def _unary(low: float = -3, high: float = 3) -> Builder:
+    def build(m: Maker) -> list[Sample]:
+        return [
+            S(m(3, 4, low=low, high=high)),
+            S(m(4, 3, low=low, high=high).t()),
+            S(m(2, 0)),
+            S(m(low=low, high=high)),
+        ]
+
+    return build
+
+
+def _binary(nonzero: bool = False) -> Builder:
+    def build(m: Maker) -> list[Sample]:
+        return [
+            S(m(3, 4), m(3, 4, nonzero=nonzero)),
+            S(m(3, 4), m(4, nonzero=nonzero)),
+            S(m(4, 3).t(), m(3, 4, nonzero=nonzero)),
+        ]
+
+    return build
+
+
+def _scalar(value: float, **kwargs: Any) -> Builder:
+    return lambda m: [
+        S(m(3, 4), m.num(value), **kwargs),
+        S(m(4, 3).t(), m.num(value), **kwargs),
+        S(m(), m.num(value), **kwargs),
+    ]
+
+
+def _pow_scalar_base(m: Maker) -> list[Sample]:
+    return [S(m.num(2), m(3, 4, low=0)), S(m.num(3), m(4, 3, low=0).t())]
+
+
+def _sdpa(m: Maker) -> list[Sample]:
+    q, k, v = (m(1, 2, 5, 8) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    return [
+        S(q, k, v),
+        S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8), is_causal=True),
+        S(m(2, 4, 5, 8), m(2, 4, 7, 8), m(2, 4, 7, 8), scale=0.5),
+        S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8), mask),
+        S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8), m(5, 5)),  # additive float mask
+        S(m(1, 4, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8), enable_gqa=True),
+    ]
+
+
+def _flash_cpu(m: Maker) -> list[Sample]:
+    return [S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8)), S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8), 0.0, True)]
+
+
+def _batch_norm_legit(m: Maker) -> list[Sample]:
+    return [
+        S(m(2, 3, 4), m(3), m(3), m(3), m(3, low=0.5), True, 0.1, 1e-5).only(
+            "functional"
+        ),  # check_out runs the op once more for its templates, updating the stats twice
+        S(m(2, 3, 2, 2), None, None, m(3), m(3, low=0.5), False, 0.1, 1e-5),
+    ]
+
+
+def _max_pool2d_backward(m: Maker) -> list[Sample]:
+    x = m(1, 2, 4, 4)
+    _, indices = aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
+    return [S(m(1, 2, 2, 2), x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices)]
+
+
+def _group_norm_backward(m: Maker) -> list[Sample]:
+    x, w = m(2, 4, 3), m(4)
+    _, mean, rstd = aten.native_group_norm(x, w, None, 2, 4, 3, 2, 1e-5)
+    return [S(m(2, 4, 3), x, mean, rstd, w, 2, 4, 3, 2, [True, True, True])]
+
+
+def _layer_norm_backward(m: Maker) -> list[Sample]:
+    x, w, b = m(2, 3, 4), m(4), m(4)
+    _, mean, rstd = aten.native_layer_norm(x, [4], w, b, 1e-5)
+    return [
+        S(m(2, 3, 4), x, [4], mean, rstd, w, b, [True, True, True]),
+        S(m(2, 3, 4), x, [4], mean, rstd, None, None, [True, False, False]).only("functional"),  # outs: no None
+    ]
+
+
+def _convolution_backward(m: Maker) -> list[Sample]:
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    return [
+        S(m(1, 4, 3, 3), m(1, 2, 5, 5), m(4, 2, 3, 3), [4], *args, [True, True, True]),
+        S(m(1, 4, 3, 3), m(1, 2, 5, 5), m(4, 2, 3, 3), None, *args, [True, True, False]).only("functional"),
+    ]
+
+
+def _scatter_index() -> torch.Tensor:
+    return torch.tensor([[0, 1], [2, 3], [1, 0]])
+
+
+def _scatter(m: Maker) -> list[Sample]:
+    return [S(m(3, 4), 1, _scatter_index(), m(3, 2)), S(m(4, 3), 0, torch.tensor([[0, 1, 2], [3, 2, 1]]), m(2, 3))]
+
+
+def _scatter_reduce(m: Maker) -> list[Sample]:
+    return [
+        S(m(3, 4), 1, _scatter_index(), m(3, 2), "sum"),
+        S(m(3, 4), 1, _scatter_index(), m(3, 2), "amax", include_self=False),
+    ]
+
+
+def _index_put(m: Maker) -> list[Sample]:
+    rows = torch.tensor([0, 3])
+    return [
+        S(m(5, 3), [rows], m(2, 3)),
+        S(m(5, 3), [rows, torch.tensor([1, 2])], m(2), True),
+        S(m(5, 3), [None, torch.tensor([2])], m(5, 1)),
+    ]
+
+
+def _embedding_bag(m: Maker) -> list[Sample]:
+    indices, offsets = torch.tensor([0, 2, 1, 4, 3]), torch.tensor([0, 2])
+    return [S(m(5, 3), indices, offsets), S(m(5, 3), indices, offsets, False, 1)]
+
+
+def _native_dropout(m: Maker) -> list[Sample]:
+    return [S(m(3, 4), 0.5, False), S(m(3, 4), 0.0, True)]
+
+
+def _fft_c2r(m: Maker) -> list[Sample]:
+    return [S(torch.complex(m(3, 5), m(3, 5)), [1], 0, 8), S(torch.complex(m(4, 3), m(4, 3)), [0, 1], 2, 4)]
+
+
+def _pads(*shapes_and_pads: tuple[tuple[int, ...], list[int]]) -> Builder:
+    return lambda m: [S(m(*shape), pad) for shape, pad in shapes_and_pads]
+
+
+CORE_SAMPLES: dict[str, OpSamples] = {
+    # element-wise
+    **{
+        name: OpSamples(FLOAT, _unary())
+        for name in ("asinh", "atan", "cosh", "sinh", "trunc", "mish", "isinf", "isnan")
+    },
+    **{name: OpSamples(FLOAT, _unary(-0.9, 0.9)) for name in ("acos", "asin", "atanh")},
+    "acosh": OpSamples(FLOAT, _unary(1.1, 3)),
+    "tan": OpSamples(FLOAT, _unary(-1, 1)),
+    "log10": OpSamples(FLOAT, _unary(0.1, 3)),
+    "log2": OpSamples(FLOAT, _unary(0.1, 3)),
+    "atan2": OpSamples(FLOAT, _binary()),
+    "fmod.Tensor": OpSamples(FLOAT_INT, _binary(nonzero=True)),
+    "fmod.Scalar": OpSamples(FLOAT_INT, _scalar(2.5)),
+    "remainder.Scalar": OpSamples(FLOAT_INT, _scalar(2.5)),
+    "div.Scalar_mode": OpSamples(FLOAT, _scalar(2.5, rounding_mode="floor")),
+    "sub.Scalar": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), m.num(2.5)), S(m(4, 3).t(), m.num(1), m.num(2))]),
+    "pow.Scalar": OpSamples(FLOAT_INT, _pow_scalar_base),
+    "ge.Scalar": OpSamples(FLOAT_INT, _scalar(0.5)),
+    "le.Scalar": OpSamples(FLOAT_INT, _scalar(0.5)),
+    "bitwise_and.Scalar": OpSamples(INT_BOOL, _scalar(3)),
+    "bitwise_or.Scalar": OpSamples(INT_BOOL, _scalar(3)),
+    "bitwise_xor.Scalar": OpSamples(INT_BOOL, _scalar(3)),
+    "bitwise_or.Tensor": OpSamples(INT_BOOL, _binary()),
+    "bitwise_xor.Tensor": OpSamples(INT_BOOL, _binary()),
+    "logical_xor": OpSamples(LOGICAL, _binary()),
+    "addcmul": OpSamples(FLOAT, lambda m: [S(m(3, 4), m(3, 4), m(4)), S(m(3, 4), m(3, 4), m(3, 4), value=0.5)]),
+    "copy": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), m(3, 4)), S(m(3, 4), m(4))]),
+    "fill.Scalar": OpSamples(FLOAT_INT, _scalar(2)),
+    # reductions, sorting
+    "any": OpSamples(LOGICAL, lambda m: [S(m(3, 4)), S(m(2, 0))]),
+    "any.dims": OpSamples(LOGICAL, lambda m: [S(m(3, 4), [0, 1]), S(m(3, 4), [1], True), S(m(3, 4))]),
+    "prod": OpSamples(FLOAT_INT, lambda m: [S(m.small(3, 4)), S(m.small(2, 3), dtype=F64)]),
+    "var.dim": OpSamples(FLOAT, lambda m: [S(m(3, 4), [1]), S(m(3, 4), None, False, True)]),
+    "sort": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4)), S(m(3, 4), 0, True)]),
+    "topk": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), 2), S(m(3, 4), 1, 0, False)]),
+    "nonzero": OpSamples(FLOAT_INT, lambda m: [S(m.small(3, 4)), S(m(2, 0))]),
+    # views, copies, scatters
+    "as_strided": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [2, 2], [1, 2]), S(m(3, 4), [2], [3], 1)]),
+    "diagonal": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4)), S(m(3, 4), 1), S(m(2, 3, 4), 0, 1, 2)]),
+    "flip": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [0]), S(m(3, 4), [0, 1])]),
+    "select_scatter": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), m(4), 0, 1), S(m(3, 4), m(3), 1, -1)]),
+    "slice_scatter": OpSamples(FLOAT_INT, lambda m: [S(m(4, 3), m(2, 3), 0, 1, 3), S(m(3, 4), m(3, 2), 1, 0, 4, 2)]),
+    "scatter.src": OpSamples(FLOAT_INT, _scatter),
+    "scatter_add": OpSamples(FLOAT_INT, _scatter),
+    "scatter_reduce.two": OpSamples(FLOAT_INT, _scatter_reduce),
+    "index_put": OpSamples(FLOAT_INT, _index_put),
+    "masked_scatter": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), m.mask(3, 4), m(12)), S(m(3, 4), m.mask(4), m(12))]),
+    "constant_pad_nd": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [1, 2]), S(m(2, 3, 4), [1, 1, 0, 2], m.num(1.5))]),
+    "reflection_pad1d": OpSamples(FLOAT, _pads(((2, 5), [1, 2]))),
+    "reflection_pad2d": OpSamples(FLOAT, _pads(((1, 3, 4), [1, 1, 2, 0]))),
+    "reflection_pad3d": OpSamples(FLOAT, _pads(((1, 3, 3, 3), [1, 1, 1, 1, 1, 1]))),
+    "replication_pad2d": OpSamples(FLOAT, _pads(((1, 3, 4), [1, 1, 2, 0]))),
+    "replication_pad3d": OpSamples(FLOAT, _pads(((1, 3, 3, 3), [1, 1, 1, 1, 1, 1]))),
+    "adaptive_avg_pool1d": OpSamples(FLOAT, lambda m: [S(m(2, 3, 8), [4]), S(m(3, 7), [3])]),
+    "avg_pool1d": OpSamples(FLOAT, lambda m: [S(m(2, 3, 8), [2]), S(m(2, 3, 8), [3], [1], [1])]),
+    "resize_": OpSamples(
+        FLOAT_INT,
+        lambda m: [
+            S(m(3, 4), [2, 3]),
+            S(m(3, 4), [12]),
+            S(m(2, 3, 2, 2), [1, 3, 2, 2], memory_format=torch.channels_last),
+        ],
+    ),
+    "col2im": OpSamples(FLOAT, lambda m: [S(m(1, 8, 9), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1])]),
+    # creation (random or uninitialized: metadata only)
+    "empty_strided": OpSamples(
+        FLOAT_INT, lambda m: [S([2, 3], [3, 1], dtype=m.dtype), S([2, 3], [1, 2], dtype=m.dtype)], values=False
+    ),
+    "rand": OpSamples(FLOAT, lambda m: [S([2, 3], dtype=m.dtype)], values=False),
+    "randn": OpSamples(FLOAT, lambda m: [S([2, 3], dtype=m.dtype)], values=False),
+    "randperm": OpSamples(FLOAT_INT, lambda m: [S(5, dtype=m.dtype)], values=False),
+    "native_dropout": OpSamples(FLOAT, _native_dropout),
+    # normalization, pooling, convolution, attention and their backward ops
+    "_native_batch_norm_legit": OpSamples(FLOAT, _batch_norm_legit),
+    "native_layer_norm_backward": OpSamples(FLOAT, _layer_norm_backward),
+    "native_group_norm_backward": OpSamples(FLOAT, _group_norm_backward),
+    "convolution_backward": OpSamples(FLOAT, _convolution_backward),
+    "_adaptive_avg_pool2d_backward": OpSamples(FLOAT, lambda m: [S(m(1, 2, 2, 2), m(1, 2, 5, 5))]),
+    "_adaptive_avg_pool3d": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2]), S(m(2, 3, 3, 3), [1, 2, 3])]),
+    "avg_pool2d_backward": OpSamples(
+        FLOAT, lambda m: [S(m(1, 2, 2, 2), m(1, 2, 4, 4), [2, 2], [2, 2], [0, 0], False, True, None)]
+    ),
+    "avg_pool3d": OpSamples(
+        FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2]), S(m(1, 2, 4, 4, 4), [3, 3, 3], [1, 1, 1], 1)]
+    ),
+    "max_pool3d_with_indices": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2])]),
+    "max_pool2d_with_indices_backward": OpSamples(FLOAT, _max_pool2d_backward),
+    "embedding_dense_backward": OpSamples(FLOAT, lambda m: [S(m(5, 3), torch.tensor([0, 2, 2, 1, 3]), 4, -1, False)]),
+    "_embedding_bag": OpSamples(FLOAT, _embedding_bag),
+    "grid_sampler_2d": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4), m(1, 3, 3, 2, low=-1, high=1), 0, 0, False)]),
+    "upsample_bilinear2d.vec": OpSamples(
+        FLOAT, lambda m: [S(m(1, 2, 3, 3), [6, 6], False, None), S(m(1, 2, 3, 3), None, True, [2.0, 2.0])]
+    ),
+    "upsample_nearest2d.vec": OpSamples(
+        FLOAT, lambda m: [S(m(1, 2, 3, 3), [6, 6], None), S(m(1, 2, 3, 3), None, [2.0, 1.5])]
+    ),
+    "_cdist_forward": OpSamples(
+        FLOAT, lambda m: [S(m(3, 4), m(5, 4), 2.0, None), S(m(2, 3, 4), m(2, 5, 4), 1.0, None)]
+    ),
+    "_pdist_forward": OpSamples(FLOAT, lambda m: [S(m(4, 3)), S(m(4, 3), 1.0)]),
+    "_fft_r2c": OpSamples(FLOAT, lambda m: [S(m(3, 8), [1], 0, True), S(m(4, 4), [0, 1], 2, False)]),
+    "_fft_c2r": OpSamples(FLOAT, _fft_c2r),
+    "scaled_dot_product_attention": OpSamples(FLOAT, _sdpa),
+    "_scaled_dot_product_flash_attention_for_cpu": OpSamples(FLOAT, _flash_cpu),
+}
+
+# Entries here that float32 does not apply to (bitwise ops on integers and bools).
+CORE_NO_FLOAT32 = frozenset(k for k, v in CORE_SAMPLES.items() if F32 not in v.dtypes)
