@@ -1583,14 +1583,6 @@ def lift_fresh_copy(self: Tensor) -> Tensor:
     A copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile).
     """
 
-def _adaptive_avg_pool2d_backward(grad_output: Tensor, self: Tensor) -> Tensor:
-    """_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
-    """
-
-def _adaptive_avg_pool2d_backward_out(grad_output: Tensor, self: Tensor, *, out: Tensor) -> Tensor:
-    """_adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)
-    """
-
 def _adaptive_avg_pool3d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
     """_adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
     """
@@ -1755,14 +1747,6 @@ def atanh_out(self: Tensor, *, out: Tensor) -> Tensor:
     """atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
     """
 
-def avg_pool2d_backward(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Tensor:
-    """avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
-    """
-
-def avg_pool2d_backward_out(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, ceil_mode: bool, count_include_pad: bool, divisor_override: int | None, *, grad_input: Tensor) -> Tensor:
-    """avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)
-    """
-
 def avg_pool3d(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0, 0], ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     """avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
     """
@@ -1847,14 +1831,6 @@ def constant_pad_nd_out(self: Tensor, pad: Sequence[int], value: complex | float
     """constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
     """
 
-def convolution_backward(grad_output: Tensor, input: Tensor, weight: Tensor, bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, output_mask: Sequence[bool] | bool) -> tuple[Tensor, Tensor, Tensor]:
-    """convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-    """
-
-def convolution_backward_out(grad_output: Tensor, input: Tensor, weight: Tensor, bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, output_mask: Sequence[bool] | bool, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """convolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-    """
-
 def copy(self: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
     """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
     """
@@ -1889,14 +1865,6 @@ def div_scalar_mode_(self: Tensor, other: complex | float | bool | Tensor, *, ro
 
 def div_scalar_mode_out(self: Tensor, other: complex | float | bool | Tensor, *, rounding_mode: str | None, out: Tensor) -> Tensor:
     """div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
-    """
-
-def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> Tensor:
-    """embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
-    """
-
-def embedding_dense_backward_out(grad_output: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool, *, out: Tensor) -> Tensor:
-    """embedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)
     """
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None, device: torch.device | str | None = None, pin_memory: bool | None = None) -> Tensor:
@@ -2051,14 +2019,6 @@ def masked_scatter_out(self: Tensor, mask: Tensor, source: Tensor, *, out: Tenso
     """masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
     """
 
-def max_pool2d_with_indices_backward(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, dilation: Sequence[int] | int, ceil_mode: bool, indices: Tensor) -> Tensor:
-    """max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
-    """
-
-def max_pool2d_with_indices_backward_out(grad_output: Tensor, self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int, padding: Sequence[int] | int, dilation: Sequence[int] | int, ceil_mode: bool, indices: Tensor, *, grad_input: Tensor) -> Tensor:
-    """max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)
-    """
-
 def max_pool3d_with_indices(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0, 0], dilation: Sequence[int] | int = [1, 1, 1], ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
     """max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
     """
@@ -2073,22 +2033,6 @@ def native_dropout(input: Tensor, p: float, train: bool | None) -> tuple[Tensor,
 
 def native_dropout_out(input: Tensor, p: float, train: bool | None, *, out0: Tensor, out1: Tensor) -> tuple[Tensor, Tensor]:
     """native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
-    """
-
-def native_group_norm_backward(grad_out: Tensor, input: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, N: int, C: int, HxW: int, group: int, output_mask: Sequence[bool] | bool) -> tuple[Tensor, Tensor, Tensor]:
-    """native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-    """
-
-def native_group_norm_backward_out(grad_out: Tensor, input: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, N: int, C: int, HxW: int, group: int, output_mask: Sequence[bool] | bool, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """native_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-    """
-
-def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int], mean: Tensor, rstd: Tensor, weight: Tensor | None, bias: Tensor | None, output_mask: Sequence[bool] | bool) -> tuple[Tensor, Tensor, Tensor]:
-    """native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-    """
-
-def native_layer_norm_backward_out(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int], mean: Tensor, rstd: Tensor, weight: Tensor | None, bias: Tensor | None, output_mask: Sequence[bool] | bool, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """native_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
     """
 
 def nonzero(self: Tensor) -> Tensor:

@@ -16,7 +16,6 @@
 #include <ATen/ops/arange_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/avg_pool1d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/avg_pool1d_compositeimplicitautograd_dispatch.h>
-#include <ATen/ops/avg_pool2d_backward_cpu_dispatch.h>
 #include <ATen/ops/bitwise_and_cpu_dispatch.h>
 #include <ATen/ops/bitwise_not_cpu_dispatch.h>
 #include <ATen/ops/bitwise_xor_compositeexplicitautograd_dispatch.h>
@@ -27,8 +26,6 @@
 #include <ATen/ops/contiguous_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/convolution_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/embedding_dense_backward_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/embedding_dense_backward_cpu_dispatch.h>
 #include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/ops/empty_strided_cpu_dispatch.h>
 #include <ATen/ops/erf_cpu_dispatch.h>
@@ -43,7 +40,6 @@
 #include <ATen/ops/lt_cpu_dispatch.h>
 #include <ATen/ops/masked_fill_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
-#include <ATen/ops/max_pool2d_with_indices_backward_cpu_dispatch.h>
 #include <ATen/ops/mean_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_compositeexplicitautograd_dispatch.h>
@@ -75,13 +71,11 @@
 #include <ATen/ops/addcmul_cuda_dispatch.h>
 #include <ATen/ops/amin_cuda_dispatch.h>
 #include <ATen/ops/any_cuda_dispatch.h>
-#include <ATen/ops/avg_pool2d_backward_cuda_dispatch.h>
 #include <ATen/ops/bitwise_and_cuda_dispatch.h>
 #include <ATen/ops/bitwise_not_cuda_dispatch.h>
 #include <ATen/ops/cat_cuda_dispatch.h>
 #include <ATen/ops/clamp_cuda_dispatch.h>
 #include <ATen/ops/cudnn_convolution_add_relu_cuda_dispatch.h>
-#include <ATen/ops/embedding_dense_backward_cuda_dispatch.h>
 #include <ATen/ops/empty_cuda_dispatch.h>
 #include <ATen/ops/empty_strided_cuda_dispatch.h>
 #include <ATen/ops/erf_cuda_dispatch.h>
@@ -91,7 +85,6 @@
 #include <ATen/ops/logical_xor_cuda_dispatch.h>
 #include <ATen/ops/lt_cuda_dispatch.h>
 #include <ATen/ops/masked_fill_cuda_dispatch.h>
-#include <ATen/ops/max_pool2d_with_indices_backward_cuda_dispatch.h>
 #include <ATen/ops/mean_cuda_dispatch.h>
 #include <ATen/ops/mm_cuda_dispatch.h>
 #include <ATen/ops/native_group_norm_cuda_dispatch.h>
@@ -1585,7 +1578,7 @@ PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:772: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
+// ops.yaml:768: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
 PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool3d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -1608,7 +1601,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:774: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:770: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool3d_out", {"self", "output_size", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1627,7 +1620,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:784: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
+// ops.yaml:780: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
 PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_c2r", {"self", "dim", "normalization", "last_dim_size"}, 4, 0xf);
   OPGEN_TRY
@@ -1652,7 +1645,7 @@ PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:786: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:782: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_c2r_out", {"self", "dim", "normalization", "last_dim_size", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1680,7 +1673,7 @@ PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:810: any(Tensor self) -> Tensor
+// ops.yaml:806: any(Tensor self) -> Tensor
 PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1702,7 +1695,7 @@ PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:813: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:809: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1727,7 +1720,7 @@ PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:815: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
+// ops.yaml:811: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1751,7 +1744,7 @@ PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:817: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:813: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1778,68 +1771,7 @@ PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:848: avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor
-PyObject* kernel_ops_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("avg_pool2d_backward", {"grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 8, 0xff);
-  OPGEN_TRY
-  PyObject* slots[8];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
-  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
-  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
-  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
-  const bool ceil_mode = opgen::convert<bool>(slots[5], sig, 5);
-  const bool count_include_pad = opgen::convert<bool>(slots[6], sig, 6);
-  const std::optional<int64_t> divisor_override = opgen::convert_optional<int64_t>(slots[7], sig, 7);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(self, 1);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      return opgen::wrap(at::cpu::avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override));
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:850: avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)
-PyObject* kernel_ops_avg_pool2d_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("avg_pool2d_backward_out", {"grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "grad_input"}, 8, 0x1ff);
-  OPGEN_TRY
-  PyObject* slots[9];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
-  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
-  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
-  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
-  const bool ceil_mode = opgen::convert<bool>(slots[5], sig, 5);
-  const bool count_include_pad = opgen::convert<bool>(slots[6], sig, 6);
-  const std::optional<int64_t> divisor_override = opgen::convert_optional<int64_t>(slots[7], sig, 7);
-  at::Tensor& grad_input = opgen::mutable_tensor(slots[8], sig, 8);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(self, 1).add(grad_input, 8);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      at::cpu::avg_pool2d_backward_outf(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, grad_input);
-      return opgen::same(slots[8]);
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      at::cuda::avg_pool2d_backward_outf(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, grad_input);
-      return opgen::same(slots[8]);
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:871: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:863: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1856,7 +1788,7 @@ PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:873: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:865: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1874,7 +1806,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:874: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:866: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1893,7 +1825,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:885: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+// ops.yaml:877: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
 PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd", {"self", "pad", "value"}, 3, 0x3);
   OPGEN_TRY
@@ -1911,7 +1843,7 @@ PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:887: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:879: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd_out", {"self", "pad", "value", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1931,55 +1863,7 @@ PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:910: embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor
-PyObject* kernel_ops_embedding_dense_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("embedding_dense_backward", {"grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq"}, 5, 0x1f);
-  OPGEN_TRY
-  PyObject* slots[5];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
-  const int64_t num_weights = opgen::convert<int64_t>(slots[2], sig, 2);
-  const int64_t padding_idx = opgen::convert<int64_t>(slots[3], sig, 3);
-  const bool scale_grad_by_freq = opgen::convert<bool>(slots[4], sig, 4);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(indices, 1);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      return opgen::wrap(at::cpu::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq));
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq));
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:912: embedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)
-PyObject* kernel_ops_embedding_dense_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("embedding_dense_backward_out", {"grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq", "out"}, 5, 0x3f);
-  OPGEN_TRY
-  PyObject* slots[6];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
-  const int64_t num_weights = opgen::convert<int64_t>(slots[2], sig, 2);
-  const int64_t padding_idx = opgen::convert<int64_t>(slots[3], sig, 3);
-  const bool scale_grad_by_freq = opgen::convert<bool>(slots[4], sig, 4);
-  at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(indices, 1).add(out, 5);
-  switch (devices.type()) {
-    default:
-      at::compositeexplicitautograd::embedding_dense_backward_outf(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, out);
-      return opgen::same(slots[5]);
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:914: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:898: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_strided", {"size", "stride", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -2006,7 +1890,7 @@ PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:935: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:919: ge.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2029,7 +1913,7 @@ PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:937: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:921: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2054,7 +1938,7 @@ PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:938: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:922: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2080,7 +1964,7 @@ PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:949: isinf(Tensor self) -> Tensor
+// ops.yaml:933: isinf(Tensor self) -> Tensor
 PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2096,7 +1980,7 @@ PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:951: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:935: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2114,7 +1998,7 @@ PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:953: isnan(Tensor self) -> Tensor
+// ops.yaml:937: isnan(Tensor self) -> Tensor
 PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2136,7 +2020,7 @@ PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:955: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:939: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2154,7 +2038,7 @@ PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:972: logical_xor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:956: logical_xor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2171,7 +2055,7 @@ PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:974: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:958: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2189,7 +2073,7 @@ PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:975: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:959: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2215,68 +2099,7 @@ PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:982: max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor
-PyObject* kernel_ops_max_pool2d_with_indices_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("max_pool2d_with_indices_backward", {"grad_output", "self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "indices"}, 8, 0xff);
-  OPGEN_TRY
-  PyObject* slots[8];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
-  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
-  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
-  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
-  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 2);
-  const bool ceil_mode = opgen::convert<bool>(slots[6], sig, 6);
-  const at::Tensor& indices = opgen::tensor(slots[7], sig, 7);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(self, 1).add(indices, 7);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      return opgen::wrap(at::cpu::max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices));
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices));
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:984: max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)
-PyObject* kernel_ops_max_pool2d_with_indices_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("max_pool2d_with_indices_backward_out", {"grad_output", "self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "indices", "grad_input"}, 8, 0x1ff);
-  OPGEN_TRY
-  PyObject* slots[9];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
-  const std::vector<int64_t> kernel_size = opgen::int_list(slots[2], sig, 2, 2);
-  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 2);
-  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 2);
-  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 2);
-  const bool ceil_mode = opgen::convert<bool>(slots[6], sig, 6);
-  const at::Tensor& indices = opgen::tensor(slots[7], sig, 7);
-  at::Tensor& grad_input = opgen::mutable_tensor(slots[8], sig, 8);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(self, 1).add(indices, 7).add(grad_input, 8);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      at::cpu::max_pool2d_with_indices_backward_outf(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, grad_input);
-      return opgen::same(slots[8]);
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      at::cuda::max_pool2d_with_indices_backward_outf(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, grad_input);
-      return opgen::same(slots[8]);
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:1016: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:988: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rand", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2296,7 +2119,7 @@ PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1022: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:994: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randperm", {"n", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2316,7 +2139,7 @@ PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1033: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1005: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2339,7 +2162,7 @@ PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1035: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1007: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2365,7 +2188,7 @@ PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1060: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1032: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2392,7 +2215,7 @@ PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1062: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1034: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2421,7 +2244,7 @@ PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1063: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1035: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_out", {"self", "dim", "index", "src", "reduce", "include_self", "out"}, 5, 0x5f);
   OPGEN_TRY
@@ -2451,7 +2274,7 @@ PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1074: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+// ops.yaml:1046: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
 PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter", {"self", "src", "dim", "start", "end", "step"}, 6, 0x3);
   OPGEN_TRY
@@ -2472,7 +2295,7 @@ PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1076: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1048: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter_out", {"self", "src", "dim", "start", "end", "step", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2495,7 +2318,7 @@ PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1092: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1064: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk", {"self", "k", "dim", "largest", "sorted"}, 5, 0x3);
   OPGEN_TRY
@@ -2521,7 +2344,7 @@ PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1094: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1066: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk_out", {"self", "k", "dim", "largest", "sorted", "values", "indices"}, 5, 0x63);
   OPGEN_TRY
@@ -2551,7 +2374,7 @@ PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1105: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+// ops.yaml:1077: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec", {"input", "output_size", "scale_factors"}, 3, 0x7);
   OPGEN_TRY
@@ -2569,7 +2392,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1107: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1079: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec_out", {"input", "output_size", "scale_factors", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2589,7 +2412,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1109: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+// ops.yaml:1081: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim", {"self", "dim", "unbiased", "keepdim"}, 4, 0x3);
   OPGEN_TRY
@@ -2608,7 +2431,7 @@ PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1111: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1083: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim_out", {"self", "dim", "unbiased", "keepdim", "out"}, 4, 0x13);
   OPGEN_TRY
@@ -2629,7 +2452,7 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1118: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+// ops.yaml:1089: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
 PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"}, 6, 0x3);
   OPGEN_TRY
@@ -2650,7 +2473,7 @@ PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1120: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1091: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2673,7 +2496,7 @@ PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1133: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1104: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
   OPGEN_TRY
@@ -2697,7 +2520,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1143: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1114: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2722,7 +2545,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1145: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1116: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2749,7 +2572,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1146: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1117: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -2852,15 +2675,11 @@ PyMethodDef opgen_methods_0[] = {
 {"any_all_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_all_out)), METH_FASTCALL | METH_KEYWORDS, "any_all_out($module, self, *, out)\n--\n\nany.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"any_dims", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_dims)), METH_FASTCALL | METH_KEYWORDS, "any_dims($module, self, dim=None, keepdim=False)\n--\n\nany.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor"},
 {"any_dims_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_dims_out)), METH_FASTCALL | METH_KEYWORDS, "any_dims_out($module, self, dim=None, keepdim=False, *, out)\n--\n\nany.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)"},
-{"avg_pool2d_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d_backward)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d_backward($module, grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)\n--\n\navg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor"},
-{"avg_pool2d_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d_backward_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d_backward_out($module, grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, *, grad_input)\n--\n\navg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)"},
 {"bitwise_xor_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_scalar)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_scalar($module, self, other)\n--\n\nbitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor"},
 {"bitwise_xor_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_scalar_)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_scalar_($module, self, other)\n--\n\nbitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
 {"bitwise_xor_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_xor_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_xor_scalar_out($module, self, other, *, out)\n--\n\nbitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
 {"constant_pad_nd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_constant_pad_nd)), METH_FASTCALL | METH_KEYWORDS, "constant_pad_nd($module, self, pad, value=0)\n--\n\nconstant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor"},
 {"constant_pad_nd_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_constant_pad_nd_out)), METH_FASTCALL | METH_KEYWORDS, "constant_pad_nd_out($module, self, pad, value=0, *, out)\n--\n\nconstant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)"},
-{"embedding_dense_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding_dense_backward)), METH_FASTCALL | METH_KEYWORDS, "embedding_dense_backward($module, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)\n--\n\nembedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor"},
-{"embedding_dense_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding_dense_backward_out)), METH_FASTCALL | METH_KEYWORDS, "embedding_dense_backward_out($module, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, *, out)\n--\n\nembedding_dense_backward.out(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq, *, Tensor(a!) out) -> Tensor(a!)"},
 {"empty_strided", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_strided)), METH_FASTCALL | METH_KEYWORDS, "empty_strided($module, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nempty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
 {"ge_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_scalar)), METH_FASTCALL | METH_KEYWORDS, "ge_scalar($module, self, other)\n--\n\nge.Scalar(Tensor self, Scalar other) -> Tensor"},
 {"ge_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_scalar_)), METH_FASTCALL | METH_KEYWORDS, "ge_scalar_($module, self, other)\n--\n\nge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"},
@@ -2872,8 +2691,6 @@ PyMethodDef opgen_methods_0[] = {
 {"logical_xor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_logical_xor)), METH_FASTCALL | METH_KEYWORDS, "logical_xor($module, self, other)\n--\n\nlogical_xor(Tensor self, Tensor other) -> Tensor"},
 {"logical_xor_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_logical_xor_)), METH_FASTCALL | METH_KEYWORDS, "logical_xor_($module, self, other)\n--\n\nlogical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)"},
 {"logical_xor_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_logical_xor_out)), METH_FASTCALL | METH_KEYWORDS, "logical_xor_out($module, self, other, *, out)\n--\n\nlogical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"},
-{"max_pool2d_with_indices_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices_backward)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices_backward($module, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)\n--\n\nmax_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor"},
-{"max_pool2d_with_indices_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices_backward_out)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices_backward_out($module, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, *, grad_input)\n--\n\nmax_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)"},
 {"rand", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_rand)), METH_FASTCALL | METH_KEYWORDS, "rand($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nrand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
 {"randperm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_randperm)), METH_FASTCALL | METH_KEYWORDS, "randperm($module, n, *, dtype=..., layout=None, device=None, pin_memory=None)\n--\n\nrandperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"},
 {"reflection_pad3d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reflection_pad3d)), METH_FASTCALL | METH_KEYWORDS, "reflection_pad3d($module, self, padding)\n--\n\nreflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor"},

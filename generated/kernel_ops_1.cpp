@@ -4,8 +4,6 @@
 
 #include <limits>
 
-#include <ATen/ops/_adaptive_avg_pool2d_backward_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_adaptive_avg_pool2d_backward_cpu_dispatch.h>
 #include <ATen/ops/_adaptive_avg_pool2d_cpu_dispatch.h>
 #include <ATen/ops/_embedding_bag_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_embedding_bag_cpu_dispatch.h>
@@ -21,7 +19,6 @@
 #include <ATen/ops/bitwise_and_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/col2im_cpu_dispatch.h>
 #include <ATen/ops/conv2d_compositeimplicitautograd_dispatch.h>
-#include <ATen/ops/convolution_backward_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cos_cpu_dispatch.h>
 #include <ATen/ops/cumsum_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
@@ -73,7 +70,6 @@
 #include <ATen/ops/zero_cpu_dispatch.h>
 #include <opgen/jit_binding.h>
 #ifdef OPGEN_WITH_CUDA
-#include <ATen/ops/_adaptive_avg_pool2d_backward_cuda_dispatch.h>
 #include <ATen/ops/_adaptive_avg_pool2d_cuda_dispatch.h>
 #include <ATen/ops/_embedding_bag_cuda_dispatch.h>
 #include <ATen/ops/_fft_r2c_cuda_dispatch.h>
@@ -83,7 +79,6 @@
 #include <ATen/ops/atan2_cuda_dispatch.h>
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
 #include <ATen/ops/col2im_cuda_dispatch.h>
-#include <ATen/ops/convolution_backward_cuda_dispatch.h>
 #include <ATen/ops/cos_cuda_dispatch.h>
 #include <ATen/ops/cumsum_cuda_dispatch.h>
 #include <ATen/ops/div_cuda_dispatch.h>
@@ -1858,49 +1853,7 @@ PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:768: _adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor
-PyObject* kernel_ops__adaptive_avg_pool2d_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("_adaptive_avg_pool2d_backward", {"grad_output", "self"}, 2, 0x3);
-  OPGEN_TRY
-  PyObject* slots[2];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(self, 1);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      return opgen::wrap(at::cpu::_adaptive_avg_pool2d_backward(grad_output, self));
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::_adaptive_avg_pool2d_backward(grad_output, self));
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:770: _adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)
-PyObject* kernel_ops__adaptive_avg_pool2d_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("_adaptive_avg_pool2d_backward_out", {"grad_output", "self", "out"}, 2, 0x7);
-  OPGEN_TRY
-  PyObject* slots[3];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
-  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(self, 1).add(out, 2);
-  switch (devices.type()) {
-    default:
-      at::compositeexplicitautograd::_adaptive_avg_pool2d_backward_outf(grad_output, self, out);
-      return opgen::same(slots[2]);
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:780: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+// ops.yaml:776: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
 PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_embedding_bag", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx"}, 9, 0x7);
   OPGEN_TRY
@@ -1930,7 +1883,7 @@ PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:782: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
+// ops.yaml:778: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
 PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_embedding_bag_out", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx", "out0", "out1", "out2", "out3"}, 9, 0x1e07);
   OPGEN_TRY
@@ -1959,7 +1912,7 @@ PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:788: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+// ops.yaml:784: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
 PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c", {"self", "dim", "normalization", "onesided"}, 4, 0xf);
   OPGEN_TRY
@@ -1984,7 +1937,7 @@ PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:790: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:786: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c_out", {"self", "dim", "normalization", "onesided", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2012,7 +1965,7 @@ PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:800: acos(Tensor self) -> Tensor
+// ops.yaml:796: acos(Tensor self) -> Tensor
 PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2034,7 +1987,7 @@ PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:802: acos_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:798: acos_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2058,7 +2011,7 @@ PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:803: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:799: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2083,7 +2036,7 @@ PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:838: atan2(Tensor self, Tensor other) -> Tensor
+// ops.yaml:834: atan2(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2106,7 +2059,7 @@ PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:840: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:836: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2131,7 +2084,7 @@ PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:841: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:837: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2157,7 +2110,7 @@ PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:856: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:848: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2174,7 +2127,7 @@ PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:858: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:850: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2192,7 +2145,7 @@ PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:859: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:851: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2211,7 +2164,7 @@ PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:881: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
+// ops.yaml:873: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
 PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im", {"self", "output_size", "kernel_size", "dilation", "padding", "stride"}, 6, 0x3f);
   OPGEN_TRY
@@ -2238,7 +2191,7 @@ PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:883: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:875: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im_out", {"self", "output_size", "kernel_size", "dilation", "padding", "stride", "out"}, 6, 0x7f);
   OPGEN_TRY
@@ -2268,67 +2221,7 @@ PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:889: convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-PyObject* kernel_ops_convolution_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("convolution_backward", {"grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "output_mask"}, 11, 0x7ff);
-  OPGEN_TRY
-  PyObject* slots[11];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
-  const at::Tensor& weight = opgen::tensor(slots[2], sig, 2);
-  const std::optional<std::vector<int64_t>> bias_sizes = opgen::optional_int_list(slots[3], sig, 3, 0);
-  const std::vector<int64_t> stride = opgen::int_list(slots[4], sig, 4, 0);
-  const std::vector<int64_t> padding = opgen::int_list(slots[5], sig, 5, 0);
-  const std::vector<int64_t> dilation = opgen::int_list(slots[6], sig, 6, 0);
-  const bool transposed = opgen::convert<bool>(slots[7], sig, 7);
-  const std::vector<int64_t> output_padding = opgen::int_list(slots[8], sig, 8, 0);
-  const int64_t groups = opgen::convert<int64_t>(slots[9], sig, 9);
-  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[10], sig, 10);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(input, 1).add(weight, 2);
-  switch (devices.type()) {
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::convolution_backward(grad_output, input, weight, opgen::opt_ref(bias_sizes), stride, padding, dilation, transposed, output_padding, groups, output_mask));
-#endif
-    default:
-      return opgen::wrap(at::compositeexplicitautograd::convolution_backward(grad_output, input, weight, opgen::opt_ref(bias_sizes), stride, padding, dilation, transposed, output_padding, groups, output_mask));
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:891: convolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-PyObject* kernel_ops_convolution_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("convolution_backward_out", {"grad_output", "input", "weight", "bias_sizes", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "output_mask", "out0", "out1", "out2"}, 11, 0x3fff);
-  OPGEN_TRY
-  PyObject* slots[14];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_output = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
-  const at::Tensor& weight = opgen::tensor(slots[2], sig, 2);
-  const std::optional<std::vector<int64_t>> bias_sizes = opgen::optional_int_list(slots[3], sig, 3, 0);
-  const std::vector<int64_t> stride = opgen::int_list(slots[4], sig, 4, 0);
-  const std::vector<int64_t> padding = opgen::int_list(slots[5], sig, 5, 0);
-  const std::vector<int64_t> dilation = opgen::int_list(slots[6], sig, 6, 0);
-  const bool transposed = opgen::convert<bool>(slots[7], sig, 7);
-  const std::vector<int64_t> output_padding = opgen::int_list(slots[8], sig, 8, 0);
-  const int64_t groups = opgen::convert<int64_t>(slots[9], sig, 9);
-  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[10], sig, 10);
-  at::Tensor& out0 = opgen::mutable_tensor(slots[11], sig, 11);
-  at::Tensor& out1 = opgen::mutable_tensor(slots[12], sig, 12);
-  at::Tensor& out2 = opgen::mutable_tensor(slots[13], sig, 13);
-  opgen::Devices devices(sig);
-  devices.add(grad_output, 0).add(input, 1).add(weight, 2).add(out0, 11).add(out1, 12).add(out2, 13);
-  switch (devices.type()) {
-    default:
-      at::compositeexplicitautograd::convolution_backward_outf(grad_output, input, weight, opgen::opt_ref(bias_sizes), stride, padding, dilation, transposed, output_padding, groups, output_mask, out0, out1, out2);
-      return opgen::same_tuple({slots[11], slots[12], slots[13]});
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:917: fill.Scalar(Tensor self, Scalar value) -> Tensor
+// ops.yaml:901: fill.Scalar(Tensor self, Scalar value) -> Tensor
 PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar", {"self", "value"}, 2, 0x3);
   OPGEN_TRY
@@ -2345,7 +2238,7 @@ PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:919: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:903: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar_out", {"self", "value", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2364,7 +2257,7 @@ PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:921: flip(Tensor self, int[] dims) -> Tensor
+// ops.yaml:905: flip(Tensor self, int[] dims) -> Tensor
 PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip", {"self", "dims"}, 2, 0x3);
   OPGEN_TRY
@@ -2387,7 +2280,7 @@ PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:923: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:907: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip_out", {"self", "dims", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2406,7 +2299,7 @@ PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:930: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:914: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2429,7 +2322,7 @@ PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:932: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:916: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2454,7 +2347,7 @@ PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:933: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:917: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2480,7 +2373,7 @@ PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:957: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:941: le.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2503,7 +2396,7 @@ PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:959: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:943: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2528,7 +2421,7 @@ PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:960: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:944: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2554,7 +2447,7 @@ PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1029: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1001: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2577,7 +2470,7 @@ PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1031: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1003: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2603,7 +2496,7 @@ PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1037: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:1009: remainder.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2620,7 +2513,7 @@ PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1039: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:1011: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2638,7 +2531,7 @@ PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1040: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1012: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2657,7 +2550,7 @@ PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1050: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1022: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2682,7 +2575,7 @@ PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1052: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1024: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2709,7 +2602,7 @@ PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1053: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1025: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2737,7 +2630,7 @@ PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1065: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+// ops.yaml:1037: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
 PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter", {"self", "src", "dim", "index"}, 4, 0xf);
   OPGEN_TRY
@@ -2756,7 +2649,7 @@ PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1067: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1039: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter_out", {"self", "src", "dim", "index", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2777,7 +2670,7 @@ PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1082: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+// ops.yaml:1054: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2795,7 +2688,7 @@ PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1084: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:1056: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2814,7 +2707,7 @@ PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1085: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1057: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -2834,7 +2727,7 @@ PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1096: trunc(Tensor self) -> Tensor
+// ops.yaml:1068: trunc(Tensor self) -> Tensor
 PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2856,7 +2749,7 @@ PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1098: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1070: trunc_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2880,7 +2773,7 @@ PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1099: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1071: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2905,7 +2798,7 @@ PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1101: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+// ops.yaml:1073: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec", {"input", "output_size", "align_corners", "scale_factors"}, 4, 0xf);
   OPGEN_TRY
@@ -2924,7 +2817,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1103: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1075: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec_out", {"input", "output_size", "align_corners", "scale_factors", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2945,7 +2838,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1152: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:1123: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -2962,7 +2855,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   opgen::jit::require_contiguous(sig, other, 1);
   opgen::jit::require_same_shape(sig, self, 0, other, 1);
   at::Tensor out = opgen::jit::empty_like(self);
-  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1152\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1123\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
   opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
   return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)
@@ -3046,8 +2939,6 @@ PyMethodDef opgen_methods_1[] = {
 {"empty_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_like)), METH_FASTCALL | METH_KEYWORDS, "empty_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns an uninitialized tensor with the same size as input."},
 {"mean_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mean_all)), METH_FASTCALL | METH_KEYWORDS, "mean_all($module, self, *, dtype=None)\n--\n\nmean(Tensor self, *, ScalarType? dtype=None) -> Tensor\n\nThe mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default)."},
 {"lift_fresh_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_lift_fresh_copy)), METH_FASTCALL | METH_KEYWORDS, "lift_fresh_copy($module, self)\n--\n\nlift_fresh_copy(Tensor self) -> Tensor\n\nA copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile)."},
-{"_adaptive_avg_pool2d_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool2d_backward)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool2d_backward($module, grad_output, self)\n--\n\n_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor"},
-{"_adaptive_avg_pool2d_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool2d_backward_out)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool2d_backward_out($module, grad_output, self, *, out)\n--\n\n_adaptive_avg_pool2d_backward.out(Tensor grad_output, Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"_embedding_bag", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__embedding_bag)), METH_FASTCALL | METH_KEYWORDS, "_embedding_bag($module, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=-1)\n--\n\n_embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)"},
 {"_embedding_bag_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__embedding_bag_out)), METH_FASTCALL | METH_KEYWORDS, "_embedding_bag_out($module, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=-1, *, out0, out1, out2, out3)\n--\n\n_embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))"},
 {"_fft_r2c", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__fft_r2c)), METH_FASTCALL | METH_KEYWORDS, "_fft_r2c($module, self, dim, normalization, onesided)\n--\n\n_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor"},
@@ -3063,8 +2954,6 @@ PyMethodDef opgen_methods_1[] = {
 {"bitwise_and_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_bitwise_and_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "bitwise_and_scalar_out($module, self, other, *, out)\n--\n\nbitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)"},
 {"col2im", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_col2im)), METH_FASTCALL | METH_KEYWORDS, "col2im($module, self, output_size, kernel_size, dilation, padding, stride)\n--\n\ncol2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"},
 {"col2im_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_col2im_out)), METH_FASTCALL | METH_KEYWORDS, "col2im_out($module, self, output_size, kernel_size, dilation, padding, stride, *, out)\n--\n\ncol2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)"},
-{"convolution_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution_backward)), METH_FASTCALL | METH_KEYWORDS, "convolution_backward($module, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)\n--\n\nconvolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"},
-{"convolution_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution_backward_out)), METH_FASTCALL | METH_KEYWORDS, "convolution_backward_out($module, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask, *, out0, out1, out2)\n--\n\nconvolution_backward.out(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))"},
 {"fill_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fill_scalar)), METH_FASTCALL | METH_KEYWORDS, "fill_scalar($module, self, value)\n--\n\nfill.Scalar(Tensor self, Scalar value) -> Tensor"},
 {"fill_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_fill_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "fill_scalar_out($module, self, value, *, out)\n--\n\nfill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)"},
 {"flip", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_flip)), METH_FASTCALL | METH_KEYWORDS, "flip($module, self, dims)\n--\n\nflip(Tensor self, int[] dims) -> Tensor"},

@@ -40,10 +40,6 @@
 #include <ATen/ops/masked_select_cpu_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_cpu_dispatch.h>
 #include <ATen/ops/max_pool3d_with_indices_cpu_dispatch.h>
-#include <ATen/ops/native_group_norm_backward_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/native_group_norm_backward_cpu_dispatch.h>
-#include <ATen/ops/native_layer_norm_backward_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/ne_cpu_dispatch.h>
 #include <ATen/ops/nonzero_cpu_dispatch.h>
 #include <ATen/ops/ones_compositeexplicitautograd_dispatch.h>
@@ -87,8 +83,6 @@
 #include <ATen/ops/masked_select_cuda_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_cuda_dispatch.h>
 #include <ATen/ops/max_pool3d_with_indices_cuda_dispatch.h>
-#include <ATen/ops/native_group_norm_backward_cuda_dispatch.h>
-#include <ATen/ops/native_layer_norm_backward_cuda_dispatch.h>
 #include <ATen/ops/ne_cuda_dispatch.h>
 #include <ATen/ops/nonzero_cuda_dispatch.h>
 #include <ATen/ops/pow_cuda_dispatch.h>
@@ -1725,7 +1719,7 @@ PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:805: acosh(Tensor self) -> Tensor
+// ops.yaml:801: acosh(Tensor self) -> Tensor
 PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1747,7 +1741,7 @@ PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:807: acosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:803: acosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1771,7 +1765,7 @@ PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:808: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:804: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1796,7 +1790,7 @@ PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:833: atan(Tensor self) -> Tensor
+// ops.yaml:829: atan(Tensor self) -> Tensor
 PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1818,7 +1812,7 @@ PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:835: atan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:831: atan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1842,7 +1836,7 @@ PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:836: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:832: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1867,7 +1861,7 @@ PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:843: atanh(Tensor self) -> Tensor
+// ops.yaml:839: atanh(Tensor self) -> Tensor
 PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1889,7 +1883,7 @@ PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:845: atanh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:841: atanh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1913,7 +1907,7 @@ PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:846: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:842: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1938,7 +1932,7 @@ PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:876: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:868: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1961,7 +1955,7 @@ PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:878: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:870: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1986,7 +1980,7 @@ PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:879: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:871: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2012,7 +2006,7 @@ PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:897: cosh(Tensor self) -> Tensor
+// ops.yaml:885: cosh(Tensor self) -> Tensor
 PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2034,7 +2028,7 @@ PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:899: cosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:887: cosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2058,7 +2052,7 @@ PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:900: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:888: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2083,7 +2077,7 @@ PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:925: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:909: fmod.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2100,7 +2094,7 @@ PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:927: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:911: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2118,7 +2112,7 @@ PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:928: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:912: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2137,7 +2131,7 @@ PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:944: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+// ops.yaml:928: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2156,7 +2150,7 @@ PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:946: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+// ops.yaml:930: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
 PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2176,7 +2170,7 @@ PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:947: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:931: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_out", {"self", "indices", "values", "accumulate", "out"}, 4, 0x17);
   OPGEN_TRY
@@ -2197,7 +2191,7 @@ PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:962: log10(Tensor self) -> Tensor
+// ops.yaml:946: log10(Tensor self) -> Tensor
 PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2219,7 +2213,7 @@ PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:964: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:948: log10_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2243,7 +2237,7 @@ PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:965: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:949: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2268,7 +2262,7 @@ PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:986: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:966: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
   OPGEN_TRY
@@ -2295,7 +2289,7 @@ PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:988: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:968: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
   OPGEN_TRY
@@ -2326,123 +2320,7 @@ PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:994: native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-PyObject* kernel_ops_native_group_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("native_group_norm_backward", {"grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "output_mask"}, 10, 0x3ff);
-  OPGEN_TRY
-  PyObject* slots[10];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
-  const at::Tensor& mean = opgen::tensor(slots[2], sig, 2);
-  const at::Tensor& rstd = opgen::tensor(slots[3], sig, 3);
-  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[4], sig, 4);
-  const int64_t N = opgen::convert<int64_t>(slots[5], sig, 5);
-  const int64_t C = opgen::convert<int64_t>(slots[6], sig, 6);
-  const int64_t HxW = opgen::convert<int64_t>(slots[7], sig, 7);
-  const int64_t group = opgen::convert<int64_t>(slots[8], sig, 8);
-  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[9], sig, 9);
-  opgen::Devices devices(sig);
-  devices.add(grad_out, 0).add(input, 1).add(mean, 2).add(rstd, 3).add(weight, 4);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      return opgen::wrap(at::cpu::native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask));
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask));
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:996: native_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-PyObject* kernel_ops_native_group_norm_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("native_group_norm_backward_out", {"grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "output_mask", "out0", "out1", "out2"}, 10, 0x1fff);
-  OPGEN_TRY
-  PyObject* slots[13];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
-  const at::Tensor& mean = opgen::tensor(slots[2], sig, 2);
-  const at::Tensor& rstd = opgen::tensor(slots[3], sig, 3);
-  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[4], sig, 4);
-  const int64_t N = opgen::convert<int64_t>(slots[5], sig, 5);
-  const int64_t C = opgen::convert<int64_t>(slots[6], sig, 6);
-  const int64_t HxW = opgen::convert<int64_t>(slots[7], sig, 7);
-  const int64_t group = opgen::convert<int64_t>(slots[8], sig, 8);
-  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[9], sig, 9);
-  at::Tensor& out0 = opgen::mutable_tensor(slots[10], sig, 10);
-  at::Tensor& out1 = opgen::mutable_tensor(slots[11], sig, 11);
-  at::Tensor& out2 = opgen::mutable_tensor(slots[12], sig, 12);
-  opgen::Devices devices(sig);
-  devices.add(grad_out, 0).add(input, 1).add(mean, 2).add(rstd, 3).add(weight, 4).add(out0, 10).add(out1, 11).add(out2, 12);
-  switch (devices.type()) {
-    default:
-      at::compositeexplicitautograd::native_group_norm_backward_outf(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask, out0, out1, out2);
-      return opgen::same_tuple({slots[10], slots[11], slots[12]});
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:998: native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
-PyObject* kernel_ops_native_layer_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("native_layer_norm_backward", {"grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask"}, 8, 0xff);
-  OPGEN_TRY
-  PyObject* slots[8];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
-  const std::vector<int64_t> normalized_shape = opgen::int_list(slots[2], sig, 2, 0);
-  const at::Tensor& mean = opgen::tensor(slots[3], sig, 3);
-  const at::Tensor& rstd = opgen::tensor(slots[4], sig, 4);
-  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[5], sig, 5);
-  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[6], sig, 6);
-  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[7], sig, 7);
-  opgen::Devices devices(sig);
-  devices.add(grad_out, 0).add(input, 1).add(mean, 3).add(rstd, 4).add(weight, 5).add(bias, 6);
-  switch (devices.type()) {
-    case c10::DeviceType::CPU:
-      return opgen::wrap(at::cpu::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask));
-#ifdef OPGEN_WITH_CUDA
-    case c10::DeviceType::CUDA:
-      return opgen::wrap(at::cuda::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask));
-#endif
-    default:
-      devices.no_kernel();
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:1000: native_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
-PyObject* kernel_ops_native_layer_norm_backward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const opgen::Signature sig("native_layer_norm_backward_out", {"grad_out", "input", "normalized_shape", "mean", "rstd", "weight", "bias", "output_mask", "out0", "out1", "out2"}, 8, 0x7ff);
-  OPGEN_TRY
-  PyObject* slots[11];
-  sig.bind(args, nargs, kwnames, slots);
-  const at::Tensor& grad_out = opgen::tensor(slots[0], sig, 0);
-  const at::Tensor& input = opgen::tensor(slots[1], sig, 1);
-  const std::vector<int64_t> normalized_shape = opgen::int_list(slots[2], sig, 2, 0);
-  const at::Tensor& mean = opgen::tensor(slots[3], sig, 3);
-  const at::Tensor& rstd = opgen::tensor(slots[4], sig, 4);
-  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[5], sig, 5);
-  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[6], sig, 6);
-  const std::array<bool, 3> output_mask = opgen::bool_array<3>(slots[7], sig, 7);
-  at::Tensor& out0 = opgen::mutable_tensor(slots[8], sig, 8);
-  at::Tensor& out1 = opgen::mutable_tensor(slots[9], sig, 9);
-  at::Tensor& out2 = opgen::mutable_tensor(slots[10], sig, 10);
-  opgen::Devices devices(sig);
-  devices.add(grad_out, 0).add(input, 1).add(mean, 3).add(rstd, 4).add(weight, 5).add(bias, 6).add(out0, 8).add(out1, 9).add(out2, 10);
-  switch (devices.type()) {
-    default:
-      at::compositeexplicitautograd::native_layer_norm_backward_outf(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, out0, out1, out2);
-      return opgen::same_tuple({slots[8], slots[9], slots[10]});
-  }
-  OPGEN_CATCH(sig)
-}
-
-// ops.yaml:1002: nonzero(Tensor self) -> Tensor
+// ops.yaml:974: nonzero(Tensor self) -> Tensor
 PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2464,7 +2342,7 @@ PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1004: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:976: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2489,7 +2367,7 @@ PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1006: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:978: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -2512,7 +2390,7 @@ PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1009: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:981: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2538,7 +2416,7 @@ PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1042: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1014: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2561,7 +2439,7 @@ PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1044: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1016: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2587,7 +2465,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1055: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1027: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2612,7 +2490,7 @@ PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1057: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1029: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2639,7 +2517,7 @@ PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1058: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1030: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2667,7 +2545,7 @@ PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1087: tan(Tensor self) -> Tensor
+// ops.yaml:1059: tan(Tensor self) -> Tensor
 PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2689,7 +2567,7 @@ PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1089: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1061: tan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2713,7 +2591,7 @@ PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1090: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1062: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2738,7 +2616,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1129: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1100: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
   OPGEN_TRY
@@ -2858,10 +2736,6 @@ PyMethodDef opgen_methods_3[] = {
 {"log10_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log10_out)), METH_FASTCALL | METH_KEYWORDS, "log10_out($module, self, *, out)\n--\n\nlog10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"max_pool3d_with_indices", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool3d_with_indices)), METH_FASTCALL | METH_KEYWORDS, "max_pool3d_with_indices($module, self, kernel_size, stride=[], padding=[0, 0, 0], dilation=[1, 1, 1], ceil_mode=False)\n--\n\nmax_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)"},
 {"max_pool3d_with_indices_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool3d_with_indices_out)), METH_FASTCALL | METH_KEYWORDS, "max_pool3d_with_indices_out($module, self, kernel_size, stride=[], padding=[0, 0, 0], dilation=[1, 1, 1], ceil_mode=False, *, out, indices)\n--\n\nmax_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))"},
-{"native_group_norm_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm_backward)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm_backward($module, grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)\n--\n\nnative_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"},
-{"native_group_norm_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm_backward_out)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm_backward_out($module, grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask, *, out0, out1, out2)\n--\n\nnative_group_norm_backward.out(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))"},
-{"native_layer_norm_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_layer_norm_backward)), METH_FASTCALL | METH_KEYWORDS, "native_layer_norm_backward($module, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)\n--\n\nnative_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"},
-{"native_layer_norm_backward_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_layer_norm_backward_out)), METH_FASTCALL | METH_KEYWORDS, "native_layer_norm_backward_out($module, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, *, out0, out1, out2)\n--\n\nnative_layer_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))"},
 {"nonzero", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_nonzero)), METH_FASTCALL | METH_KEYWORDS, "nonzero($module, self)\n--\n\nnonzero(Tensor self) -> Tensor"},
 {"nonzero_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_nonzero_out)), METH_FASTCALL | METH_KEYWORDS, "nonzero_out($module, self, *, out)\n--\n\nnonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"pow_scalar_base", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_pow_scalar_base)), METH_FASTCALL | METH_KEYWORDS, "pow_scalar_base($module, self, exponent)\n--\n\npow.Scalar(Scalar self, Tensor exponent) -> Tensor"},

@@ -77,35 +77,6 @@ def _batch_norm_legit(m: Maker) -> list[Sample]:
     ]
 
 
-def _max_pool2d_backward(m: Maker) -> list[Sample]:
-    x = m(1, 2, 4, 4)
-    _, indices = aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
-    return [S(m(1, 2, 2, 2), x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices)]
-
-
-def _group_norm_backward(m: Maker) -> list[Sample]:
-    x, w = m(2, 4, 3), m(4)
-    _, mean, rstd = aten.native_group_norm(x, w, None, 2, 4, 3, 2, 1e-5)
-    return [S(m(2, 4, 3), x, mean, rstd, w, 2, 4, 3, 2, [True, True, True])]
-
-
-def _layer_norm_backward(m: Maker) -> list[Sample]:
-    x, w, b = m(2, 3, 4), m(4), m(4)
-    _, mean, rstd = aten.native_layer_norm(x, [4], w, b, 1e-5)
-    return [
-        S(m(2, 3, 4), x, [4], mean, rstd, w, b, [True, True, True]),
-        S(m(2, 3, 4), x, [4], mean, rstd, None, None, [True, False, False]).only("functional"),  # outs: no None
-    ]
-
-
-def _convolution_backward(m: Maker) -> list[Sample]:
-    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
-    return [
-        S(m(1, 4, 3, 3), m(1, 2, 5, 5), m(4, 2, 3, 3), [4], *args, [True, True, True]),
-        S(m(1, 4, 3, 3), m(1, 2, 5, 5), m(4, 2, 3, 3), None, *args, [True, True, False]).only("functional"),
-    ]
-
-
 def _scatter_index() -> torch.Tensor:
     return torch.tensor([[0, 1], [2, 3], [1, 0]])
 
@@ -222,20 +193,11 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "native_dropout": OpSamples(FLOAT, _native_dropout),
     # normalization, pooling, convolution, attention and their backward ops
     "_native_batch_norm_legit": OpSamples(FLOAT, _batch_norm_legit),
-    "native_layer_norm_backward": OpSamples(FLOAT, _layer_norm_backward),
-    "native_group_norm_backward": OpSamples(FLOAT, _group_norm_backward),
-    "convolution_backward": OpSamples(FLOAT, _convolution_backward),
-    "_adaptive_avg_pool2d_backward": OpSamples(FLOAT, lambda m: [S(m(1, 2, 2, 2), m(1, 2, 5, 5))]),
     "_adaptive_avg_pool3d": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2]), S(m(2, 3, 3, 3), [1, 2, 3])]),
-    "avg_pool2d_backward": OpSamples(
-        FLOAT, lambda m: [S(m(1, 2, 2, 2), m(1, 2, 4, 4), [2, 2], [2, 2], [0, 0], False, True, None)]
-    ),
     "avg_pool3d": OpSamples(
         FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2]), S(m(1, 2, 4, 4, 4), [3, 3, 3], [1, 1, 1], 1)]
     ),
     "max_pool3d_with_indices": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4, 4), [2, 2, 2])]),
-    "max_pool2d_with_indices_backward": OpSamples(FLOAT, _max_pool2d_backward),
-    "embedding_dense_backward": OpSamples(FLOAT, lambda m: [S(m(5, 3), torch.tensor([0, 2, 2, 1, 3]), 4, -1, False)]),
     "_embedding_bag": OpSamples(FLOAT, _embedding_bag),
     "grid_sampler_2d": OpSamples(FLOAT, lambda m: [S(m(1, 2, 4, 4), m(1, 3, 3, 2, low=-1, high=1), 0, 0, False)]),
     "upsample_bilinear2d.vec": OpSamples(

@@ -16,7 +16,24 @@ INFO = kernel_ops.get_kernel_ops_args_info()
 BOUND = {info["aten"].removeprefix("aten::") for info in INFO.values()}
 
 _NOT_A_TENSOR = "returns a {what}, not a tensor: kernel_ops binds tensor-returning kernels, and the runtime folds {why}"
+_BACKWARD = (
+    "a backward kernel: opgen runs inference graphs, and ATen's backward kernels trust their caller "
+    "(eager torch 2.13 itself segfaults on _adaptive_avg_pool2d_backward with an empty spatial dim), "
+    "so binding them directly would let a Python call crash the process"
+)
 EXCLUDED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "_adaptive_avg_pool2d_backward",
+            "avg_pool2d_backward",
+            "convolution_backward",
+            "embedding_dense_backward",
+            "max_pool2d_with_indices_backward",
+            "native_group_norm_backward",
+            "native_layer_norm_backward",
+        ),
+        _BACKWARD,
+    ),
     "sym_numel": _NOT_A_TENSOR.format(what="SymInt", why="shapes into constants at compile time"),
     "sym_size.int": _NOT_A_TENSOR.format(what="SymInt", why="shapes into constants at compile time"),
     "sym_stride.int": _NOT_A_TENSOR.format(what="SymInt", why="strides into constants at compile time"),
