@@ -51,7 +51,7 @@ def compile(
     cuda_graphs: bool = False,
     static_outputs: bool = False,
     dynamic_shapes: Any = None,
-    automatic_dynamic: bool = True,
+    automatic_dynamic: bool | None = None,
 ) -> Compiled:
     """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
 
@@ -67,6 +67,8 @@ def compile(
         tensors: no copy, but the next call overwrites them.
     dynamic_shapes: torch.export's dynamic_shapes for the inputs; one function serves the ranges.
     automatic_dynamic: recompile dimensions whose size changed as dynamic (False: specialize every size).
+        Default: on, except with cuda_graphs (a dynamic graph cannot be captured, so each size gets
+        its own captured specialization instead).
     """
     if static_outputs and not cuda_graphs:
         raise ValueError("opgen.compile: static_outputs=True needs cuda_graphs=True")
@@ -79,6 +81,8 @@ def compile(
         return _eager(module, f"{reason} requires grad")
     options = CompileOptions(fallback, tuple(passes) if passes is not None else default_pipeline(), cache)
     graphs = CudaGraphs(GraphOptions(static_outputs), model_name(module), default_registry()) if cuda_graphs else None
+    if automatic_dynamic is None:
+        automatic_dynamic = not cuda_graphs
     dynamic = _Dynamic(dynamic_shapes, automatic_dynamic and dynamic_shapes is None)
     return _Specializations(module, options, recompile, graphs, dynamic).build(inputs, dynamic_shapes)
 

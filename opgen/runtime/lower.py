@@ -144,7 +144,7 @@ class _Lowering:
             tuple(self.constants),
             tuple(self.setup),
             tuple(self.body),
-            tuple(self.jit_kernels),
+            jit_kernels=tuple(self.jit_kernels),
         )
         return Lowered(program, self.direct, tuple(self.fallbacks))
 
