@@ -32,7 +32,8 @@ void require_same_shape(const Signature& sig, const at::Tensor& a, int i, const 
 at::Tensor empty_like(const at::Tensor& t);
 at::Tensor empty_like(const at::Tensor& t, at::ScalarType dtype);
 
-// Python's `//` on int64 (rounds toward -inf); a zero divisor throws c10::ValueError.
+// Python's `//` on int64 (rounds toward -inf), for argument expressions and the launcher's grid
+// programs; a zero divisor throws c10::ValueError.
 int64_t floordiv(int64_t a, int64_t b);
 
 // Schema values as kernel arguments: a Scalar goes as a float (its value as a double); an absent

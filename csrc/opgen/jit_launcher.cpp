@@ -3,6 +3,7 @@
 #include "opgen/jit.h"
 
 #include "opgen/binding.h"
+#include "opgen/jit_binding.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -203,10 +204,7 @@ int64_t eval_program(const std::vector<int64_t>& prog, const Arg* args) {
           case ADD: a += b; break;
           case SUB: a -= b; break;
           case MUL: a *= b; break;
-          case FLOORDIV:
-            TORCH_CHECK_VALUE(b != 0, "opgen.jit: the grid divides by zero");
-            a = a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
-            break;
+          case FLOORDIV: a = floordiv(a, b); break;
           case MAX: a = std::max(a, b); break;
           case MIN: a = std::min(a, b); break;
         }
@@ -479,12 +477,19 @@ void add_variant(py::object self_obj, py::bytes binary, std::string name, unsign
   list.insert(first ? list.begin() : list.end(), std::move(v));
 }
 
-// Host time per launch of a loop of bare cuLaunchKernel calls with the arguments packed once: the
-// floor any launcher can reach (opgen.bench jit compares against it).
-double bench_bare(py::object self_obj, int64_t iterations, py::args args) {
+// A launcher's arguments from a module function (`fn(launcher, *args)`), unpacked, and the first
+// variant that fits them (null when none does). The Args borrow from `args`, which must outlive them.
+struct Fitted {
+  Launcher* self;
+  std::vector<Arg> args;
+  Variant* variant;
+};
+
+Fitted fitted(const py::object& self_obj, const py::args& args) {
+  if (!PyObject_TypeCheck(self_obj.ptr(), launcher_type())) throw py::type_error("not a JitLauncher");
   auto* self = reinterpret_cast<Launcher*>(self_obj.ptr());
   const Py_ssize_t n = static_cast<Py_ssize_t>(args.size());
-  TORCH_CHECK_VALUE(n == self->nargs, "bench_bare: wrong number of arguments");
+  TORCH_CHECK_TYPE(n == self->nargs, "opgen.jit: ", *self->name, " takes ", self->nargs, " arguments, got ", n);
   std::vector<PyObject*> raw;
   for (const py::handle a : args) raw.push_back(a.ptr());
   std::vector<Arg> unpacked(n);
@@ -494,12 +499,30 @@ double bench_bare(py::object self_obj, int64_t iterations, py::args args) {
     throw py::error_already_set();
   }
   Variant* v = pick(self, unpacked.data(), n);
+  return {self, std::move(unpacked), v};
+}
+
+// Launches the first variant that fits, never the fallback: the fallback's own launch after it
+// compiled one (a variant that does not fit the arguments it was compiled for is a bug).
+void launch_strict(py::object self_obj, py::args args) {
+  Fitted f = fitted(self_obj, args);
+  TORCH_CHECK(f.variant != nullptr, "opgen.jit: ", *f.self->name, ": the variant just compiled does not fit its ",
+              "own arguments (a specialization mismatch; please report it)");
+  launch_variant(*f.variant, f.args.data(), f.args.size());
+}
+
+// Host time per launch of a loop of bare cuLaunchKernel calls with the arguments packed once: the
+// floor any launcher can reach (opgen.bench jit compares against it).
+double bench_bare(py::object self_obj, int64_t iterations, py::args args) {
+  Fitted fit = fitted(self_obj, args);
+  Variant* v = fit.variant;
+  const size_t n = fit.args.size();
   TORCH_CHECK_VALUE(v != nullptr, "bench_bare: no compiled variant fits; call the launcher once first");
-  const Grid grid = grid_of(*v, unpacked.data(), n);
-  const int device = device_of(unpacked.data(), n);
+  const Grid grid = grid_of(*v, fit.args.data(), n);
+  const int device = device_of(fit.args.data(), n);
   CUfunction f = function_for(*v, device);
   Packed packed;
-  pack(*v, unpacked.data(), n, packed);
+  pack(*v, fit.args.data(), n, packed);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   const auto launch = driver().launchKernel;
   const auto start = std::chrono::steady_clock::now();
@@ -722,24 +745,8 @@ void add_jit(py::module_& m) {
   m.def("jit_add_variant", &add_variant, py::arg("launcher"), py::arg("binary"), py::arg("name"),
         py::arg("num_warps"), py::arg("shared"), py::arg("params"), py::arg("grid"), py::arg("extra_pointers"),
         py::arg("first") = true, "Adds a compiled variant to a JitLauncher (see opgen/jit/kernel.py).");
-  m.def("jit_launch_strict", [](py::object self_obj, py::args args) {
-    auto* self = reinterpret_cast<Launcher*>(self_obj.ptr());
-    if (!PyObject_TypeCheck(self_obj.ptr(), launcher_type())) throw py::type_error("not a JitLauncher");
-    const Py_ssize_t n = static_cast<Py_ssize_t>(args.size());
-    TORCH_CHECK_TYPE(n == self->nargs, "opgen.jit: ", *self->name, " takes ", self->nargs, " arguments, got ", n);
-    std::vector<PyObject*> raw;
-  for (const py::handle a : args) raw.push_back(a.ptr());
-    std::vector<Arg> unpacked(n);
-    try {
-      unpack(self, raw.data(), n, unpacked.data());
-    } catch (const PythonError&) {
-      throw py::error_already_set();
-    }
-    Variant* v = pick(self, unpacked.data(), n);
-    TORCH_CHECK(v != nullptr, "opgen.jit: ", *self->name, ": the variant just compiled does not fit its own "
-                "arguments (a specialization mismatch; please report it)");
-    launch_variant(*v, unpacked.data(), n);
-  }, py::arg("launcher"), "Launches the first variant that fits, never the fallback (raises if none fits).");
+  m.def("jit_launch_strict", &launch_strict, py::arg("launcher"),
+        "Launches the first variant that fits, never the fallback (raises if none fits).");
   m.def("jit_bench_bare", &bench_bare, py::arg("launcher"), py::arg("iterations"),
         "Seconds of host time per launch of a bare cuLaunchKernel loop (opgen.bench jit).");
   m.def("Switch", &make_switch, py::arg("target"), "Switch(target): calls go to `target`, which can be replaced.");
