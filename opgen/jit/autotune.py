@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,23 +55,21 @@ def pick(
 
 
 def _time_config(kernel: JitKernel, binary: KernelBinary, config: Any, args: Sequence[Any]) -> float:
-    from triton.testing import do_bench
-
     native = env.native()
     scratch = native.JitLauncher(kernel.name, len(args), None)
     kernel.add_variant(binary, config, args, into=scratch)
-    copies = [clone_like(a) if _written(kernel, i, a) else a for i, a in enumerate(args)]
-
-    def run() -> None:
-        native.jit_launch_strict(scratch, *copies)
-
-    return float(do_bench(run, warmup=5, rep=20, return_mode="median")) * 1000.0
+    written = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    if kernel.mutates is not None:
+        written = [i for i in written if i in kernel.mutates]
+    return median_us(lambda *copies: native.jit_launch_strict(scratch, *copies), args, written)
 
 
-def _written(kernel: JitKernel, index: int, arg: Any) -> bool:
-    if not isinstance(arg, torch.Tensor):
-        return False
-    return kernel.mutates is None or index in kernel.mutates
+def median_us(fn: Callable[..., Any], args: Sequence[Any], written: Collection[int]) -> float:
+    """Triton's `do_bench` median of `fn(*args)`, in us, run on copies of the arguments at `written`."""
+    from triton.testing import do_bench
+
+    copies = [clone_like(a) if i in written else a for i, a in enumerate(args)]
+    return float(do_bench(lambda: fn(*copies), warmup=5, rep=20, return_mode="median")) * 1000.0
 
 
 def clone_like(t: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opgen.jit import cache, env
-from opgen.jit.autotune import clone_like, size_key
+from opgen.jit.autotune import median_us, size_key
 
 Candidate = Callable[..., Any]
 
@@ -95,10 +95,7 @@ class Choice:
 
 
 def _time(fn: Candidate, args: Sequence[Any], writes: Sequence[int]) -> float:
-    from triton.testing import do_bench
-
-    copies = [clone_like(a) if i in writes else a for i, a in enumerate(args)]
     start = time.perf_counter()
-    result = float(do_bench(lambda: fn(*copies), warmup=5, rep=20, return_mode="median")) * 1000.0
+    result = median_us(fn, args, writes)
     cache.STATS.add("tune_seconds", time.perf_counter() - start)
     return result

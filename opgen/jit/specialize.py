@@ -30,13 +30,9 @@ class Specialization:
     def key(self) -> tuple[Any, ...]:
         return (
             tuple(self.signature.items()),
-            tuple(sorted((k, _stable(v)) for k, v in self.constexprs.items())),
+            tuple(sorted((k, repr(v)) for k, v in self.constexprs.items())),
             tuple(sorted((k, repr(v)) for k, v in self.attrs.items())),
         )
-
-
-def _stable(value: Any) -> str:
-    return repr(value)
 
 
 def runtime_params(fn: Any) -> list[Any]:
