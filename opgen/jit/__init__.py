@@ -63,13 +63,29 @@ def kernel(
 
 def launch(fn: Any, grid: Any, *args: Any, **meta: Any) -> None:
     """Launch once, like `fn[grid](*args, **meta)`; the launcher is kept on `fn` for the next call
-    with the same grid and meta."""
+    with an equal grid and meta. A grid function is equal to another with the same code and closure
+    values (a traced grid bakes the closure's values in, so a function's identity is not enough)."""
+    key = (_grid_key(grid), tuple(sorted(meta.items())))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable closure value or meta: nothing to reuse safely
+        kernel(fn, grid, **meta)(*args)
+        return
     launchers = fn.__dict__.setdefault("_opgen_launchers", {})
-    key = (id(grid) if callable(grid) else grid, tuple(sorted(meta.items())))
     found = launchers.get(key)
     if found is None:
         found = launchers[key] = kernel(fn, grid, **meta)
     found(*args)
+
+
+def _grid_key(grid: Any) -> Any:
+    if not callable(grid):
+        return grid
+    code = getattr(grid, "__code__", None)
+    if code is None:
+        return ("object", id(grid), grid)  # keeps the callable alive, so its id is never reused
+    cells = tuple(c.cell_contents for c in getattr(grid, "__closure__", None) or ())
+    return ("function", code, cells, getattr(grid, "__defaults__", None))
 
 
 def stats() -> dict[str, float]:

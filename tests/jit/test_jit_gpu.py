@@ -255,3 +255,23 @@ def test_choice_picks_persists_and_can_be_forced(fresh_cache):
     assert next(iter(forced.picks.values())) == ("triton", "forced")
     with pytest.raises(ValueError, match="not a candidate"):
         Choice("add", candidates, force="cuda")
+
+
+def test_launch_tells_grid_functions_apart_by_their_closure():
+    """Each call makes a new lambda: one over another n gets its own launcher, one over the same n
+    reuses the launcher made for it (no launcher, and no binary load, per call)."""
+
+    def grid_for(size):
+        return lambda m: (triton.cdiv(size, m["BLOCK"]),)  # `size` is a closure value, baked into the grid
+
+    for n in (100, 5000, 300):
+        out = torch.zeros(5000, device="cuda", dtype=torch.int64)
+        opgen.jit.launch(K.int_kernel, grid_for(n), out, n, 2, BLOCK=64)
+        expected = torch.zeros(5000, dtype=torch.int64)
+        expected[:n] = torch.arange(n) * 2
+        assert torch.equal(out.cpu(), expected)
+    made = len(K.int_kernel._opgen_launchers)
+    for _ in range(3):
+        opgen.jit.launch(K.int_kernel, grid_for(300), torch.zeros(300, device="cuda", dtype=torch.int64), 300, 2,
+                         BLOCK=64)  # fmt: skip
+    assert len(K.int_kernel._opgen_launchers) == made
