@@ -81,6 +81,8 @@ calls = (
     lambda: k._native_batch_norm_legit_no_training(x, None, torch.ones(2), stats, stats, 0.1, 1e-5),
     lambda: k._native_batch_norm_legit_no_training(x, None, None, stats[:5], stats, 0.1, 1e-5),
     lambda: k._native_batch_norm_legit_no_training(x, None, None, stats, torch.ones(()), 0.1, 1e-5),
+    # training writes running_mean[c] for every channel: was heap corruption (the fuzzer's racy tensor)
+    lambda: k._native_batch_norm_legit(x, None, None, torch.zeros(3), stats, True, 0.1, 1e-5),
 )
 for call in calls:
     try:
@@ -107,6 +109,8 @@ def test_batch_norm_refuses_per_channel_tensors_of_the_wrong_size() -> None:
         f"{prefix} 'bias' must hold input.size(1) = 40000000 elements, not 2",
         f"{prefix} 'running_mean' must hold input.size(1) = 40000000 elements, not 5",
         f"{prefix} 'running_var' must hold input.size(1) = 40000000 elements, not 1",
+        "ValueError kernel_ops._native_batch_norm_legit(): argument 'running_mean' must hold input.size(1) = "
+        "40000000 elements, not 3",
         "valid call matches eager: True",
     ]
 
