@@ -20,8 +20,9 @@ What counts as a failure (each prints a `FAIL` line; the exit status is 1 if the
 Calls that kernel_ops refuses with a TypeError or OverflowError (an argument's type or range) are
 not run eagerly (`refused_argument`): eager torch takes some such values and then misbehaves (an int
 -295 as a dtype made it segfault). Nor are calls that a function's spec `checks:` refuse (a
-ValueError or IndexError; `refused_by_check`): those kernels trust their caller, and eager crashes. Other calls that kernel_ops refuses cleanly while eager accepts
-them (lazy neg/conj bits, ...) are counted as `stricter`, not failures. Calls on a tensor that another
+ValueError or IndexError; `refused_by_check`): those kernels trust their caller, and eager crashes.
+Other calls that kernel_ops refuses cleanly while eager accepts them (lazy neg/conj bits, ...) are
+counted as `stricter`, not failures. Calls on a tensor that another
 thread keeps resizing (`racy`) are checked for crashes and clean errors only, and made only to
 functions that hold the GIL during the kernel (see `check`).
 """
