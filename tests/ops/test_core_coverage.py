@@ -89,14 +89,9 @@ def test_exclusions_are_current(op: str) -> None:
     assert op not in BOUND, f"{op} is bound now; remove it from EXCLUDED"
 
 
-# Core ops bound before issue 9 whose out variant is not bound yet (their entries predate the
-# core-opset section; the runtime never calls out variants of them). Listed so that the test
-# below catches any new gap; shrink this set as they are added.
-OUT_NOT_YET = frozenset(
-    "_adaptive_avg_pool2d _native_batch_norm_legit_no_training add.Scalar any.dim clone convolution div.Scalar "
-    "embedding hardtanh index.Tensor max.dim max_pool2d_with_indices mean min.dim mul.Scalar native_group_norm "
-    "native_layer_norm prod.dim_int relu scatter.value var.correction where.self".split()
-)
+# Core ops whose out variant kernel_ops does not bind, each with the reason. Empty today: every
+# out variant ATen has for a bound core op is bound (and tested against eager by tests/ops).
+OUT_NOT_YET: dict[str, str] = {}
 
 
 def test_core_groups_bind_their_variants() -> None:
@@ -122,3 +117,22 @@ def _has_matching_out(packet: torch._ops.OpOverloadPacket, op: str) -> bool:
         if outs and [a.name for a in schema.arguments if not a.is_out] == names:
             return True
     return False
+
+
+def _aten_schema(aten: str) -> torch.FunctionSchema:
+    name, _, overload = aten.removeprefix("aten::").partition(".")
+    return getattr(getattr(torch.ops.aten, name), overload or "default")._schema
+
+
+def _inputs(schema: torch.FunctionSchema) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, info in INFO.items() if info["variant"] == "out"))
+def test_out_variant_takes_its_functional_arguments(name: str) -> None:
+    """A bound out variant is the overload matching its functional (`add.Scalar_out` for `add.Scalar`,
+    not `add.out`): the same arguments, names and types, plus the outs."""
+    functional = INFO[name]["functional"]
+    if functional is None or INFO[functional]["backends"] == ["triton"]:
+        pytest.skip("no ATen functional op in its group")
+    assert _inputs(_aten_schema(INFO[name]["aten"])) == _inputs(_aten_schema(INFO[functional]["aten"]))
