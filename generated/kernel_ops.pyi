@@ -41,6 +41,12 @@ def add_scalar_(self: Tensor, other: complex | float | bool | Tensor, alpha: com
     Adds other, scaled by alpha, to input.
     """
 
+def add_scalar_out(self: Tensor, other: complex | float | bool | Tensor, alpha: complex | float | bool | Tensor = 1, *, out: Tensor) -> Tensor:
+    """add.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+
+    Adds other, scaled by alpha, to input.
+    """
+
 def sub(self: Tensor, other: Tensor, *, alpha: complex | float | bool | Tensor = 1) -> Tensor:
     """sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 
@@ -89,6 +95,12 @@ def mul_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     Multiplies input by other.
     """
 
+def mul_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """mul.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+
+    Multiplies input by other.
+    """
+
 def div(self: Tensor, other: Tensor) -> Tensor:
     """div.Tensor(Tensor self, Tensor other) -> Tensor
 
@@ -133,6 +145,12 @@ def div_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
 
 def div_scalar_(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """div_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+
+    Divides each element of the input input by the corresponding element of other.
+    """
+
+def div_scalar_out(self: Tensor, other: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """div.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 
     Divides each element of the input input by the corresponding element of other.
     """
@@ -773,6 +791,12 @@ def relu_(self: Tensor) -> Tensor:
     max(self, 0), element-wise.
     """
 
+def relu_out(self: Tensor, *, out: Tensor) -> Tensor:
+    """relu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+
+    max(self, 0), element-wise.
+    """
+
 def gelu(self: Tensor, *, approximate: str = 'none') -> Tensor:
     """gelu(Tensor self, *, str approximate='none') -> Tensor
 
@@ -817,6 +841,12 @@ def hardtanh(self: Tensor, min_val: complex | float | bool | Tensor = -1, max_va
 
 def hardtanh_(self: Tensor, min_val: complex | float | bool | Tensor = -1, max_val: complex | float | bool | Tensor = 1) -> Tensor:
     """hardtanh_(Tensor(a!) self, Scalar min_val=-1, Scalar max_val=1) -> Tensor(a!)
+
+    Clamps to [min_val, max_val], element-wise.
+    """
+
+def hardtanh_out(self: Tensor, min_val: complex | float | bool | Tensor = -1, max_val: complex | float | bool | Tensor = 1, *, out: Tensor) -> Tensor:
+    """hardtanh.out(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> Tensor(a!)
 
     Clamps to [min_val, max_val], element-wise.
     """
@@ -907,6 +937,12 @@ def hardswish_out(self: Tensor, *, out: Tensor) -> Tensor:
 
 def where(condition: Tensor, self: Tensor, other: Tensor) -> Tensor:
     """where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
+
+    Return a tensor of elements selected from either input or other, depending on condition.
+    """
+
+def where_out(condition: Tensor, self: Tensor, other: Tensor, *, out: Tensor) -> Tensor:
+    """where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 
     Return a tensor of elements selected from either input or other, depending on condition.
     """
@@ -1043,8 +1079,20 @@ def max_dim(self: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tens
     (values, indices) of the max along dim.
     """
 
+def max_dim_out(self: Tensor, dim: int, keepdim: bool = False, *, max: Tensor, max_values: Tensor) -> tuple[Tensor, Tensor]:
+    """max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)
+
+    (values, indices) of the max along dim.
+    """
+
 def min_dim(self: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
     """min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+
+    (values, indices) of the min along dim.
+    """
+
+def min_dim_out(self: Tensor, dim: int, keepdim: bool = False, *, min: Tensor, min_indices: Tensor) -> tuple[Tensor, Tensor]:
+    """min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) min_indices) -> (Tensor(a!) values, Tensor(b!) indices)
 
     (values, indices) of the min along dim.
     """
@@ -1055,8 +1103,20 @@ def prod(self: Tensor, dim: int, keepdim: bool = False, *, dtype: torch.dtype | 
     Product along dim.
     """
 
+def prod_out(self: Tensor, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None, out: Tensor) -> Tensor:
+    """prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+
+    Product along dim.
+    """
+
 def var(self: Tensor, dim: Sequence[int] | int | None = None, *, correction: complex | float | bool | Tensor | None = None, keepdim: bool = False) -> Tensor:
     """var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
+
+    Calculates the variance over the dimensions specified by dim.
+    """
+
+def var_out(self: Tensor, dim: Sequence[int] | int | None = None, *, correction: complex | float | bool | Tensor | None = None, keepdim: bool = False, out: Tensor) -> Tensor:
+    """var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)
 
     Calculates the variance over the dimensions specified by dim.
     """
@@ -1075,6 +1135,12 @@ def cumsum_out(self: Tensor, dim: int, *, dtype: torch.dtype | None = None, out:
 
 def any(self: Tensor, dim: int, keepdim: bool = False) -> Tensor:
     """any.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
+
+    Tests if any element in input evaluates to True.
+    """
+
+def any_out(self: Tensor, dim: int, keepdim: bool = False, *, out: Tensor) -> Tensor:
+    """any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 
     Tests if any element in input evaluates to True.
     """
@@ -1259,6 +1325,12 @@ def clone(self: Tensor, *, memory_format: torch.memory_format | None = None) -> 
     Returns a copy of input.
     """
 
+def clone_out(self: Tensor, *, memory_format: torch.memory_format | None = None, out: Tensor) -> Tensor:
+    """clone.out(Tensor self, *, MemoryFormat? memory_format=None, Tensor(a!) out) -> Tensor(a!)
+
+    Returns a copy of input.
+    """
+
 def contiguous(self: Tensor, *, memory_format: torch.memory_format = ...) -> Tensor:
     """contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)
 
@@ -1349,6 +1421,12 @@ def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Te
     Layer norm over the trailing dims; returns (out, mean, rstd).
     """
 
+def native_layer_norm_out(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """native_layer_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+
+    Layer norm over the trailing dims; returns (out, mean, rstd).
+    """
+
 def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-05, cudnn_enable: bool = True) -> Tensor:
     """layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor
 
@@ -1361,14 +1439,32 @@ def _native_batch_norm_legit_no_training(input: Tensor, weight: Tensor | None, b
     Eval-mode batch norm with running stats; returns (out, save_mean, save_invstd).
     """
 
+def _native_batch_norm_legit_no_training_out(input: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor, running_var: Tensor, momentum: float, eps: float, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """_native_batch_norm_legit_no_training.out(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+
+    Eval-mode batch norm with running stats; returns (out, save_mean, save_invstd).
+    """
+
 def native_group_norm(input: Tensor, weight: Tensor | None, bias: Tensor | None, N: int, C: int, HxW: int, group: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
 
     Group norm; returns (out, mean, rstd).
     """
 
+def native_group_norm_out(input: Tensor, weight: Tensor | None, bias: Tensor | None, N: int, C: int, HxW: int, group: int, eps: float, *, out0: Tensor, out1: Tensor, out2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """native_group_norm.out(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+
+    Group norm; returns (out, mean, rstd).
+    """
+
 def max_pool2d_with_indices(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0], dilation: Sequence[int] | int = [1, 1], ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
     """max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+
+    2-D max pooling; returns (values, indices).
+    """
+
+def max_pool2d_with_indices_out(self: Tensor, kernel_size: Sequence[int] | int, stride: Sequence[int] | int = [], padding: Sequence[int] | int = [0, 0], dilation: Sequence[int] | int = [1, 1], ceil_mode: bool = False, *, out: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 
     2-D max pooling; returns (values, indices).
     """
@@ -1391,6 +1487,12 @@ def _adaptive_avg_pool2d(self: Tensor, output_size: Sequence[int] | int) -> Tens
     2-D adaptive average pooling (ATen core op).
     """
 
+def _adaptive_avg_pool2d_out(self: Tensor, output_size: Sequence[int] | int, *, out: Tensor) -> Tensor:
+    """_adaptive_avg_pool2d.out(Tensor self, SymInt[2] output_size, *, Tensor(a!) out) -> Tensor(a!)
+
+    2-D adaptive average pooling (ATen core op).
+    """
+
 def adaptive_avg_pool2d(self: Tensor, output_size: Sequence[int] | int) -> Tensor:
     """adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
 
@@ -1399,6 +1501,12 @@ def adaptive_avg_pool2d(self: Tensor, output_size: Sequence[int] | int) -> Tenso
 
 def convolution(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Tensor:
     """convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor
+
+    N-d convolution, optionally transposed.
+    """
+
+def convolution_out(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, *, out: Tensor) -> Tensor:
+    """convolution.out(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, *, Tensor(a!) out) -> Tensor(a!)
 
     N-d convolution, optionally transposed.
     """
@@ -1427,6 +1535,12 @@ def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1, scale_grad
     Rows of weight selected by indices.
     """
 
+def embedding_out(weight: Tensor, indices: Tensor, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False, *, out: Tensor) -> Tensor:
+    """embedding.out(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False, *, Tensor(a!) out) -> Tensor(a!)
+
+    Rows of weight selected by indices.
+    """
+
 def index_select(self: Tensor, dim: int, index: Tensor) -> Tensor:
     """index_select(Tensor self, int dim, Tensor index) -> Tensor
 
@@ -1445,6 +1559,12 @@ def index(self: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
     self[indices], advanced indexing with a list of index tensors.
     """
 
+def index_out(self: Tensor, indices: Sequence[Tensor | None], *, out: Tensor) -> Tensor:
+    """index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)
+
+    self[indices], advanced indexing with a list of index tensors.
+    """
+
 def gather(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
     """gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
 
@@ -1459,6 +1579,12 @@ def gather_out(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = Fal
 
 def scatter(self: Tensor, dim: int, index: Tensor, value: complex | float | bool | Tensor) -> Tensor:
     """scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
+
+    Out-of-place version of torch.Tensor.scatter_.
+    """
+
+def scatter_out(self: Tensor, dim: int, index: Tensor, value: complex | float | bool | Tensor, *, out: Tensor) -> Tensor:
+    """scatter.value_out(Tensor self, int dim, Tensor index, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
 
     Out-of-place version of torch.Tensor.scatter_.
     """
@@ -1561,6 +1687,12 @@ def empty_permuted(size: Sequence[int], physical_layout: Sequence[int], *, dtype
 
 def mean_all(self: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
     """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+
+    The mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default).
+    """
+
+def mean_all_out(self: Tensor, *, dtype: torch.dtype | None = None, out: Tensor) -> Tensor:
+    """mean.dtype_out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 
     The mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default).
     """
@@ -2337,5 +2469,29 @@ def triton_add(self: Tensor, other: Tensor, *, alpha: complex | float | bool | T
     """triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 
     Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).
+    """
+
+def mkldnn_linear_pointwise(X: Tensor, W: Tensor, B: Tensor | None, attr: str, scalars: Sequence[float], algorithm: str | None) -> Tensor:
+    """mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
+
+    oneDNN linear X @ W.T + B on a (packed) weight, with a unary post-op attr (none, relu, gelu, ...).
+    """
+
+def mkldnn_linear_pointwise_binary(X: Tensor, other: Tensor, W: Tensor, B: Tensor | None, attr: str) -> Tensor:
+    """mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
+
+    oneDNN linear on a (packed) weight with a binary post-op attr (add, sum, mul, sub) with other.
+    """
+
+def mkldnn_convolution_pointwise(X: Tensor, W: Tensor, B: Tensor | None, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], groups: int, attr: str, scalars: Sequence[float], algorithm: str | None) -> Tensor:
+    """mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+
+    oneDNN convolution on a (packed) weight, with a unary post-op attr (none, relu, gelu, swish, ...).
+    """
+
+def mkldnn_convolution_pointwise_binary(X: Tensor, other: Tensor, W: Tensor, B: Tensor | None, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], groups: int, binary_attr: str, alpha: complex | float | bool | Tensor | None, unary_attr: str | None, unary_scalars: Sequence[float], unary_algorithm: str | None) -> Tensor:
+    """mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+
+    oneDNN convolution on a (packed) weight with a binary post-op (add ...) with other, then an optional unary one.
     """
 

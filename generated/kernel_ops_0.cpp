@@ -43,10 +43,12 @@
 #include <ATen/ops/mean_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/native_group_norm_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/native_group_norm_cpu_dispatch.h>
 #include <ATen/ops/rand_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/randperm_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/reflection_pad3d_cpu_dispatch.h>
+#include <ATen/ops/relu_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/repeat_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/reshape_compositeimplicitautograd_dispatch.h>
@@ -65,6 +67,7 @@
 #include <ATen/ops/upsample_nearest2d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/upsample_nearest2d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/var_compositeimplicitautograd_dispatch.h>
+#include <opgen/kernels.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_adaptive_avg_pool3d_cuda_dispatch.h>
 #include <ATen/ops/_fft_c2r_cuda_dispatch.h>
@@ -102,7 +105,7 @@
 
 namespace {
 
-// ops.yaml:19: sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:20: sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_sub(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -126,7 +129,7 @@ PyObject* kernel_ops_sub(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:21: sub_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:22: sub_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)
 PyObject* kernel_ops_sub_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -152,7 +155,7 @@ PyObject* kernel_ops_sub_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:22: sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:23: sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sub_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_out", {"self", "other", "alpha", "out"}, 2, 0xb);
   OPGEN_TRY
@@ -179,7 +182,7 @@ PyObject* kernel_ops_sub_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:31: mul.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:32: mul.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_mul_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mul_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -196,7 +199,7 @@ PyObject* kernel_ops_mul_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:34: mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:35: mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_mul_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mul_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -214,7 +217,26 @@ PyObject* kernel_ops_mul_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:50: div.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:36: mul.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_mul_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mul_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::mul_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:52: div.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_div_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -231,7 +253,7 @@ PyObject* kernel_ops_div_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:53: div_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:55: div_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -249,7 +271,26 @@ PyObject* kernel_ops_div_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:121: ge.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:56: div.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_div_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("div_scalar_out", {"self", "other", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::div_outf(self, other, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:124: ge.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_ge(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -272,7 +313,7 @@ PyObject* kernel_ops_ge(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:123: ge_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:126: ge_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_ge_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -297,7 +338,7 @@ PyObject* kernel_ops_ge_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:124: ge.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:127: ge.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ge_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -323,7 +364,7 @@ PyObject* kernel_ops_ge_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:139: lt.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:142: lt.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_lt_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lt_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -346,7 +387,7 @@ PyObject* kernel_ops_lt_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:142: lt.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:145: lt.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_lt_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lt_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -372,7 +413,7 @@ PyObject* kernel_ops_lt_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:172: bitwise_not(Tensor self) -> Tensor
+// ops.yaml:175: bitwise_not(Tensor self) -> Tensor
 PyObject* kernel_ops_bitwise_not(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_not", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -394,7 +435,7 @@ PyObject* kernel_ops_bitwise_not(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:174: bitwise_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:177: bitwise_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_not_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_not_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -419,7 +460,7 @@ PyObject* kernel_ops_bitwise_not_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:177: bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:180: bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_and(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -442,7 +483,7 @@ PyObject* kernel_ops_bitwise_and(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:179: bitwise_and.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:182: bitwise_and.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -468,7 +509,7 @@ PyObject* kernel_ops_bitwise_and_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:209: sqrt(Tensor self) -> Tensor
+// ops.yaml:212: sqrt(Tensor self) -> Tensor
 PyObject* kernel_ops_sqrt(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sqrt", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -490,7 +531,7 @@ PyObject* kernel_ops_sqrt(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:211: sqrt_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:214: sqrt_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sqrt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sqrt_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -514,7 +555,7 @@ PyObject* kernel_ops_sqrt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:212: sqrt.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:215: sqrt.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sqrt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sqrt_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -539,7 +580,7 @@ PyObject* kernel_ops_sqrt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:245: erf(Tensor self) -> Tensor
+// ops.yaml:248: erf(Tensor self) -> Tensor
 PyObject* kernel_ops_erf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("erf", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -561,7 +602,7 @@ PyObject* kernel_ops_erf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:247: erf_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:250: erf_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_erf_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("erf_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -585,7 +626,7 @@ PyObject* kernel_ops_erf_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:248: erf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:251: erf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_erf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("erf_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -610,7 +651,7 @@ PyObject* kernel_ops_erf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:269: round(Tensor self) -> Tensor
+// ops.yaml:272: round(Tensor self) -> Tensor
 PyObject* kernel_ops_round(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("round", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -632,7 +673,7 @@ PyObject* kernel_ops_round(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:271: round_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:274: round_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_round_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("round_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -656,7 +697,7 @@ PyObject* kernel_ops_round_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:272: round.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:275: round.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_round_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("round_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -681,7 +722,7 @@ PyObject* kernel_ops_round_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:294: relu(Tensor self) -> Tensor
+// ops.yaml:297: relu(Tensor self) -> Tensor
 PyObject* kernel_ops_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("relu", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -703,7 +744,7 @@ PyObject* kernel_ops_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:296: relu_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:299: relu_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_relu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("relu_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -727,7 +768,25 @@ PyObject* kernel_ops_relu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:333: hardsigmoid(Tensor self) -> Tensor
+// ops.yaml:300: relu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_relu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("relu_out", {"self", "out"}, 1, 0x3);
+  OPGEN_TRY
+  PyObject* slots[2];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 1);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::relu_outf(self, out);
+      return opgen::same(slots[1]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:338: hardsigmoid(Tensor self) -> Tensor
 PyObject* kernel_ops_hardsigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardsigmoid", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -749,7 +808,7 @@ PyObject* kernel_ops_hardsigmoid(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:335: hardsigmoid_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:340: hardsigmoid_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_hardsigmoid_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardsigmoid_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -773,7 +832,7 @@ PyObject* kernel_ops_hardsigmoid_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:336: hardsigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:341: hardsigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_hardsigmoid_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardsigmoid_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -798,7 +857,7 @@ PyObject* kernel_ops_hardsigmoid_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:356: clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor
+// ops.yaml:362: clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor
 PyObject* kernel_ops_clamp_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clamp_tensor", {"self", "min", "max"}, 3, 0x1);
   OPGEN_TRY
@@ -822,7 +881,7 @@ PyObject* kernel_ops_clamp_tensor(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:359: clamp_.Tensor(Tensor(a!) self, Tensor? min=None, Tensor? max=None) -> Tensor(a!)
+// ops.yaml:365: clamp_.Tensor(Tensor(a!) self, Tensor? min=None, Tensor? max=None) -> Tensor(a!)
 PyObject* kernel_ops_clamp_tensor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clamp_tensor_", {"self", "min", "max"}, 3, 0x1);
   OPGEN_TRY
@@ -848,7 +907,7 @@ PyObject* kernel_ops_clamp_tensor_(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:360: clamp.Tensor_out(Tensor self, Tensor? min=None, Tensor? max=None, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:366: clamp.Tensor_out(Tensor self, Tensor? min=None, Tensor? max=None, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_clamp_tensor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clamp_tensor_out", {"self", "min", "max", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -875,7 +934,7 @@ PyObject* kernel_ops_clamp_tensor_out(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:363: masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor
+// ops.yaml:369: masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor
 PyObject* kernel_ops_masked_fill(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_fill", {"self", "mask", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -893,7 +952,7 @@ PyObject* kernel_ops_masked_fill(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:366: masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)
+// ops.yaml:372: masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)
 PyObject* kernel_ops_masked_fill_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_fill_", {"self", "mask", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -919,7 +978,7 @@ PyObject* kernel_ops_masked_fill_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:382: mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:388: mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_mean(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean", {"self", "dim", "keepdim", "dtype"}, 3, 0x3);
   OPGEN_TRY
@@ -944,7 +1003,7 @@ PyObject* kernel_ops_mean(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:385: mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:391: mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mean_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean_out", {"self", "dim", "keepdim", "dtype", "out"}, 3, 0x13);
   OPGEN_TRY
@@ -972,7 +1031,7 @@ PyObject* kernel_ops_mean_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:393: amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
+// ops.yaml:399: amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 PyObject* kernel_ops_amin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("amin", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -996,7 +1055,7 @@ PyObject* kernel_ops_amin(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:395: amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:401: amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_amin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("amin_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1023,7 +1082,7 @@ PyObject* kernel_ops_amin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:433: any.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
+// ops.yaml:443: any.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_any(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any", {"self", "dim", "keepdim"}, 3, 0x3);
   OPGEN_TRY
@@ -1047,7 +1106,34 @@ PyObject* kernel_ops_any(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:468: reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)
+// ops.yaml:446: any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_any_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("any_out", {"self", "dim", "keepdim", "out"}, 3, 0xb);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const bool keepdim = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::any_outf(self, dim, keepdim, out);
+      return opgen::same(slots[3]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::any_outf(self, dim, keepdim, out);
+      return opgen::same(slots[3]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:479: reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)
 PyObject* kernel_ops_reshape(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reshape", {"self", "shape"}, 2, 0x3);
   OPGEN_TRY
@@ -1064,7 +1150,7 @@ PyObject* kernel_ops_reshape(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:485: t(Tensor(a) self) -> Tensor(a)
+// ops.yaml:496: t(Tensor(a) self) -> Tensor(a)
 PyObject* kernel_ops_t(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("t", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1080,7 +1166,7 @@ PyObject* kernel_ops_t(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObj
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:511: select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
+// ops.yaml:522: select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
 PyObject* kernel_ops_select(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select", {"self", "dim", "index"}, 3, 0x7);
   OPGEN_TRY
@@ -1098,7 +1184,7 @@ PyObject* kernel_ops_select(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:520: alias(Tensor(a) self) -> Tensor(a)
+// ops.yaml:531: alias(Tensor(a) self) -> Tensor(a)
 PyObject* kernel_ops_alias(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("alias", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1114,7 +1200,7 @@ PyObject* kernel_ops_alias(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:529: cat(Tensor[] tensors, int dim=0) -> Tensor
+// ops.yaml:540: cat(Tensor[] tensors, int dim=0) -> Tensor
 PyObject* kernel_ops_cat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cat", {"tensors", "dim"}, 2, 0x1);
   OPGEN_TRY
@@ -1137,7 +1223,7 @@ PyObject* kernel_ops_cat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:531: cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:542: cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cat_out", {"tensors", "dim", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1163,7 +1249,7 @@ PyObject* kernel_ops_cat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:552: clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:563: clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_clone(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clone", {"self", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1180,7 +1266,26 @@ PyObject* kernel_ops_clone(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:556: contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)
+// ops.yaml:565: clone.out(Tensor self, *, MemoryFormat? memory_format=None, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_clone_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("clone_out", {"self", "memory_format", "out"}, 1, 0x5);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::MemoryFormat> memory_format = slots[1] ? opgen::convert_optional<at::MemoryFormat>(slots[1], sig, 1) : std::nullopt;
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::clone_outf(self, memory_format, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:568: contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)
 PyObject* kernel_ops_contiguous(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("contiguous", {"self", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1197,7 +1302,7 @@ PyObject* kernel_ops_contiguous(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:560: _to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:572: _to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops__to_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_to_copy", {"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1219,7 +1324,7 @@ PyObject* kernel_ops__to_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:578: mm(Tensor self, Tensor mat2) -> Tensor
+// ops.yaml:590: mm(Tensor self, Tensor mat2) -> Tensor
 PyObject* kernel_ops_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mm", {"self", "mat2"}, 2, 0x3);
   OPGEN_TRY
@@ -1242,7 +1347,7 @@ PyObject* kernel_ops_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:580: mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:592: mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mm_out", {"self", "mat2", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1268,7 +1373,7 @@ PyObject* kernel_ops_mm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:620: native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
+// ops.yaml:634: native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops_native_group_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_group_norm", {"input", "weight", "bias", "N", "C", "HxW", "group", "eps"}, 8, 0xff);
   OPGEN_TRY
@@ -1297,7 +1402,34 @@ PyObject* kernel_ops_native_group_norm(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:643: convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor
+// ops.yaml:636: native_group_norm.out(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+PyObject* kernel_ops_native_group_norm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_group_norm_out", {"input", "weight", "bias", "N", "C", "HxW", "group", "eps", "out0", "out1", "out2"}, 8, 0x7ff);
+  OPGEN_TRY
+  PyObject* slots[11];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[1], sig, 1);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const int64_t N = opgen::convert<int64_t>(slots[3], sig, 3);
+  const int64_t C = opgen::convert<int64_t>(slots[4], sig, 4);
+  const int64_t HxW = opgen::convert<int64_t>(slots[5], sig, 5);
+  const int64_t group = opgen::convert<int64_t>(slots[6], sig, 6);
+  const double eps = opgen::convert<double>(slots[7], sig, 7);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[8], sig, 8);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[9], sig, 9);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[10], sig, 10);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(weight, 1).add(bias, 2).add(out0, 8).add(out1, 9).add(out2, 10);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::native_group_norm_outf(input, weight, bias, N, C, HxW, group, eps, out0, out1, out2);
+      return opgen::same_tuple({slots[8], slots[9], slots[10]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:660: convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor
 PyObject* kernel_ops_convolution(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("convolution", {"input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups"}, 9, 0x1ff);
   OPGEN_TRY
@@ -1321,7 +1453,33 @@ PyObject* kernel_ops_convolution(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:659: cudnn_convolution_add_relu(Tensor self, Tensor weight, Tensor z, Scalar? alpha, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
+// ops.yaml:662: convolution.out(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_convolution_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("convolution_out", {"input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups", "out"}, 9, 0x3ff);
+  OPGEN_TRY
+  PyObject* slots[10];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& weight = opgen::tensor(slots[1], sig, 1);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const std::vector<int64_t> stride = opgen::int_list(slots[3], sig, 3, 0);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 0);
+  const bool transposed = opgen::convert<bool>(slots[6], sig, 6);
+  const std::vector<int64_t> output_padding = opgen::int_list(slots[7], sig, 7, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[8], sig, 8);
+  at::Tensor& out = opgen::mutable_tensor(slots[9], sig, 9);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(weight, 1).add(bias, 2).add(out, 9);
+  switch (devices.type()) {
+    default:
+      opgen::without_gil([&] { return at::compositeexplicitautograd::convolution_outf(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, out); });
+      return opgen::same(slots[9]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:677: cudnn_convolution_add_relu(Tensor self, Tensor weight, Tensor z, Scalar? alpha, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
 PyObject* kernel_ops_cudnn_convolution_add_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cudnn_convolution_add_relu", {"self", "weight", "z", "alpha", "bias", "stride", "padding", "dilation", "groups"}, 9, 0x1ff);
   OPGEN_TRY
@@ -1349,7 +1507,7 @@ PyObject* kernel_ops_cudnn_convolution_add_relu(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:682: scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
+// ops.yaml:702: scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
 PyObject* kernel_ops_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter", {"self", "dim", "index", "value"}, 4, 0xf);
   OPGEN_TRY
@@ -1374,7 +1532,35 @@ PyObject* kernel_ops_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:700: full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:705: scatter.value_out(Tensor self, int dim, Tensor index, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("scatter_out", {"self", "dim", "index", "value", "out"}, 4, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const at::Tensor& index = opgen::tensor(slots[2], sig, 2);
+  const at::Scalar value = opgen::convert<at::Scalar>(slots[3], sig, 3);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(index, 2).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::scatter_outf(self, dim, index, value, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::scatter_outf(self, dim, index, value, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:721: full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_full(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("full", {"size", "fill_value", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -1395,7 +1581,7 @@ PyObject* kernel_ops_full(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:704: empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:725: empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_empty(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty", {"size", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1422,7 +1608,7 @@ PyObject* kernel_ops_empty(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:709: arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:730: arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_arange(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("arange", {"start", "end", "step", "dtype", "layout", "device", "pin_memory"}, 3, 0x3);
   OPGEN_TRY
@@ -1444,7 +1630,7 @@ PyObject* kernel_ops_arange(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:734: tril(Tensor self, SymInt diagonal=0) -> Tensor
+// ops.yaml:755: tril(Tensor self, SymInt diagonal=0) -> Tensor
 PyObject* kernel_ops_tril(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tril", {"self", "diagonal"}, 2, 0x1);
   OPGEN_TRY
@@ -1467,7 +1653,7 @@ PyObject* kernel_ops_tril(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:736: tril.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:757: tril.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tril_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tril_out", {"self", "diagonal", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1493,7 +1679,7 @@ PyObject* kernel_ops_tril_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:739: triu(Tensor self, SymInt diagonal=0) -> Tensor
+// ops.yaml:760: triu(Tensor self, SymInt diagonal=0) -> Tensor
 PyObject* kernel_ops_triu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triu", {"self", "diagonal"}, 2, 0x1);
   OPGEN_TRY
@@ -1516,7 +1702,7 @@ PyObject* kernel_ops_triu(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:741: triu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:762: triu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triu_out", {"self", "diagonal", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1542,7 +1728,7 @@ PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:754: repeat(Tensor self, SymInt[] repeats) -> Tensor
+// ops.yaml:776: repeat(Tensor self, SymInt[] repeats) -> Tensor
 PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat", {"self", "repeats"}, 2, 0x3);
   OPGEN_TRY
@@ -1559,7 +1745,7 @@ PyObject* kernel_ops_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:756: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:778: repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("repeat_out", {"self", "repeats", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1578,7 +1764,7 @@ PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:768: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
+// ops.yaml:790: _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor
 PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool3d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -1601,7 +1787,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:770: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:792: _adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool3d_out", {"self", "output_size", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1620,7 +1806,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:780: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
+// ops.yaml:802: _fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
 PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_c2r", {"self", "dim", "normalization", "last_dim_size"}, 4, 0xf);
   OPGEN_TRY
@@ -1646,7 +1832,7 @@ PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:782: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:804: _fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_c2r_out", {"self", "dim", "normalization", "last_dim_size", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1675,7 +1861,7 @@ PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:809: any(Tensor self) -> Tensor
+// ops.yaml:831: any(Tensor self) -> Tensor
 PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1697,7 +1883,7 @@ PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:812: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:834: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1722,7 +1908,7 @@ PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:814: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
+// ops.yaml:836: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1746,7 +1932,7 @@ PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:816: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:838: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1773,7 +1959,7 @@ PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:866: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:888: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1790,7 +1976,7 @@ PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:868: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:890: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1808,7 +1994,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:869: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:891: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1827,7 +2013,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:880: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+// ops.yaml:902: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
 PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd", {"self", "pad", "value"}, 3, 0x3);
   OPGEN_TRY
@@ -1845,7 +2031,7 @@ PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:882: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:904: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd_out", {"self", "pad", "value", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1865,7 +2051,7 @@ PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:901: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:923: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_strided", {"size", "stride", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -1892,7 +2078,7 @@ PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:922: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:944: ge.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1915,7 +2101,7 @@ PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:924: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:946: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1940,7 +2126,7 @@ PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:925: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:947: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1966,7 +2152,7 @@ PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:936: isinf(Tensor self) -> Tensor
+// ops.yaml:958: isinf(Tensor self) -> Tensor
 PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1982,7 +2168,7 @@ PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:938: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:960: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2000,7 +2186,7 @@ PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:940: isnan(Tensor self) -> Tensor
+// ops.yaml:962: isnan(Tensor self) -> Tensor
 PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2022,7 +2208,7 @@ PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:942: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:964: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2040,7 +2226,7 @@ PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:959: logical_xor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:981: logical_xor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2057,7 +2243,7 @@ PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:961: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:983: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2075,7 +2261,7 @@ PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:962: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:984: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2101,7 +2287,7 @@ PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:991: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1013: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rand", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2121,7 +2307,7 @@ PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:997: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1019: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randperm", {"n", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2141,7 +2327,7 @@ PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1008: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1030: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2164,7 +2350,7 @@ PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1010: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1032: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2190,7 +2376,7 @@ PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1035: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1057: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2217,7 +2403,7 @@ PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1037: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1059: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2246,7 +2432,7 @@ PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1038: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1060: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_out", {"self", "dim", "index", "src", "reduce", "include_self", "out"}, 5, 0x5f);
   OPGEN_TRY
@@ -2276,7 +2462,7 @@ PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1049: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+// ops.yaml:1071: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
 PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter", {"self", "src", "dim", "start", "end", "step"}, 6, 0x3);
   OPGEN_TRY
@@ -2297,7 +2483,7 @@ PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1051: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1073: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter_out", {"self", "src", "dim", "start", "end", "step", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2320,7 +2506,7 @@ PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1067: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1089: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk", {"self", "k", "dim", "largest", "sorted"}, 5, 0x3);
   OPGEN_TRY
@@ -2346,7 +2532,7 @@ PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1069: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1091: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk_out", {"self", "k", "dim", "largest", "sorted", "values", "indices"}, 5, 0x63);
   OPGEN_TRY
@@ -2376,7 +2562,7 @@ PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1080: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+// ops.yaml:1102: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec", {"input", "output_size", "scale_factors"}, 3, 0x7);
   OPGEN_TRY
@@ -2394,7 +2580,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1082: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1104: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec_out", {"input", "output_size", "scale_factors", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2414,7 +2600,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1084: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+// ops.yaml:1106: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim", {"self", "dim", "unbiased", "keepdim"}, 4, 0x3);
   OPGEN_TRY
@@ -2433,7 +2619,7 @@ PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1086: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1108: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim_out", {"self", "dim", "unbiased", "keepdim", "out"}, 4, 0x13);
   OPGEN_TRY
@@ -2454,7 +2640,7 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1092: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+// ops.yaml:1114: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
 PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"}, 6, 0x3);
   OPGEN_TRY
@@ -2475,7 +2661,7 @@ PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1094: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1116: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2498,7 +2684,7 @@ PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1107: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1129: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
   OPGEN_TRY
@@ -2522,7 +2708,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1117: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1139: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2547,7 +2733,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1119: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1141: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2574,7 +2760,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1120: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1142: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -2602,6 +2788,51 @@ PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:1163: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
+PyObject* kernel_ops_mkldnn_linear_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mkldnn_linear_pointwise", {"X", "W", "B", "attr", "scalars", "algorithm"}, 6, 0x3f);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& X = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& W = opgen::tensor(slots[1], sig, 1);
+  const std::optional<at::Tensor> B = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const std::string attr = opgen::convert<std::string>(slots[3], sig, 3);
+  const std::vector<double> scalars = opgen::convert<std::vector<double>>(slots[4], sig, 4);
+  const std::optional<std::string> algorithm = opgen::convert_optional<std::string>(slots[5], sig, 5);
+  opgen::Devices devices(sig);
+  devices.add(X, 0).add_opaque(W, 1).add(B, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkldnn_linear_pointwise(X, W, B, attr, scalars, opgen::opt_view(algorithm)); }));
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1169: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
+PyObject* kernel_ops_mkldnn_linear_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mkldnn_linear_pointwise_binary", {"X", "other", "W", "B", "attr"}, 5, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& X = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& W = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Tensor> B = opgen::convert_optional<at::Tensor>(slots[3], sig, 3);
+  const std::string attr = opgen::convert<std::string>(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(X, 0).add(other, 1).add_opaque(W, 2).add(B, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkldnn_linear_pointwise_binary(X, other, W, B, attr); }));
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_0[] = {
@@ -2610,8 +2841,10 @@ PyMethodDef opgen_methods_0[] = {
 {"sub_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sub_out)), METH_FASTCALL | METH_KEYWORDS, "sub_out($module, self, other, *, alpha=1, out)\n--\n\nsub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)\n\nSubtracts other, scaled by alpha, from input."},
 {"mul_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mul_scalar)), METH_FASTCALL | METH_KEYWORDS, "mul_scalar($module, self, other)\n--\n\nmul.Scalar(Tensor self, Scalar other) -> Tensor\n\nMultiplies input by other."},
 {"mul_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mul_scalar_)), METH_FASTCALL | METH_KEYWORDS, "mul_scalar_($module, self, other)\n--\n\nmul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)\n\nMultiplies input by other."},
+{"mul_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mul_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "mul_scalar_out($module, self, other, *, out)\n--\n\nmul.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)\n\nMultiplies input by other."},
 {"div_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar)), METH_FASTCALL | METH_KEYWORDS, "div_scalar($module, self, other)\n--\n\ndiv.Scalar(Tensor self, Scalar other) -> Tensor\n\nDivides each element of the input input by the corresponding element of other."},
 {"div_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_($module, self, other)\n--\n\ndiv_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)\n\nDivides each element of the input input by the corresponding element of other."},
+{"div_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_out($module, self, other, *, out)\n--\n\ndiv.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)\n\nDivides each element of the input input by the corresponding element of other."},
 {"ge", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge)), METH_FASTCALL | METH_KEYWORDS, "ge($module, self, other)\n--\n\nge.Tensor(Tensor self, Tensor other) -> Tensor\n\nself >= other, element-wise."},
 {"ge_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_)), METH_FASTCALL | METH_KEYWORDS, "ge_($module, self, other)\n--\n\nge_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)\n\nself >= other, element-wise."},
 {"ge_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ge_out)), METH_FASTCALL | METH_KEYWORDS, "ge_out($module, self, other, *, out)\n--\n\nge.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)\n\nself >= other, element-wise."},
@@ -2632,6 +2865,7 @@ PyMethodDef opgen_methods_0[] = {
 {"round_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_round_out)), METH_FASTCALL | METH_KEYWORDS, "round_out($module, self, *, out)\n--\n\nround.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nRounds elements of input to the nearest integer."},
 {"relu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_relu)), METH_FASTCALL | METH_KEYWORDS, "relu($module, self)\n--\n\nrelu(Tensor self) -> Tensor\n\nmax(self, 0), element-wise."},
 {"relu_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_relu_)), METH_FASTCALL | METH_KEYWORDS, "relu_($module, self)\n--\n\nrelu_(Tensor(a!) self) -> Tensor(a!)\n\nmax(self, 0), element-wise."},
+{"relu_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_relu_out)), METH_FASTCALL | METH_KEYWORDS, "relu_out($module, self, *, out)\n--\n\nrelu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nmax(self, 0), element-wise."},
 {"hardsigmoid", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_hardsigmoid)), METH_FASTCALL | METH_KEYWORDS, "hardsigmoid($module, self)\n--\n\nhardsigmoid(Tensor self) -> Tensor\n\nApply the Hardsigmoid function element-wise."},
 {"hardsigmoid_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_hardsigmoid_)), METH_FASTCALL | METH_KEYWORDS, "hardsigmoid_($module, self)\n--\n\nhardsigmoid_(Tensor(a!) self) -> Tensor(a!)\n\nApply the Hardsigmoid function element-wise."},
 {"hardsigmoid_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_hardsigmoid_out)), METH_FASTCALL | METH_KEYWORDS, "hardsigmoid_out($module, self, *, out)\n--\n\nhardsigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nApply the Hardsigmoid function element-wise."},
@@ -2645,6 +2879,7 @@ PyMethodDef opgen_methods_0[] = {
 {"amin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_amin)), METH_FASTCALL | METH_KEYWORDS, "amin($module, self, dim=[], keepdim=False)\n--\n\namin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor\n\nReturns the minimum value of each slice of the input tensor in the given dimension(s) dim."},
 {"amin_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_amin_out)), METH_FASTCALL | METH_KEYWORDS, "amin_out($module, self, dim=[], keepdim=False, *, out)\n--\n\namin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)\n\nReturns the minimum value of each slice of the input tensor in the given dimension(s) dim."},
 {"any", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any)), METH_FASTCALL | METH_KEYWORDS, "any($module, self, dim, keepdim=False)\n--\n\nany.dim(Tensor self, int dim, bool keepdim=False) -> Tensor\n\nTests if any element in input evaluates to True."},
+{"any_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_any_out)), METH_FASTCALL | METH_KEYWORDS, "any_out($module, self, dim, keepdim=False, *, out)\n--\n\nany.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)\n\nTests if any element in input evaluates to True."},
 {"reshape", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_reshape)), METH_FASTCALL | METH_KEYWORDS, "reshape($module, self, shape)\n--\n\nreshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)\n\nSame data with a new shape (a view when possible)."},
 {"t", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_t)), METH_FASTCALL | METH_KEYWORDS, "t($module, self)\n--\n\nt(Tensor(a) self) -> Tensor(a)\n\nExpects input to be <= 2-D tensor and transposes dimensions 0 and 1."},
 {"select", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_select)), METH_FASTCALL | METH_KEYWORDS, "select($module, self, dim, index)\n--\n\nselect.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)\n\nSlices the input tensor along the selected dimension at the given index."},
@@ -2652,14 +2887,18 @@ PyMethodDef opgen_methods_0[] = {
 {"cat", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cat)), METH_FASTCALL | METH_KEYWORDS, "cat($module, tensors, dim=0)\n--\n\ncat(Tensor[] tensors, int dim=0) -> Tensor\n\nConcatenates the given sequence of tensors in tensors in the given dimension."},
 {"cat_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cat_out)), METH_FASTCALL | METH_KEYWORDS, "cat_out($module, tensors, dim=0, *, out)\n--\n\ncat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)\n\nConcatenates the given sequence of tensors in tensors in the given dimension."},
 {"clone", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_clone)), METH_FASTCALL | METH_KEYWORDS, "clone($module, self, *, memory_format=None)\n--\n\nclone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a copy of input."},
+{"clone_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_clone_out)), METH_FASTCALL | METH_KEYWORDS, "clone_out($module, self, *, memory_format=None, out)\n--\n\nclone.out(Tensor self, *, MemoryFormat? memory_format=None, Tensor(a!) out) -> Tensor(a!)\n\nReturns a copy of input."},
 {"contiguous", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_contiguous)), METH_FASTCALL | METH_KEYWORDS, "contiguous($module, self, *, memory_format=...)\n--\n\ncontiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)\n\nReturns a contiguous in memory tensor containing the same data as self tensor."},
 {"_to_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__to_copy)), METH_FASTCALL | METH_KEYWORDS, "_to_copy($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None)\n--\n\n_to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor\n\nCopy to another dtype, layout, device or memory format."},
 {"mm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mm)), METH_FASTCALL | METH_KEYWORDS, "mm($module, self, mat2)\n--\n\nmm(Tensor self, Tensor mat2) -> Tensor\n\nPerforms a matrix multiplication of the matrices input and mat2."},
 {"mm_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mm_out)), METH_FASTCALL | METH_KEYWORDS, "mm_out($module, self, mat2, *, out)\n--\n\nmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)\n\nPerforms a matrix multiplication of the matrices input and mat2."},
 {"native_group_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm($module, input, weight, bias, N, C, HxW, group, eps)\n--\n\nnative_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)\n\nGroup norm; returns (out, mean, rstd)."},
+{"native_group_norm_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_group_norm_out)), METH_FASTCALL | METH_KEYWORDS, "native_group_norm_out($module, input, weight, bias, N, C, HxW, group, eps, *, out0, out1, out2)\n--\n\nnative_group_norm.out(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))\n\nGroup norm; returns (out, mean, rstd)."},
 {"convolution", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution)), METH_FASTCALL | METH_KEYWORDS, "convolution($module, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)\n--\n\nconvolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor\n\nN-d convolution, optionally transposed."},
+{"convolution_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_convolution_out)), METH_FASTCALL | METH_KEYWORDS, "convolution_out($module, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, out)\n--\n\nconvolution.out(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, *, Tensor(a!) out) -> Tensor(a!)\n\nN-d convolution, optionally transposed."},
 {"cudnn_convolution_add_relu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cudnn_convolution_add_relu)), METH_FASTCALL | METH_KEYWORDS, "cudnn_convolution_add_relu($module, self, weight, z, alpha, bias, stride, padding, dilation, groups)\n--\n\ncudnn_convolution_add_relu(Tensor self, Tensor weight, Tensor z, Scalar? alpha, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor\n\nrelu(conv2d(self, weight, bias) + alpha * z) in one cuDNN kernel."},
 {"scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter)), METH_FASTCALL | METH_KEYWORDS, "scatter($module, self, dim, index, value)\n--\n\nscatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor\n\nOut-of-place version of torch.Tensor.scatter_."},
+{"scatter_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scatter_out)), METH_FASTCALL | METH_KEYWORDS, "scatter_out($module, self, dim, index, value, *, out)\n--\n\nscatter.value_out(Tensor self, int dim, Tensor index, Scalar value, *, Tensor(a!) out) -> Tensor(a!)\n\nOut-of-place version of torch.Tensor.scatter_."},
 {"full", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_full)), METH_FASTCALL | METH_KEYWORDS, "full($module, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nfull(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nCreates a tensor of size size filled with fill_value."},
 {"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty)), METH_FASTCALL | METH_KEYWORDS, "empty($module, size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nAn uninitialised tensor of the given size."},
 {"arange", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_arange)), METH_FASTCALL | METH_KEYWORDS, "arange($module, start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\narange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nValues from start to end (exclusive) in steps of step."},
@@ -2714,5 +2953,7 @@ PyMethodDef opgen_methods_0[] = {
 {"addcmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul)), METH_FASTCALL | METH_KEYWORDS, "addcmul($module, self, tensor1, tensor2, *, value=1)\n--\n\naddcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor\n\nself + value * tensor1 * tensor2, element-wise."},
 {"addcmul_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul_)), METH_FASTCALL | METH_KEYWORDS, "addcmul_($module, self, tensor1, tensor2, *, value=1)\n--\n\naddcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)\n\nself + value * tensor1 * tensor2, element-wise."},
 {"addcmul_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addcmul_out)), METH_FASTCALL | METH_KEYWORDS, "addcmul_out($module, self, tensor1, tensor2, *, value=1, out)\n--\n\naddcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)\n\nself + value * tensor1 * tensor2, element-wise."},
+{"mkldnn_linear_pointwise", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mkldnn_linear_pointwise)), METH_FASTCALL | METH_KEYWORDS, "mkldnn_linear_pointwise($module, X, W, B, attr, scalars, algorithm)\n--\n\nmkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor\n\noneDNN linear X @ W.T + B on a (packed) weight, with a unary post-op attr (none, relu, gelu, ...)."},
+{"mkldnn_linear_pointwise_binary", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mkldnn_linear_pointwise_binary)), METH_FASTCALL | METH_KEYWORDS, "mkldnn_linear_pointwise_binary($module, X, other, W, B, attr)\n--\n\nmkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor\n\noneDNN linear on a (packed) weight with a binary post-op attr (add, sum, mul, sub) with other."},
 {nullptr, nullptr, 0, nullptr},
 };

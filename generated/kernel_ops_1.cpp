@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include <ATen/ops/_adaptive_avg_pool2d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_adaptive_avg_pool2d_cpu_dispatch.h>
 #include <ATen/ops/_embedding_bag_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_embedding_bag_cpu_dispatch.h>
@@ -148,7 +149,27 @@ PyObject* kernel_ops_add_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:25: mul.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:17: add.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_add_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("add_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar other = opgen::convert<at::Scalar>(slots[1], sig, 1);
+  const at::Scalar alpha = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::add_outf(self, other, alpha, out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:26: mul.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_mul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mul", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -171,7 +192,7 @@ PyObject* kernel_ops_mul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:27: mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:28: mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_mul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mul_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -196,7 +217,7 @@ PyObject* kernel_ops_mul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:28: mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:29: mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mul_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -222,7 +243,7 @@ PyObject* kernel_ops_mul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:37: div.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:39: div.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_div(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -245,7 +266,7 @@ PyObject* kernel_ops_div(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:39: div_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:41: div_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_div_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -270,7 +291,7 @@ PyObject* kernel_ops_div_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:40: div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:42: div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_div_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -296,7 +317,7 @@ PyObject* kernel_ops_div_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:62: pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor
+// ops.yaml:65: pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor
 PyObject* kernel_ops_pow(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -319,7 +340,7 @@ PyObject* kernel_ops_pow(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:65: pow_.Tensor(Tensor(a!) self, Tensor exponent) -> Tensor(a!)
+// ops.yaml:68: pow_.Tensor(Tensor(a!) self, Tensor exponent) -> Tensor(a!)
 PyObject* kernel_ops_pow_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -344,7 +365,7 @@ PyObject* kernel_ops_pow_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:66: pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:69: pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -370,7 +391,7 @@ PyObject* kernel_ops_pow_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:81: minimum(Tensor self, Tensor other) -> Tensor
+// ops.yaml:84: minimum(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_minimum(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("minimum", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -393,7 +414,7 @@ PyObject* kernel_ops_minimum(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:83: minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:86: minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_minimum_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("minimum_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -419,7 +440,7 @@ PyObject* kernel_ops_minimum_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:86: rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:89: rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_rsub(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rsub", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -443,7 +464,7 @@ PyObject* kernel_ops_rsub(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:97: ne.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:100: ne.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_ne(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ne", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -466,7 +487,7 @@ PyObject* kernel_ops_ne(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:99: ne_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:102: ne_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_ne_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ne_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -491,7 +512,7 @@ PyObject* kernel_ops_ne_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:100: ne.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:103: ne.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ne_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ne_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -517,7 +538,7 @@ PyObject* kernel_ops_ne_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:103: lt.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:106: lt.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_lt(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lt", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -540,7 +561,7 @@ PyObject* kernel_ops_lt(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:105: lt_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:108: lt_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_lt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lt_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -565,7 +586,7 @@ PyObject* kernel_ops_lt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:106: lt.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:109: lt.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_lt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lt_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -591,7 +612,7 @@ PyObject* kernel_ops_lt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:145: gt.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:148: gt.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_gt_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gt_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -614,7 +635,7 @@ PyObject* kernel_ops_gt_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:148: gt.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:151: gt.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_gt_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gt_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -640,7 +661,7 @@ PyObject* kernel_ops_gt_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:183: neg(Tensor self) -> Tensor
+// ops.yaml:186: neg(Tensor self) -> Tensor
 PyObject* kernel_ops_neg(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("neg", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -662,7 +683,7 @@ PyObject* kernel_ops_neg(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:185: neg_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:188: neg_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_neg_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("neg_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -686,7 +707,7 @@ PyObject* kernel_ops_neg_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:186: neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:189: neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_neg_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("neg_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -711,7 +732,7 @@ PyObject* kernel_ops_neg_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:203: log(Tensor self) -> Tensor
+// ops.yaml:206: log(Tensor self) -> Tensor
 PyObject* kernel_ops_log(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -733,7 +754,7 @@ PyObject* kernel_ops_log(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:205: log_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:208: log_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -757,7 +778,7 @@ PyObject* kernel_ops_log_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:206: log.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:209: log.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -782,7 +803,7 @@ PyObject* kernel_ops_log_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:227: cos(Tensor self) -> Tensor
+// ops.yaml:230: cos(Tensor self) -> Tensor
 PyObject* kernel_ops_cos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cos", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -804,7 +825,7 @@ PyObject* kernel_ops_cos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:229: cos_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:232: cos_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_cos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cos_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -828,7 +849,7 @@ PyObject* kernel_ops_cos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:230: cos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:233: cos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cos_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -853,7 +874,7 @@ PyObject* kernel_ops_cos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:251: reciprocal(Tensor self) -> Tensor
+// ops.yaml:254: reciprocal(Tensor self) -> Tensor
 PyObject* kernel_ops_reciprocal(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reciprocal", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -875,7 +896,7 @@ PyObject* kernel_ops_reciprocal(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:253: reciprocal_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:256: reciprocal_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_reciprocal_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reciprocal_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -899,7 +920,7 @@ PyObject* kernel_ops_reciprocal_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:254: reciprocal.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:257: reciprocal.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reciprocal_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reciprocal_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -924,7 +945,7 @@ PyObject* kernel_ops_reciprocal_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:299: gelu(Tensor self, *, str approximate='none') -> Tensor
+// ops.yaml:303: gelu(Tensor self, *, str approximate='none') -> Tensor
 PyObject* kernel_ops_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gelu", {"self", "approximate"}, 1, 0x1);
   OPGEN_TRY
@@ -947,7 +968,7 @@ PyObject* kernel_ops_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:301: gelu_(Tensor(a!) self, *, str approximate='none') -> Tensor(a!)
+// ops.yaml:305: gelu_(Tensor(a!) self, *, str approximate='none') -> Tensor(a!)
 PyObject* kernel_ops_gelu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gelu_", {"self", "approximate"}, 1, 0x1);
   OPGEN_TRY
@@ -972,7 +993,7 @@ PyObject* kernel_ops_gelu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:302: gelu.out(Tensor self, *, str approximate='none', Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:306: gelu.out(Tensor self, *, str approximate='none', Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_gelu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gelu_out", {"self", "approximate", "out"}, 1, 0x5);
   OPGEN_TRY
@@ -998,7 +1019,7 @@ PyObject* kernel_ops_gelu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:305: silu(Tensor self) -> Tensor
+// ops.yaml:309: silu(Tensor self) -> Tensor
 PyObject* kernel_ops_silu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("silu", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1020,7 +1041,7 @@ PyObject* kernel_ops_silu(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:307: silu_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:311: silu_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_silu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("silu_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1044,7 +1065,7 @@ PyObject* kernel_ops_silu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:308: silu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:312: silu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_silu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("silu_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1069,7 +1090,7 @@ PyObject* kernel_ops_silu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:322: elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
+// ops.yaml:327: elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
 PyObject* kernel_ops_elu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("elu", {"self", "alpha", "scale", "input_scale"}, 4, 0x1);
   OPGEN_TRY
@@ -1094,7 +1115,7 @@ PyObject* kernel_ops_elu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:324: elu_(Tensor(a!) self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor(a!)
+// ops.yaml:329: elu_(Tensor(a!) self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor(a!)
 PyObject* kernel_ops_elu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("elu_", {"self", "alpha", "scale", "input_scale"}, 4, 0x1);
   OPGEN_TRY
@@ -1121,7 +1142,7 @@ PyObject* kernel_ops_elu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:325: elu.out(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:330: elu.out(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_elu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("elu_out", {"self", "alpha", "scale", "input_scale", "out"}, 4, 0x11);
   OPGEN_TRY
@@ -1149,7 +1170,7 @@ PyObject* kernel_ops_elu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:372: sum(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:378: sum(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_sum(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sum", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -1166,7 +1187,7 @@ PyObject* kernel_ops_sum(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:376: sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:382: sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_sum_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sum_dim", {"self", "dim", "keepdim", "dtype"}, 3, 0x3);
   OPGEN_TRY
@@ -1191,7 +1212,7 @@ PyObject* kernel_ops_sum_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:379: sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:385: sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sum_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sum_dim_out", {"self", "dim", "keepdim", "dtype", "out"}, 3, 0x13);
   OPGEN_TRY
@@ -1219,7 +1240,7 @@ PyObject* kernel_ops_sum_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:388: amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
+// ops.yaml:394: amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 PyObject* kernel_ops_amax(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("amax", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1243,7 +1264,7 @@ PyObject* kernel_ops_amax(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:390: amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:396: amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_amax_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("amax_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1270,7 +1291,7 @@ PyObject* kernel_ops_amax_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:408: max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+// ops.yaml:414: max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_max_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_dim", {"self", "dim", "keepdim"}, 3, 0x3);
   OPGEN_TRY
@@ -1294,7 +1315,35 @@ PyObject* kernel_ops_max_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:428: cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:417: max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)
+PyObject* kernel_ops_max_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("max_dim_out", {"self", "dim", "keepdim", "max", "max_values"}, 3, 0x1b);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const bool keepdim = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  at::Tensor& max = opgen::mutable_tensor(slots[3], sig, 3);
+  at::Tensor& max_values = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(max, 3).add(max_values, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::max_outf(self, dim, keepdim, max, max_values);
+      return opgen::same_tuple({slots[3], slots[4]});
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::max_outf(self, dim, keepdim, max, max_values);
+      return opgen::same_tuple({slots[3], slots[4]});
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:438: cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_cumsum(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cumsum", {"self", "dim", "dtype"}, 2, 0x3);
   OPGEN_TRY
@@ -1318,7 +1367,7 @@ PyObject* kernel_ops_cumsum(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:430: cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:440: cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cumsum_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cumsum_out", {"self", "dim", "dtype", "out"}, 2, 0xb);
   OPGEN_TRY
@@ -1345,7 +1394,7 @@ PyObject* kernel_ops_cumsum_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:438: all.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
+// ops.yaml:449: all.dim(Tensor self, int dim, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("all", {"self", "dim", "keepdim"}, 3, 0x3);
   OPGEN_TRY
@@ -1369,7 +1418,7 @@ PyObject* kernel_ops_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:458: log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor
+// ops.yaml:469: log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_log_softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log_softmax", {"self", "dim", "dtype"}, 3, 0x3);
   OPGEN_TRY
@@ -1387,7 +1436,7 @@ PyObject* kernel_ops_log_softmax(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:480: transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
+// ops.yaml:491: transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
 PyObject* kernel_ops_transpose(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("transpose", {"self", "dim0", "dim1"}, 3, 0x7);
   OPGEN_TRY
@@ -1405,7 +1454,7 @@ PyObject* kernel_ops_transpose(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:498: squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a)
+// ops.yaml:509: squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a)
 PyObject* kernel_ops_squeeze_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("squeeze_dims", {"self", "dim"}, 2, 0x3);
   OPGEN_TRY
@@ -1422,7 +1471,7 @@ PyObject* kernel_ops_squeeze_dims(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:503: unsqueeze(Tensor(a) self, int dim) -> Tensor(a)
+// ops.yaml:514: unsqueeze(Tensor(a) self, int dim) -> Tensor(a)
 PyObject* kernel_ops_unsqueeze(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("unsqueeze", {"self", "dim"}, 2, 0x3);
   OPGEN_TRY
@@ -1439,7 +1488,7 @@ PyObject* kernel_ops_unsqueeze(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:507: slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
+// ops.yaml:518: slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
 PyObject* kernel_ops_slice(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice", {"self", "dim", "start", "end", "step"}, 5, 0x1);
   OPGEN_TRY
@@ -1459,7 +1508,7 @@ PyObject* kernel_ops_slice(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:539: split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
+// ops.yaml:550: split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]
 PyObject* kernel_ops_split(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("split", {"self", "split_size", "dim"}, 3, 0x3);
   OPGEN_TRY
@@ -1477,7 +1526,7 @@ PyObject* kernel_ops_split(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:543: split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
+// ops.yaml:554: split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
 PyObject* kernel_ops_split_with_sizes(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("split_with_sizes", {"self", "split_sizes", "dim"}, 3, 0x3);
   OPGEN_TRY
@@ -1495,7 +1544,7 @@ PyObject* kernel_ops_split_with_sizes(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:573: zero_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:585: zero_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_zero_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("zero_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1519,7 +1568,7 @@ PyObject* kernel_ops_zero_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:594: baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
+// ops.yaml:606: baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_baddbmm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("baddbmm", {"self", "batch1", "batch2", "beta", "alpha"}, 3, 0x7);
   OPGEN_TRY
@@ -1545,7 +1594,7 @@ PyObject* kernel_ops_baddbmm(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:615: _native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+// ops.yaml:628: _native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops__native_batch_norm_legit_no_training(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit_no_training", {"input", "weight", "bias", "running_mean", "running_var", "momentum", "eps"}, 7, 0x7f);
   OPGEN_TRY
@@ -1568,7 +1617,34 @@ PyObject* kernel_ops__native_batch_norm_legit_no_training(PyObject*, PyObject* c
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:635: _adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
+// ops.yaml:630: _native_batch_norm_legit_no_training.out(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+PyObject* kernel_ops__native_batch_norm_legit_no_training_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_native_batch_norm_legit_no_training_out", {"input", "weight", "bias", "running_mean", "running_var", "momentum", "eps", "out0", "out1", "out2"}, 7, 0x3ff);
+  OPGEN_TRY
+  PyObject* slots[10];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[1], sig, 1);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const at::Tensor& running_mean = opgen::tensor(slots[3], sig, 3);
+  const at::Tensor& running_var = opgen::tensor(slots[4], sig, 4);
+  const double momentum = opgen::convert<double>(slots[5], sig, 5);
+  const double eps = opgen::convert<double>(slots[6], sig, 6);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[7], sig, 7);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[8], sig, 8);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[9], sig, 9);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4).add(out0, 7).add(out1, 8).add(out2, 9);
+  opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_native_batch_norm_legit_no_training_outf(input, weight, bias, running_mean, running_var, momentum, eps, out0, out1, out2);
+      return opgen::same_tuple({slots[7], slots[8], slots[9]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:651: _adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
 PyObject* kernel_ops__adaptive_avg_pool2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_adaptive_avg_pool2d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -1591,7 +1667,26 @@ PyObject* kernel_ops__adaptive_avg_pool2d(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:639: adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
+// ops.yaml:653: _adaptive_avg_pool2d.out(Tensor self, SymInt[2] output_size, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops__adaptive_avg_pool2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_adaptive_avg_pool2d_out", {"self", "output_size", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> output_size = opgen::int_list(slots[1], sig, 1, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::_adaptive_avg_pool2d_outf(self, output_size, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:656: adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
 PyObject* kernel_ops_adaptive_avg_pool2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool2d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -1608,7 +1703,7 @@ PyObject* kernel_ops_adaptive_avg_pool2d(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:648: conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=1, SymInt[2] padding=0, SymInt[2] dilation=1, SymInt groups=1) -> Tensor
+// ops.yaml:666: conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=1, SymInt[2] padding=0, SymInt[2] dilation=1, SymInt groups=1) -> Tensor
 PyObject* kernel_ops_conv2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("conv2d", {"input", "weight", "bias", "stride", "padding", "dilation", "groups"}, 7, 0x3);
   OPGEN_TRY
@@ -1630,7 +1725,7 @@ PyObject* kernel_ops_conv2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:668: index_select(Tensor self, int dim, Tensor index) -> Tensor
+// ops.yaml:687: index_select(Tensor self, int dim, Tensor index) -> Tensor
 PyObject* kernel_ops_index_select(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_select", {"self", "dim", "index"}, 3, 0x7);
   OPGEN_TRY
@@ -1654,7 +1749,7 @@ PyObject* kernel_ops_index_select(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:670: index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:689: index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_select_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_select_out", {"self", "dim", "index", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -1681,7 +1776,7 @@ PyObject* kernel_ops_index_select_out(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:673: index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
+// ops.yaml:692: index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
 PyObject* kernel_ops_index(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index", {"self", "indices"}, 2, 0x3);
   OPGEN_TRY
@@ -1704,7 +1799,33 @@ PyObject* kernel_ops_index(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:677: gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
+// ops.yaml:694: index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_index_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("index_out", {"self", "indices", "out"}, 2, 0x7);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const c10::List<std::optional<at::Tensor>> indices = opgen::convert<c10::List<std::optional<at::Tensor>>>(slots[1], sig, 1);
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(indices, 1).add(out, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::index_outf(self, indices, out);
+      return opgen::same(slots[2]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::index_outf(self, indices, out);
+      return opgen::same(slots[2]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:697: gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
 PyObject* kernel_ops_gather(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gather", {"self", "dim", "index", "sparse_grad"}, 3, 0x7);
   OPGEN_TRY
@@ -1729,7 +1850,7 @@ PyObject* kernel_ops_gather(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:679: gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:699: gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_gather_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gather_out", {"self", "dim", "index", "sparse_grad", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -1757,7 +1878,7 @@ PyObject* kernel_ops_gather_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:714: scalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:735: scalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_scalar_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scalar_tensor", {"s", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -1777,7 +1898,7 @@ PyObject* kernel_ops_scalar_tensor(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:726: full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:747: full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_full_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("full_like", {"self", "fill_value", "dtype", "layout", "device", "pin_memory", "memory_format"}, 2, 0x3);
   OPGEN_TRY
@@ -1799,7 +1920,7 @@ PyObject* kernel_ops_full_like(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:730: empty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:751: empty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_like", {"self", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1820,7 +1941,7 @@ PyObject* kernel_ops_empty_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:749: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:770: mean(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mean_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -1837,7 +1958,26 @@ PyObject* kernel_ops_mean_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:759: lift_fresh_copy(Tensor self) -> Tensor
+// ops.yaml:773: mean.dtype_out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_mean_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mean_all_out", {"self", "dtype", "out"}, 1, 0x5);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<at::ScalarType> dtype = slots[1] ? opgen::convert_optional<at::ScalarType>(slots[1], sig, 1) : std::nullopt;
+  at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 2);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::mean_outf(self, dtype, out);
+      return opgen::same(slots[2]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:781: lift_fresh_copy(Tensor self) -> Tensor
 PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("lift_fresh_copy", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1853,7 +1993,7 @@ PyObject* kernel_ops_lift_fresh_copy(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:776: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+// ops.yaml:798: _embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
 PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_embedding_bag", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx"}, 9, 0x7);
   OPGEN_TRY
@@ -1883,7 +2023,7 @@ PyObject* kernel_ops__embedding_bag(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:778: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
+// ops.yaml:800: _embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))
 PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_embedding_bag_out", {"weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx", "out0", "out1", "out2", "out3"}, 9, 0x1e07);
   OPGEN_TRY
@@ -1912,7 +2052,7 @@ PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:785: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+// ops.yaml:807: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
 PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c", {"self", "dim", "normalization", "onesided"}, 4, 0xf);
   OPGEN_TRY
@@ -1938,7 +2078,7 @@ PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:787: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:809: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c_out", {"self", "dim", "normalization", "onesided", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1967,7 +2107,7 @@ PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:799: acos(Tensor self) -> Tensor
+// ops.yaml:821: acos(Tensor self) -> Tensor
 PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1989,7 +2129,7 @@ PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:801: acos_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:823: acos_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2013,7 +2153,7 @@ PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:802: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:824: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2038,7 +2178,7 @@ PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:837: atan2(Tensor self, Tensor other) -> Tensor
+// ops.yaml:859: atan2(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2061,7 +2201,7 @@ PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:839: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:861: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2086,7 +2226,7 @@ PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:840: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:862: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2112,7 +2252,7 @@ PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:851: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:873: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2129,7 +2269,7 @@ PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:853: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:875: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2147,7 +2287,7 @@ PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:854: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:876: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2166,7 +2306,7 @@ PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:876: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
+// ops.yaml:898: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
 PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im", {"self", "output_size", "kernel_size", "dilation", "padding", "stride"}, 6, 0x3f);
   OPGEN_TRY
@@ -2193,7 +2333,7 @@ PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:878: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:900: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im_out", {"self", "output_size", "kernel_size", "dilation", "padding", "stride", "out"}, 6, 0x7f);
   OPGEN_TRY
@@ -2223,7 +2363,7 @@ PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:904: fill.Scalar(Tensor self, Scalar value) -> Tensor
+// ops.yaml:926: fill.Scalar(Tensor self, Scalar value) -> Tensor
 PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar", {"self", "value"}, 2, 0x3);
   OPGEN_TRY
@@ -2240,7 +2380,7 @@ PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:906: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:928: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar_out", {"self", "value", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2259,7 +2399,7 @@ PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:908: flip(Tensor self, int[] dims) -> Tensor
+// ops.yaml:930: flip(Tensor self, int[] dims) -> Tensor
 PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip", {"self", "dims"}, 2, 0x3);
   OPGEN_TRY
@@ -2282,7 +2422,7 @@ PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:910: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:932: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip_out", {"self", "dims", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2301,7 +2441,7 @@ PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:917: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:939: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2324,7 +2464,7 @@ PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:919: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:941: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2349,7 +2489,7 @@ PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:920: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:942: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2375,7 +2515,7 @@ PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:944: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:966: le.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2398,7 +2538,7 @@ PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:946: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:968: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2423,7 +2563,7 @@ PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:947: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:969: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2449,7 +2589,7 @@ PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1004: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1026: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2472,7 +2612,7 @@ PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1006: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1028: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2498,7 +2638,7 @@ PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1012: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:1034: remainder.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2515,7 +2655,7 @@ PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1014: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:1036: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2533,7 +2673,7 @@ PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1015: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1037: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2552,7 +2692,7 @@ PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1025: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1047: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2577,7 +2717,7 @@ PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1027: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1049: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2604,7 +2744,7 @@ PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1028: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1050: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2632,7 +2772,7 @@ PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1040: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+// ops.yaml:1062: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
 PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter", {"self", "src", "dim", "index"}, 4, 0xf);
   OPGEN_TRY
@@ -2651,7 +2791,7 @@ PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1042: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1064: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter_out", {"self", "src", "dim", "index", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2672,7 +2812,7 @@ PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1057: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+// ops.yaml:1079: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2690,7 +2830,7 @@ PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1059: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:1081: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2709,7 +2849,7 @@ PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1060: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1082: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -2729,7 +2869,7 @@ PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1071: trunc(Tensor self) -> Tensor
+// ops.yaml:1093: trunc(Tensor self) -> Tensor
 PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2751,7 +2891,7 @@ PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1073: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1095: trunc_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2775,7 +2915,7 @@ PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1074: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1096: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2800,7 +2940,7 @@ PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1076: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+// ops.yaml:1098: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec", {"input", "output_size", "align_corners", "scale_factors"}, 4, 0xf);
   OPGEN_TRY
@@ -2819,7 +2959,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1078: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1100: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec_out", {"input", "output_size", "align_corners", "scale_factors", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2840,7 +2980,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1126: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:1148: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -2857,7 +2997,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   opgen::jit::require_contiguous(sig, other, 1);
   opgen::jit::require_same_shape(sig, self, 0, other, 1);
   at::Tensor out = opgen::jit::empty_like(self);
-  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"checks\":[],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1126\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"checks\":[],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1148\",\"mutates\":[],\"name\":\"triton_add\",\"opaque\":[],\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
   opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
   return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)
@@ -2868,6 +3008,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
 PyMethodDef opgen_methods_1[] = {
 {"add_scalar", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_add_scalar)), METH_FASTCALL | METH_KEYWORDS, "add_scalar($module, self, other, alpha=1)\n--\n\nadd.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor\n\nAdds other, scaled by alpha, to input."},
 {"add_scalar_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_add_scalar_)), METH_FASTCALL | METH_KEYWORDS, "add_scalar_($module, self, other, alpha=1)\n--\n\nadd_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)\n\nAdds other, scaled by alpha, to input."},
+{"add_scalar_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_add_scalar_out)), METH_FASTCALL | METH_KEYWORDS, "add_scalar_out($module, self, other, alpha=1, *, out)\n--\n\nadd.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)\n\nAdds other, scaled by alpha, to input."},
 {"mul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mul)), METH_FASTCALL | METH_KEYWORDS, "mul($module, self, other)\n--\n\nmul.Tensor(Tensor self, Tensor other) -> Tensor\n\nMultiplies input by other."},
 {"mul_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mul_)), METH_FASTCALL | METH_KEYWORDS, "mul_($module, self, other)\n--\n\nmul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)\n\nMultiplies input by other."},
 {"mul_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mul_out)), METH_FASTCALL | METH_KEYWORDS, "mul_out($module, self, other, *, out)\n--\n\nmul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)\n\nMultiplies input by other."},
@@ -2915,6 +3056,7 @@ PyMethodDef opgen_methods_1[] = {
 {"amax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_amax)), METH_FASTCALL | METH_KEYWORDS, "amax($module, self, dim=[], keepdim=False)\n--\n\namax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor\n\nReturns the maximum value of each slice of the input tensor in the given dimension(s) dim."},
 {"amax_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_amax_out)), METH_FASTCALL | METH_KEYWORDS, "amax_out($module, self, dim=[], keepdim=False, *, out)\n--\n\namax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)\n\nReturns the maximum value of each slice of the input tensor in the given dimension(s) dim."},
 {"max_dim", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_dim)), METH_FASTCALL | METH_KEYWORDS, "max_dim($module, self, dim, keepdim=False)\n--\n\nmax.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)\n\n(values, indices) of the max along dim."},
+{"max_dim_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_dim_out)), METH_FASTCALL | METH_KEYWORDS, "max_dim_out($module, self, dim, keepdim=False, *, max, max_values)\n--\n\nmax.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)\n\n(values, indices) of the max along dim."},
 {"cumsum", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cumsum)), METH_FASTCALL | METH_KEYWORDS, "cumsum($module, self, dim, *, dtype=None)\n--\n\ncumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor\n\nReturns the cumulative sum of elements of input in the dimension dim."},
 {"cumsum_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cumsum_out)), METH_FASTCALL | METH_KEYWORDS, "cumsum_out($module, self, dim, *, dtype=None, out)\n--\n\ncumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)\n\nReturns the cumulative sum of elements of input in the dimension dim."},
 {"all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_all)), METH_FASTCALL | METH_KEYWORDS, "all($module, self, dim, keepdim=False)\n--\n\nall.dim(Tensor self, int dim, bool keepdim=False) -> Tensor\n\nTests if all elements in input evaluate to True."},
@@ -2928,18 +3070,22 @@ PyMethodDef opgen_methods_1[] = {
 {"zero_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zero_)), METH_FASTCALL | METH_KEYWORDS, "zero_($module, self)\n--\n\nzero_(Tensor(a!) self) -> Tensor(a!)\n\nFills self with zeros."},
 {"baddbmm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_baddbmm)), METH_FASTCALL | METH_KEYWORDS, "baddbmm($module, self, batch1, batch2, *, beta=1, alpha=1)\n--\n\nbaddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor\n\nPerforms a batch matrix-matrix product of matrices in batch1 and batch2."},
 {"_native_batch_norm_legit_no_training", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__native_batch_norm_legit_no_training)), METH_FASTCALL | METH_KEYWORDS, "_native_batch_norm_legit_no_training($module, input, weight, bias, running_mean, running_var, momentum, eps)\n--\n\n_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)\n\nEval-mode batch norm with running stats; returns (out, save_mean, save_invstd)."},
+{"_native_batch_norm_legit_no_training_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__native_batch_norm_legit_no_training_out)), METH_FASTCALL | METH_KEYWORDS, "_native_batch_norm_legit_no_training_out($module, input, weight, bias, running_mean, running_var, momentum, eps, *, out0, out1, out2)\n--\n\n_native_batch_norm_legit_no_training.out(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))\n\nEval-mode batch norm with running stats; returns (out, save_mean, save_invstd)."},
 {"_adaptive_avg_pool2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool2d)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool2d($module, self, output_size)\n--\n\n_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor\n\n2-D adaptive average pooling (ATen core op)."},
+{"_adaptive_avg_pool2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__adaptive_avg_pool2d_out)), METH_FASTCALL | METH_KEYWORDS, "_adaptive_avg_pool2d_out($module, self, output_size, *, out)\n--\n\n_adaptive_avg_pool2d.out(Tensor self, SymInt[2] output_size, *, Tensor(a!) out) -> Tensor(a!)\n\n2-D adaptive average pooling (ATen core op)."},
 {"adaptive_avg_pool2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool2d)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool2d($module, self, output_size)\n--\n\nadaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor\n\n2-D adaptive average pooling to output_size."},
 {"conv2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_conv2d)), METH_FASTCALL | METH_KEYWORDS, "conv2d($module, input, weight, bias=None, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1)\n--\n\nconv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=1, SymInt[2] padding=0, SymInt[2] dilation=1, SymInt groups=1) -> Tensor\n\nApplies a 2D convolution over an input image composed of several input planes."},
 {"index_select", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index_select)), METH_FASTCALL | METH_KEYWORDS, "index_select($module, self, dim, index)\n--\n\nindex_select(Tensor self, int dim, Tensor index) -> Tensor\n\nEntries of self along dim at the positions in index."},
 {"index_select_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index_select_out)), METH_FASTCALL | METH_KEYWORDS, "index_select_out($module, self, dim, index, *, out)\n--\n\nindex_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)\n\nEntries of self along dim at the positions in index."},
 {"index", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index)), METH_FASTCALL | METH_KEYWORDS, "index($module, self, indices)\n--\n\nindex.Tensor(Tensor self, Tensor?[] indices) -> Tensor\n\nself[indices], advanced indexing with a list of index tensors."},
+{"index_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_index_out)), METH_FASTCALL | METH_KEYWORDS, "index_out($module, self, indices, *, out)\n--\n\nindex.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)\n\nself[indices], advanced indexing with a list of index tensors."},
 {"gather", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_gather)), METH_FASTCALL | METH_KEYWORDS, "gather($module, self, dim, index, *, sparse_grad=False)\n--\n\ngather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor\n\nGathers values along an axis specified by dim."},
 {"gather_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_gather_out)), METH_FASTCALL | METH_KEYWORDS, "gather_out($module, self, dim, index, *, sparse_grad=False, out)\n--\n\ngather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)\n\nGathers values along an axis specified by dim."},
 {"scalar_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scalar_tensor)), METH_FASTCALL | METH_KEYWORDS, "scalar_tensor($module, s, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nscalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA 0-dim tensor holding s."},
 {"full_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_full_like)), METH_FASTCALL | METH_KEYWORDS, "full_like($module, self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nfull_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor with the same size as input filled with fill_value."},
 {"empty_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_like)), METH_FASTCALL | METH_KEYWORDS, "empty_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nempty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns an uninitialized tensor with the same size as input."},
 {"mean_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mean_all)), METH_FASTCALL | METH_KEYWORDS, "mean_all($module, self, *, dtype=None)\n--\n\nmean(Tensor self, *, ScalarType? dtype=None) -> Tensor\n\nThe mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default)."},
+{"mean_all_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mean_all_out)), METH_FASTCALL | METH_KEYWORDS, "mean_all_out($module, self, *, dtype=None, out)\n--\n\nmean.dtype_out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)\n\nThe mean of all elements (x.mean() with no dim; torch.export keeps it as aten.mean.default)."},
 {"lift_fresh_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_lift_fresh_copy)), METH_FASTCALL | METH_KEYWORDS, "lift_fresh_copy($module, self)\n--\n\nlift_fresh_copy(Tensor self) -> Tensor\n\nA copy of a tensor constant created inside the traced code (torch.tensor(...) under torch.compile)."},
 {"_embedding_bag", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__embedding_bag)), METH_FASTCALL | METH_KEYWORDS, "_embedding_bag($module, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=-1)\n--\n\n_embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)"},
 {"_embedding_bag_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__embedding_bag_out)), METH_FASTCALL | METH_KEYWORDS, "_embedding_bag_out($module, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=-1, *, out0, out1, out2, out3)\n--\n\n_embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))"},

@@ -47,6 +47,7 @@
 #include <ATen/ops/narrow_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/native_dropout_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/native_dropout_cpu_dispatch.h>
+#include <ATen/ops/native_layer_norm_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/native_layer_norm_cpu_dispatch.h>
 #include <ATen/ops/ones_like_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
@@ -70,6 +71,7 @@
 #include <ATen/ops/view_cpu_dispatch.h>
 #include <ATen/ops/where_cpu_dispatch.h>
 #include <ATen/ops/zeros_compositeexplicitautograd_dispatch.h>
+#include <opgen/kernels.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_cdist_forward_cuda_dispatch.h>
 #include <ATen/ops/_native_batch_norm_legit_cuda_dispatch.h>
@@ -112,7 +114,7 @@
 
 namespace {
 
-// ops.yaml:56: remainder.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:59: remainder.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_remainder(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -135,7 +137,7 @@ PyObject* kernel_ops_remainder(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:58: remainder_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:61: remainder_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_remainder_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -160,7 +162,7 @@ PyObject* kernel_ops_remainder_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:59: remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:62: remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_remainder_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -186,7 +188,7 @@ PyObject* kernel_ops_remainder_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:69: pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor
+// ops.yaml:72: pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor
 PyObject* kernel_ops_pow_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -209,7 +211,7 @@ PyObject* kernel_ops_pow_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:72: pow_.Scalar(Tensor(a!) self, Scalar exponent) -> Tensor(a!)
+// ops.yaml:75: pow_.Scalar(Tensor(a!) self, Scalar exponent) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -234,7 +236,7 @@ PyObject* kernel_ops_pow_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:73: pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:76: pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -260,7 +262,7 @@ PyObject* kernel_ops_pow_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:76: maximum(Tensor self, Tensor other) -> Tensor
+// ops.yaml:79: maximum(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_maximum(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("maximum", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -283,7 +285,7 @@ PyObject* kernel_ops_maximum(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:78: maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:81: maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_maximum_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("maximum_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -309,7 +311,7 @@ PyObject* kernel_ops_maximum_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:115: gt.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:118: gt.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_gt(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gt", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -332,7 +334,7 @@ PyObject* kernel_ops_gt(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:117: gt_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:120: gt_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_gt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gt_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -357,7 +359,7 @@ PyObject* kernel_ops_gt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:118: gt.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:121: gt.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_gt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("gt_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -383,7 +385,7 @@ PyObject* kernel_ops_gt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:158: logical_or(Tensor self, Tensor other) -> Tensor
+// ops.yaml:161: logical_or(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_or(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_or", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -400,7 +402,7 @@ PyObject* kernel_ops_logical_or(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:160: logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:163: logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_or_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_or_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -426,7 +428,7 @@ PyObject* kernel_ops_logical_or_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:189: abs(Tensor self) -> Tensor
+// ops.yaml:192: abs(Tensor self) -> Tensor
 PyObject* kernel_ops_abs(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("abs", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -442,7 +444,7 @@ PyObject* kernel_ops_abs(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:191: abs_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:194: abs_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_abs_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("abs_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -459,7 +461,7 @@ PyObject* kernel_ops_abs_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:192: abs.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:195: abs.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_abs_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("abs_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -484,7 +486,7 @@ PyObject* kernel_ops_abs_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:215: rsqrt(Tensor self) -> Tensor
+// ops.yaml:218: rsqrt(Tensor self) -> Tensor
 PyObject* kernel_ops_rsqrt(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rsqrt", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -506,7 +508,7 @@ PyObject* kernel_ops_rsqrt(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:217: rsqrt_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:220: rsqrt_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_rsqrt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rsqrt_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -530,7 +532,7 @@ PyObject* kernel_ops_rsqrt_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:218: rsqrt.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:221: rsqrt.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_rsqrt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rsqrt_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -555,7 +557,7 @@ PyObject* kernel_ops_rsqrt_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:221: sin(Tensor self) -> Tensor
+// ops.yaml:224: sin(Tensor self) -> Tensor
 PyObject* kernel_ops_sin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sin", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -577,7 +579,7 @@ PyObject* kernel_ops_sin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:223: sin_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:226: sin_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sin_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -601,7 +603,7 @@ PyObject* kernel_ops_sin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:224: sin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:227: sin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sin_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -626,7 +628,7 @@ PyObject* kernel_ops_sin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:257: floor(Tensor self) -> Tensor
+// ops.yaml:260: floor(Tensor self) -> Tensor
 PyObject* kernel_ops_floor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("floor", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -648,7 +650,7 @@ PyObject* kernel_ops_floor(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:259: floor_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:262: floor_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_floor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("floor_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -672,7 +674,7 @@ PyObject* kernel_ops_floor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:260: floor.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:263: floor.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_floor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("floor_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -697,7 +699,7 @@ PyObject* kernel_ops_floor_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:275: sign(Tensor self) -> Tensor
+// ops.yaml:278: sign(Tensor self) -> Tensor
 PyObject* kernel_ops_sign(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sign", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -719,7 +721,7 @@ PyObject* kernel_ops_sign(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:277: sign_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:280: sign_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sign_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sign_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -743,7 +745,7 @@ PyObject* kernel_ops_sign_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:278: sign.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:281: sign.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sign_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sign_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -768,7 +770,7 @@ PyObject* kernel_ops_sign_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:311: hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor
+// ops.yaml:315: hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor
 PyObject* kernel_ops_hardtanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardtanh", {"self", "min_val", "max_val"}, 3, 0x1);
   OPGEN_TRY
@@ -792,7 +794,7 @@ PyObject* kernel_ops_hardtanh(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:313: hardtanh_(Tensor(a!) self, Scalar min_val=-1, Scalar max_val=1) -> Tensor(a!)
+// ops.yaml:317: hardtanh_(Tensor(a!) self, Scalar min_val=-1, Scalar max_val=1) -> Tensor(a!)
 PyObject* kernel_ops_hardtanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardtanh_", {"self", "min_val", "max_val"}, 3, 0x1);
   OPGEN_TRY
@@ -818,7 +820,34 @@ PyObject* kernel_ops_hardtanh_(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:316: leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor
+// ops.yaml:318: hardtanh.out(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_hardtanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("hardtanh_out", {"self", "min_val", "max_val", "out"}, 3, 0x9);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const at::Scalar min_val = slots[1] ? opgen::convert<at::Scalar>(slots[1], sig, 1) : at::Scalar(int64_t(-1));
+  const at::Scalar max_val = slots[2] ? opgen::convert<at::Scalar>(slots[2], sig, 2) : at::Scalar(int64_t(1));
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::hardtanh_outf(self, min_val, max_val, out);
+      return opgen::same(slots[3]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::hardtanh_outf(self, min_val, max_val, out);
+      return opgen::same(slots[3]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:321: leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor
 PyObject* kernel_ops_leaky_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("leaky_relu", {"self", "negative_slope"}, 2, 0x1);
   OPGEN_TRY
@@ -841,7 +870,7 @@ PyObject* kernel_ops_leaky_relu(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:318: leaky_relu_(Tensor(a!) self, Scalar negative_slope=0.01) -> Tensor(a!)
+// ops.yaml:323: leaky_relu_(Tensor(a!) self, Scalar negative_slope=0.01) -> Tensor(a!)
 PyObject* kernel_ops_leaky_relu_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("leaky_relu_", {"self", "negative_slope"}, 2, 0x1);
   OPGEN_TRY
@@ -866,7 +895,7 @@ PyObject* kernel_ops_leaky_relu_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:319: leaky_relu.out(Tensor self, Scalar negative_slope=0.01, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:324: leaky_relu.out(Tensor self, Scalar negative_slope=0.01, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_leaky_relu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("leaky_relu_out", {"self", "negative_slope", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -892,7 +921,7 @@ PyObject* kernel_ops_leaky_relu_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:345: where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
+// ops.yaml:350: where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_where(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("where", {"condition", "self", "other"}, 3, 0x7);
   OPGEN_TRY
@@ -916,7 +945,34 @@ PyObject* kernel_ops_where(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:350: clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
+// ops.yaml:353: where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_where_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("where_out", {"condition", "self", "other", "out"}, 3, 0xf);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& condition = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& self = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& other = opgen::tensor(slots[2], sig, 2);
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(condition, 0).add(self, 1).add(other, 2).add(out, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::where_outf(condition, self, other, out);
+      return opgen::same(slots[3]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::where_outf(condition, self, other, out);
+      return opgen::same(slots[3]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:356: clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
 PyObject* kernel_ops_clamp(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clamp", {"self", "min", "max"}, 3, 0x1);
   OPGEN_TRY
@@ -940,7 +996,7 @@ PyObject* kernel_ops_clamp(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:352: clamp_(Tensor(a!) self, Scalar? min=None, Scalar? max=None) -> Tensor(a!)
+// ops.yaml:358: clamp_(Tensor(a!) self, Scalar? min=None, Scalar? max=None) -> Tensor(a!)
 PyObject* kernel_ops_clamp_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clamp_", {"self", "min", "max"}, 3, 0x1);
   OPGEN_TRY
@@ -966,7 +1022,7 @@ PyObject* kernel_ops_clamp_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:353: clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:359: clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_clamp_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("clamp_out", {"self", "min", "max", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -993,7 +1049,7 @@ PyObject* kernel_ops_clamp_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:398: argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
+// ops.yaml:404: argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_argmax(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("argmax", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1017,7 +1073,7 @@ PyObject* kernel_ops_argmax(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:400: argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:406: argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_argmax_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("argmax_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1044,7 +1100,7 @@ PyObject* kernel_ops_argmax_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:413: min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+// ops.yaml:420: min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_min_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("min_dim", {"self", "dim", "keepdim"}, 3, 0x3);
   OPGEN_TRY
@@ -1068,7 +1124,35 @@ PyObject* kernel_ops_min_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:423: var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
+// ops.yaml:423: min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) min_indices) -> (Tensor(a!) values, Tensor(b!) indices)
+PyObject* kernel_ops_min_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("min_dim_out", {"self", "dim", "keepdim", "min", "min_indices"}, 3, 0x1b);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const bool keepdim = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  at::Tensor& min = opgen::mutable_tensor(slots[3], sig, 3);
+  at::Tensor& min_indices = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(min, 3).add(min_indices, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::min_outf(self, dim, keepdim, min, min_indices);
+      return opgen::same_tuple({slots[3], slots[4]});
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::min_outf(self, dim, keepdim, min, min_indices);
+      return opgen::same_tuple({slots[3], slots[4]});
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:432: var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_var(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var", {"self", "dim", "correction", "keepdim"}, 2, 0x1);
   OPGEN_TRY
@@ -1093,7 +1177,35 @@ PyObject* kernel_ops_var(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:453: softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor
+// ops.yaml:435: var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_var_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("var_out", {"self", "dim", "correction", "keepdim", "out"}, 2, 0x11);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::optional<std::vector<int64_t>> dim = slots[1] ? opgen::optional_int_list(slots[1], sig, 1, 1) : std::nullopt;
+  const std::optional<at::Scalar> correction = slots[2] ? opgen::convert_optional<at::Scalar>(slots[2], sig, 2) : std::nullopt;
+  const bool keepdim = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::var_outf(self, opgen::opt_ref(dim), correction, keepdim, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::var_outf(self, opgen::opt_ref(dim), correction, keepdim, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:464: softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("softmax", {"self", "dim", "dtype"}, 3, 0x3);
   OPGEN_TRY
@@ -1111,7 +1223,7 @@ PyObject* kernel_ops_softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:464: view(Tensor(a) self, SymInt[] size) -> Tensor(a)
+// ops.yaml:475: view(Tensor(a) self, SymInt[] size) -> Tensor(a)
 PyObject* kernel_ops_view(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("view", {"self", "size"}, 2, 0x3);
   OPGEN_TRY
@@ -1134,7 +1246,7 @@ PyObject* kernel_ops_view(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:493: squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)
+// ops.yaml:504: squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)
 PyObject* kernel_ops_squeeze_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("squeeze_dim", {"self", "dim"}, 2, 0x3);
   OPGEN_TRY
@@ -1151,7 +1263,7 @@ PyObject* kernel_ops_squeeze_dim(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:516: narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)
+// ops.yaml:527: narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)
 PyObject* kernel_ops_narrow(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("narrow", {"self", "dim", "start", "length"}, 4, 0xf);
   OPGEN_TRY
@@ -1170,7 +1282,7 @@ PyObject* kernel_ops_narrow(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:534: stack(Tensor[] tensors, int dim=0) -> Tensor
+// ops.yaml:545: stack(Tensor[] tensors, int dim=0) -> Tensor
 PyObject* kernel_ops_stack(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("stack", {"tensors", "dim"}, 2, 0x1);
   OPGEN_TRY
@@ -1187,7 +1299,7 @@ PyObject* kernel_ops_stack(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:536: stack.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:547: stack.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_stack_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("stack_out", {"tensors", "dim", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1206,7 +1318,7 @@ PyObject* kernel_ops_stack_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:547: unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
+// ops.yaml:558: unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]
 PyObject* kernel_ops_unbind(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("unbind", {"self", "dim"}, 2, 0x1);
   OPGEN_TRY
@@ -1223,7 +1335,7 @@ PyObject* kernel_ops_unbind(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:598: matmul(Tensor self, Tensor other) -> Tensor
+// ops.yaml:610: matmul(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("matmul", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1240,7 +1352,7 @@ PyObject* kernel_ops_matmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:607: native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)
+// ops.yaml:619: native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops_native_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_layer_norm", {"input", "normalized_shape", "weight", "bias", "eps"}, 5, 0x1f);
   OPGEN_TRY
@@ -1266,7 +1378,31 @@ PyObject* kernel_ops_native_layer_norm(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:611: layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor
+// ops.yaml:621: native_layer_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))
+PyObject* kernel_ops_native_layer_norm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("native_layer_norm_out", {"input", "normalized_shape", "weight", "bias", "eps", "out0", "out1", "out2"}, 5, 0xff);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& input = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> normalized_shape = opgen::int_list(slots[1], sig, 1, 0);
+  const std::optional<at::Tensor> weight = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const std::optional<at::Tensor> bias = opgen::convert_optional<at::Tensor>(slots[3], sig, 3);
+  const double eps = opgen::convert<double>(slots[4], sig, 4);
+  at::Tensor& out0 = opgen::mutable_tensor(slots[5], sig, 5);
+  at::Tensor& out1 = opgen::mutable_tensor(slots[6], sig, 6);
+  at::Tensor& out2 = opgen::mutable_tensor(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(input, 0).add(weight, 2).add(bias, 3).add(out0, 5).add(out1, 6).add(out2, 7);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::native_layer_norm_outf(input, normalized_shape, weight, bias, eps, out0, out1, out2);
+      return opgen::same_tuple({slots[5], slots[6], slots[7]});
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:624: layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor
 PyObject* kernel_ops_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("layer_norm", {"input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"}, 6, 0x3);
   OPGEN_TRY
@@ -1287,7 +1423,7 @@ PyObject* kernel_ops_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:664: embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor
+// ops.yaml:682: embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor
 PyObject* kernel_ops_embedding(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("embedding", {"weight", "indices", "padding_idx", "scale_grad_by_freq", "sparse"}, 5, 0x3);
   OPGEN_TRY
@@ -1307,7 +1443,29 @@ PyObject* kernel_ops_embedding(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:692: zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:684: embedding.out(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False, *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_embedding_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("embedding_out", {"weight", "indices", "padding_idx", "scale_grad_by_freq", "sparse", "out"}, 5, 0x23);
+  OPGEN_TRY
+  PyObject* slots[6];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& weight = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& indices = opgen::tensor(slots[1], sig, 1);
+  const int64_t padding_idx = slots[2] ? opgen::convert<int64_t>(slots[2], sig, 2) : int64_t(-1);
+  const bool scale_grad_by_freq = slots[3] ? opgen::convert<bool>(slots[3], sig, 3) : bool(false);
+  const bool sparse = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
+  opgen::Devices devices(sig);
+  devices.add(weight, 0).add(indices, 1).add(out, 5);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::embedding_outf(weight, indices, padding_idx, scale_grad_by_freq, sparse, out);
+      return opgen::same(slots[5]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:713: zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_zeros(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("zeros", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -1327,7 +1485,7 @@ PyObject* kernel_ops_zeros(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:722: ones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:743: ones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_ones_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ones_like", {"self", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1348,7 +1506,7 @@ PyObject* kernel_ops_ones_like(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:745: empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:766: empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_empty_permuted(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_permuted", {"size", "physical_layout", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -1369,7 +1527,7 @@ PyObject* kernel_ops_empty_permuted(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:772: _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
+// ops.yaml:794: _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
 PyObject* kernel_ops__cdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_cdist_forward", {"x1", "x2", "p", "compute_mode"}, 4, 0xf);
   OPGEN_TRY
@@ -1394,7 +1552,7 @@ PyObject* kernel_ops__cdist_forward(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:774: _cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:796: _cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_cdist_forward_out", {"x1", "x2", "p", "compute_mode", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1415,7 +1573,7 @@ PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:790: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+// ops.yaml:812: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"}, 8, 0xff);
   OPGEN_TRY
@@ -1445,7 +1603,7 @@ PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:792: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
+// ops.yaml:814: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
 PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit_out", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps", "out", "save_mean", "save_invstd"}, 8, 0x7ff);
   OPGEN_TRY
@@ -1480,7 +1638,7 @@ PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:795: _pdist_forward(Tensor self, float p=2) -> Tensor
+// ops.yaml:817: _pdist_forward(Tensor self, float p=2) -> Tensor
 PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_pdist_forward", {"self", "p"}, 2, 0x1);
   OPGEN_TRY
@@ -1503,7 +1661,7 @@ PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:797: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:819: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_pdist_forward_out", {"self", "p", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1522,7 +1680,7 @@ PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:818: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
+// ops.yaml:840: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
 PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("as_strided", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
   OPGEN_TRY
@@ -1547,7 +1705,7 @@ PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:820: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
+// ops.yaml:842: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
 PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("as_strided_", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
   OPGEN_TRY
@@ -1567,7 +1725,7 @@ PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:822: asin(Tensor self) -> Tensor
+// ops.yaml:844: asin(Tensor self) -> Tensor
 PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1589,7 +1747,7 @@ PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:824: asin_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:846: asin_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1613,7 +1771,7 @@ PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:825: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:847: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1638,7 +1796,7 @@ PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:827: asinh(Tensor self) -> Tensor
+// ops.yaml:849: asinh(Tensor self) -> Tensor
 PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1660,7 +1818,7 @@ PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:829: asinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:851: asinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1684,7 +1842,7 @@ PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:830: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:852: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1709,7 +1867,7 @@ PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:847: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+// ops.yaml:869: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool3d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 7, 0x3);
   OPGEN_TRY
@@ -1737,7 +1895,7 @@ PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:849: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:871: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool3d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "out"}, 7, 0x83);
   OPGEN_TRY
@@ -1768,7 +1926,7 @@ PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:856: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:878: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1785,7 +1943,7 @@ PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:858: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:880: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1803,7 +1961,7 @@ PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:859: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:881: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1822,7 +1980,7 @@ PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:861: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:883: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1845,7 +2003,7 @@ PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:863: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:885: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1870,7 +2028,7 @@ PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:864: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:886: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1896,7 +2054,7 @@ PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:884: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+// ops.yaml:906: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
 PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy", {"self", "src", "non_blocking"}, 3, 0x3);
   OPGEN_TRY
@@ -1914,7 +2072,7 @@ PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:886: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:908: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy_out", {"self", "src", "non_blocking", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1934,7 +2092,7 @@ PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:893: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
+// ops.yaml:915: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
 PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("diagonal", {"self", "offset", "dim1", "dim2"}, 4, 0x1);
   OPGEN_TRY
@@ -1953,7 +2111,7 @@ PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:896: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
+// ops.yaml:918: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
 PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -1971,7 +2129,7 @@ PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:898: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
+// ops.yaml:920: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode_", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -1990,7 +2148,7 @@ PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:899: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:921: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode_out", {"self", "other", "rounding_mode", "out"}, 2, 0xf);
   OPGEN_TRY
@@ -2010,7 +2168,7 @@ PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:927: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+// ops.yaml:949: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
 PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners"}, 5, 0x1f);
   OPGEN_TRY
@@ -2036,7 +2194,7 @@ PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:929: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:951: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d_out", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners", "out"}, 5, 0x3f);
   OPGEN_TRY
@@ -2058,7 +2216,7 @@ PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:954: log2(Tensor self) -> Tensor
+// ops.yaml:976: log2(Tensor self) -> Tensor
 PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2080,7 +2238,7 @@ PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:956: log2_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:978: log2_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2104,7 +2262,7 @@ PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:957: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:979: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2129,7 +2287,7 @@ PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:964: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+// ops.yaml:986: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
 PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2147,7 +2305,7 @@ PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:966: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+// ops.yaml:988: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2173,7 +2331,7 @@ PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:967: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:989: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_out", {"self", "mask", "source", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2193,7 +2351,7 @@ PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:973: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// ops.yaml:995: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout", {"input", "p", "train"}, 3, 0x7);
   OPGEN_TRY
@@ -2217,7 +2375,7 @@ PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:975: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:997: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout_out", {"input", "p", "train", "out0", "out1"}, 3, 0x1f);
   OPGEN_TRY
@@ -2238,7 +2396,7 @@ PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:986: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:1008: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -2261,7 +2419,7 @@ PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:989: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1011: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all_out", {"self", "dtype", "out"}, 1, 0x5);
   OPGEN_TRY
@@ -2280,7 +2438,7 @@ PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:994: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1016: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randn", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2300,7 +2458,7 @@ PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1000: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+// ops.yaml:1022: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2323,7 +2481,7 @@ PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1002: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1024: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2349,7 +2507,7 @@ PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1021: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1043: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2372,7 +2530,7 @@ PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1023: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1045: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2398,7 +2556,7 @@ PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1044: sinh(Tensor self) -> Tensor
+// ops.yaml:1066: sinh(Tensor self) -> Tensor
 PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2420,7 +2578,7 @@ PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1046: sinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1068: sinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2444,7 +2602,7 @@ PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1047: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1069: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2469,7 +2627,7 @@ PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1053: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+// ops.yaml:1075: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort", {"self", "dim", "descending"}, 3, 0x1);
   OPGEN_TRY
@@ -2487,7 +2645,7 @@ PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1055: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1077: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort_out", {"self", "dim", "descending", "values", "indices"}, 3, 0x19);
   OPGEN_TRY
@@ -2508,7 +2666,7 @@ PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1088: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+// ops.yaml:1110: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
 PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool1d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -2525,7 +2683,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1090: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1112: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool1d_out", {"self", "output_size", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2544,7 +2702,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1096: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+// ops.yaml:1118: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
 PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("resize_", {"self", "size", "memory_format"}, 2, 0x3);
   OPGEN_TRY
@@ -2570,7 +2728,7 @@ PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1111: mish(Tensor self) -> Tensor
+// ops.yaml:1133: mish(Tensor self) -> Tensor
 PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2592,7 +2750,7 @@ PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1113: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1135: mish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2616,7 +2774,7 @@ PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1114: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1136: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2635,6 +2793,63 @@ PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
       at::cuda::mish_outf(self, out);
       return opgen::same(slots[1]);
 #endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1175: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mkldnn_convolution_pointwise", {"X", "W", "B", "padding", "stride", "dilation", "groups", "attr", "scalars", "algorithm"}, 10, 0x3ff);
+  OPGEN_TRY
+  PyObject* slots[10];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& X = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& W = opgen::tensor(slots[1], sig, 1);
+  const std::optional<at::Tensor> B = opgen::convert_optional<at::Tensor>(slots[2], sig, 2);
+  const std::vector<int64_t> padding = opgen::int_list(slots[3], sig, 3, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[4], sig, 4, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[5], sig, 5, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[6], sig, 6);
+  const std::string attr = opgen::convert<std::string>(slots[7], sig, 7);
+  const std::vector<double> scalars = opgen::convert<std::vector<double>>(slots[8], sig, 8);
+  const std::optional<std::string> algorithm = opgen::convert_optional<std::string>(slots[9], sig, 9);
+  opgen::Devices devices(sig);
+  devices.add(X, 0).add_opaque(W, 1).add(B, 2);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkldnn_convolution_pointwise(X, W, B, padding, stride, dilation, groups, attr, scalars, opgen::opt_view(algorithm)); }));
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1181: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+PyObject* kernel_ops_mkldnn_convolution_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mkldnn_convolution_pointwise_binary", {"X", "other", "W", "B", "padding", "stride", "dilation", "groups", "binary_attr", "alpha", "unary_attr", "unary_scalars", "unary_algorithm"}, 13, 0x1fff);
+  OPGEN_TRY
+  PyObject* slots[13];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& X = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& other = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& W = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Tensor> B = opgen::convert_optional<at::Tensor>(slots[3], sig, 3);
+  const std::vector<int64_t> padding = opgen::int_list(slots[4], sig, 4, 0);
+  const std::vector<int64_t> stride = opgen::int_list(slots[5], sig, 5, 0);
+  const std::vector<int64_t> dilation = opgen::int_list(slots[6], sig, 6, 0);
+  const int64_t groups = opgen::convert<int64_t>(slots[7], sig, 7);
+  const std::string binary_attr = opgen::convert<std::string>(slots[8], sig, 8);
+  const std::optional<at::Scalar> alpha = opgen::convert_optional<at::Scalar>(slots[9], sig, 9);
+  const std::optional<std::string> unary_attr = opgen::convert_optional<std::string>(slots[10], sig, 10);
+  const std::vector<double> unary_scalars = opgen::convert<std::vector<double>>(slots[11], sig, 11);
+  const std::optional<std::string> unary_algorithm = opgen::convert_optional<std::string>(slots[12], sig, 12);
+  opgen::Devices devices(sig);
+  devices.add(X, 0).add(other, 1).add_opaque(W, 2).add(B, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkldnn_convolution_pointwise_binary(X, other, W, B, padding, stride, dilation, groups, binary_attr, alpha, opgen::opt_view(unary_attr), unary_scalars, opgen::opt_view(unary_algorithm)); }));
     default:
       devices.no_kernel();
   }
@@ -2674,17 +2889,21 @@ PyMethodDef opgen_methods_2[] = {
 {"sign_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_sign_out)), METH_FASTCALL | METH_KEYWORDS, "sign_out($module, self, *, out)\n--\n\nsign.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nReturns a new tensor with the signs of the elements of input."},
 {"hardtanh", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_hardtanh)), METH_FASTCALL | METH_KEYWORDS, "hardtanh($module, self, min_val=-1, max_val=1)\n--\n\nhardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor\n\nClamps to [min_val, max_val], element-wise."},
 {"hardtanh_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_hardtanh_)), METH_FASTCALL | METH_KEYWORDS, "hardtanh_($module, self, min_val=-1, max_val=1)\n--\n\nhardtanh_(Tensor(a!) self, Scalar min_val=-1, Scalar max_val=1) -> Tensor(a!)\n\nClamps to [min_val, max_val], element-wise."},
+{"hardtanh_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_hardtanh_out)), METH_FASTCALL | METH_KEYWORDS, "hardtanh_out($module, self, min_val=-1, max_val=1, *, out)\n--\n\nhardtanh.out(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> Tensor(a!)\n\nClamps to [min_val, max_val], element-wise."},
 {"leaky_relu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_leaky_relu)), METH_FASTCALL | METH_KEYWORDS, "leaky_relu($module, self, negative_slope=0.01)\n--\n\nleaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor\n\nmax(0, x) + negative_slope * min(0, x), element-wise."},
 {"leaky_relu_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_leaky_relu_)), METH_FASTCALL | METH_KEYWORDS, "leaky_relu_($module, self, negative_slope=0.01)\n--\n\nleaky_relu_(Tensor(a!) self, Scalar negative_slope=0.01) -> Tensor(a!)\n\nmax(0, x) + negative_slope * min(0, x), element-wise."},
 {"leaky_relu_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_leaky_relu_out)), METH_FASTCALL | METH_KEYWORDS, "leaky_relu_out($module, self, negative_slope=0.01, *, out)\n--\n\nleaky_relu.out(Tensor self, Scalar negative_slope=0.01, *, Tensor(a!) out) -> Tensor(a!)\n\nmax(0, x) + negative_slope * min(0, x), element-wise."},
 {"where", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_where)), METH_FASTCALL | METH_KEYWORDS, "where($module, condition, self, other)\n--\n\nwhere.self(Tensor condition, Tensor self, Tensor other) -> Tensor\n\nReturn a tensor of elements selected from either input or other, depending on condition."},
+{"where_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_where_out)), METH_FASTCALL | METH_KEYWORDS, "where_out($module, condition, self, other, *, out)\n--\n\nwhere.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)\n\nReturn a tensor of elements selected from either input or other, depending on condition."},
 {"clamp", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_clamp)), METH_FASTCALL | METH_KEYWORDS, "clamp($module, self, min=None, max=None)\n--\n\nclamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor\n\nClamps all elements in input into the range [ min, max ]."},
 {"clamp_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_clamp_)), METH_FASTCALL | METH_KEYWORDS, "clamp_($module, self, min=None, max=None)\n--\n\nclamp_(Tensor(a!) self, Scalar? min=None, Scalar? max=None) -> Tensor(a!)\n\nClamps all elements in input into the range [ min, max ]."},
 {"clamp_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_clamp_out)), METH_FASTCALL | METH_KEYWORDS, "clamp_out($module, self, min=None, max=None, *, out)\n--\n\nclamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)\n\nClamps all elements in input into the range [ min, max ]."},
 {"argmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_argmax)), METH_FASTCALL | METH_KEYWORDS, "argmax($module, self, dim=None, keepdim=False)\n--\n\nargmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor\n\nReturns the indices of the maximum value of all elements in the input tensor."},
 {"argmax_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_argmax_out)), METH_FASTCALL | METH_KEYWORDS, "argmax_out($module, self, dim=None, keepdim=False, *, out)\n--\n\nargmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)\n\nReturns the indices of the maximum value of all elements in the input tensor."},
 {"min_dim", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_min_dim)), METH_FASTCALL | METH_KEYWORDS, "min_dim($module, self, dim, keepdim=False)\n--\n\nmin.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)\n\n(values, indices) of the min along dim."},
+{"min_dim_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_min_dim_out)), METH_FASTCALL | METH_KEYWORDS, "min_dim_out($module, self, dim, keepdim=False, *, min, min_indices)\n--\n\nmin.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) min_indices) -> (Tensor(a!) values, Tensor(b!) indices)\n\n(values, indices) of the min along dim."},
 {"var", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_var)), METH_FASTCALL | METH_KEYWORDS, "var($module, self, dim=None, *, correction=None, keepdim=False)\n--\n\nvar.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor\n\nCalculates the variance over the dimensions specified by dim."},
+{"var_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_var_out)), METH_FASTCALL | METH_KEYWORDS, "var_out($module, self, dim=None, *, correction=None, keepdim=False, out)\n--\n\nvar.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)\n\nCalculates the variance over the dimensions specified by dim."},
 {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_softmax)), METH_FASTCALL | METH_KEYWORDS, "softmax($module, self, dim, dtype=None)\n--\n\nsoftmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor\n\nSoftmax over dim."},
 {"view", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_view)), METH_FASTCALL | METH_KEYWORDS, "view($module, self, size)\n--\n\nview(Tensor(a) self, SymInt[] size) -> Tensor(a)\n\nA view with a new shape."},
 {"squeeze_dim", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_squeeze_dim)), METH_FASTCALL | METH_KEYWORDS, "squeeze_dim($module, self, dim)\n--\n\nsqueeze.dim(Tensor(a) self, int dim) -> Tensor(a)\n\nReturns a tensor with all specified dimensions of input of size 1 removed."},
@@ -2694,8 +2913,10 @@ PyMethodDef opgen_methods_2[] = {
 {"unbind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_unbind)), METH_FASTCALL | METH_KEYWORDS, "unbind($module, self, dim=0)\n--\n\nunbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]\n\nRemoves a tensor dimension."},
 {"matmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_matmul)), METH_FASTCALL | METH_KEYWORDS, "matmul($module, self, other)\n--\n\nmatmul(Tensor self, Tensor other) -> Tensor\n\nMatrix product of two tensors."},
 {"native_layer_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_layer_norm)), METH_FASTCALL | METH_KEYWORDS, "native_layer_norm($module, input, normalized_shape, weight, bias, eps)\n--\n\nnative_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)\n\nLayer norm over the trailing dims; returns (out, mean, rstd)."},
+{"native_layer_norm_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_native_layer_norm_out)), METH_FASTCALL | METH_KEYWORDS, "native_layer_norm_out($module, input, normalized_shape, weight, bias, eps, *, out0, out1, out2)\n--\n\nnative_layer_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))\n\nLayer norm over the trailing dims; returns (out, mean, rstd)."},
 {"layer_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_layer_norm)), METH_FASTCALL | METH_KEYWORDS, "layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, cudnn_enable=True)\n--\n\nlayer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor\n\nLayer normalization over normalized_shape."},
 {"embedding", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding)), METH_FASTCALL | METH_KEYWORDS, "embedding($module, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False)\n--\n\nembedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor\n\nRows of weight selected by indices."},
+{"embedding_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_embedding_out)), METH_FASTCALL | METH_KEYWORDS, "embedding_out($module, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False, *, out)\n--\n\nembedding.out(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False, *, Tensor(a!) out) -> Tensor(a!)\n\nRows of weight selected by indices."},
 {"zeros", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_zeros)), METH_FASTCALL | METH_KEYWORDS, "zeros($module, size, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nzeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nA tensor of zeros."},
 {"ones_like", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_ones_like)), METH_FASTCALL | METH_KEYWORDS, "ones_like($module, self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)\n--\n\nones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor\n\nReturns a tensor filled with the scalar value 1, with the same size as input."},
 {"empty_permuted", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_empty_permuted)), METH_FASTCALL | METH_KEYWORDS, "empty_permuted($module, size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None)\n--\n\nempty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor\n\nAn uninitialised tensor of the given size whose dims are laid out in memory in physical_layout order (how AOTAutograd allocates empty_like)."},
@@ -2755,5 +2976,7 @@ PyMethodDef opgen_methods_2[] = {
 {"mish", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish)), METH_FASTCALL | METH_KEYWORDS, "mish($module, self)\n--\n\nmish(Tensor self) -> Tensor\n\nx * tanh(softplus(x)), element-wise."},
 {"mish_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_)), METH_FASTCALL | METH_KEYWORDS, "mish_($module, self)\n--\n\nmish_(Tensor(a!) self) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},
 {"mish_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_out)), METH_FASTCALL | METH_KEYWORDS, "mish_out($module, self, *, out)\n--\n\nmish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},
+{"mkldnn_convolution_pointwise", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mkldnn_convolution_pointwise)), METH_FASTCALL | METH_KEYWORDS, "mkldnn_convolution_pointwise($module, X, W, B, padding, stride, dilation, groups, attr, scalars, algorithm)\n--\n\nmkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor\n\noneDNN convolution on a (packed) weight, with a unary post-op attr (none, relu, gelu, swish, ...)."},
+{"mkldnn_convolution_pointwise_binary", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mkldnn_convolution_pointwise_binary)), METH_FASTCALL | METH_KEYWORDS, "mkldnn_convolution_pointwise_binary($module, X, other, W, B, padding, stride, dilation, groups, binary_attr, alpha, unary_attr, unary_scalars, unary_algorithm)\n--\n\nmkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor\n\noneDNN convolution on a (packed) weight with a binary post-op (add ...) with other, then an optional unary one."},
 {nullptr, nullptr, 0, nullptr},
 };

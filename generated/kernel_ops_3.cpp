@@ -174,7 +174,7 @@ PyObject* kernel_ops_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:43: div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
+// ops.yaml:45: div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
 PyObject* kernel_ops_div_mode(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_mode", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -198,7 +198,7 @@ PyObject* kernel_ops_div_mode(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:46: div_.Tensor_mode(Tensor(a!) self, Tensor other, *, str? rounding_mode) -> Tensor(a!)
+// ops.yaml:48: div_.Tensor_mode(Tensor(a!) self, Tensor other, *, str? rounding_mode) -> Tensor(a!)
 PyObject* kernel_ops_div_mode_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_mode_", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -224,7 +224,7 @@ PyObject* kernel_ops_div_mode_(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:47: div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:49: div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_div_mode_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_mode_out", {"self", "other", "rounding_mode", "out"}, 2, 0xf);
   OPGEN_TRY
@@ -251,7 +251,7 @@ PyObject* kernel_ops_div_mode_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:91: eq.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:94: eq.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_eq(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("eq", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -274,7 +274,7 @@ PyObject* kernel_ops_eq(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:93: eq_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:96: eq_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_eq_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("eq_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -299,7 +299,7 @@ PyObject* kernel_ops_eq_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:94: eq.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:97: eq.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_eq_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("eq_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -325,7 +325,7 @@ PyObject* kernel_ops_eq_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:109: le.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:112: le.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_le(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -348,7 +348,7 @@ PyObject* kernel_ops_le(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:111: le_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:114: le_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_le_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -373,7 +373,7 @@ PyObject* kernel_ops_le_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:112: le.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:115: le.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_le_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -399,7 +399,7 @@ PyObject* kernel_ops_le_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:127: eq.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:130: eq.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_eq_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("eq_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -422,7 +422,7 @@ PyObject* kernel_ops_eq_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:130: eq.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:133: eq.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_eq_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("eq_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -448,7 +448,7 @@ PyObject* kernel_ops_eq_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:133: ne.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:136: ne.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_ne_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ne_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -471,7 +471,7 @@ PyObject* kernel_ops_ne_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:136: ne.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:139: ne.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ne_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ne_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -497,7 +497,7 @@ PyObject* kernel_ops_ne_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:151: logical_and(Tensor self, Tensor other) -> Tensor
+// ops.yaml:154: logical_and(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_and(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_and", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -514,7 +514,7 @@ PyObject* kernel_ops_logical_and(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:153: logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:156: logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_and_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_and_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -540,7 +540,7 @@ PyObject* kernel_ops_logical_and_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:165: logical_not(Tensor self) -> Tensor
+// ops.yaml:168: logical_not(Tensor self) -> Tensor
 PyObject* kernel_ops_logical_not(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_not", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -556,7 +556,7 @@ PyObject* kernel_ops_logical_not(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:167: logical_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:170: logical_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_not_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_not_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -581,7 +581,7 @@ PyObject* kernel_ops_logical_not_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:197: exp(Tensor self) -> Tensor
+// ops.yaml:200: exp(Tensor self) -> Tensor
 PyObject* kernel_ops_exp(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("exp", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -603,7 +603,7 @@ PyObject* kernel_ops_exp(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:199: exp_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:202: exp_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_exp_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("exp_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -627,7 +627,7 @@ PyObject* kernel_ops_exp_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:200: exp.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:203: exp.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_exp_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("exp_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -652,7 +652,7 @@ PyObject* kernel_ops_exp_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:233: tanh(Tensor self) -> Tensor
+// ops.yaml:236: tanh(Tensor self) -> Tensor
 PyObject* kernel_ops_tanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tanh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -674,7 +674,7 @@ PyObject* kernel_ops_tanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:235: tanh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:238: tanh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_tanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tanh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -698,7 +698,7 @@ PyObject* kernel_ops_tanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:236: tanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:239: tanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tanh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -723,7 +723,7 @@ PyObject* kernel_ops_tanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:239: sigmoid(Tensor self) -> Tensor
+// ops.yaml:242: sigmoid(Tensor self) -> Tensor
 PyObject* kernel_ops_sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sigmoid", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -745,7 +745,7 @@ PyObject* kernel_ops_sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:241: sigmoid_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:244: sigmoid_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sigmoid_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sigmoid_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -769,7 +769,7 @@ PyObject* kernel_ops_sigmoid_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:242: sigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:245: sigmoid.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sigmoid_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sigmoid_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -794,7 +794,7 @@ PyObject* kernel_ops_sigmoid_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:263: ceil(Tensor self) -> Tensor
+// ops.yaml:266: ceil(Tensor self) -> Tensor
 PyObject* kernel_ops_ceil(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ceil", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -816,7 +816,7 @@ PyObject* kernel_ops_ceil(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:265: ceil_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:268: ceil_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_ceil_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ceil_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -840,7 +840,7 @@ PyObject* kernel_ops_ceil_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:266: ceil.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:269: ceil.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ceil_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ceil_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -865,7 +865,7 @@ PyObject* kernel_ops_ceil_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:281: log1p(Tensor self) -> Tensor
+// ops.yaml:284: log1p(Tensor self) -> Tensor
 PyObject* kernel_ops_log1p(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log1p", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -887,7 +887,7 @@ PyObject* kernel_ops_log1p(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:283: log1p_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:286: log1p_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log1p_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log1p_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -911,7 +911,7 @@ PyObject* kernel_ops_log1p_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:284: log1p.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:287: log1p.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log1p_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log1p_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -936,7 +936,7 @@ PyObject* kernel_ops_log1p_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:287: expm1(Tensor self) -> Tensor
+// ops.yaml:290: expm1(Tensor self) -> Tensor
 PyObject* kernel_ops_expm1(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("expm1", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -958,7 +958,7 @@ PyObject* kernel_ops_expm1(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:289: expm1_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:292: expm1_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_expm1_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("expm1_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -982,7 +982,7 @@ PyObject* kernel_ops_expm1_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:290: expm1.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:293: expm1.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_expm1_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("expm1_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1007,7 +1007,7 @@ PyObject* kernel_ops_expm1_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:328: softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
+// ops.yaml:333: softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
 PyObject* kernel_ops_softplus(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("softplus", {"self", "beta", "threshold"}, 3, 0x1);
   OPGEN_TRY
@@ -1031,7 +1031,7 @@ PyObject* kernel_ops_softplus(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:330: softplus.out(Tensor self, Scalar beta=1, Scalar threshold=20, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:335: softplus.out(Tensor self, Scalar beta=1, Scalar threshold=20, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_softplus_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("softplus_out", {"self", "beta", "threshold", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1058,7 +1058,7 @@ PyObject* kernel_ops_softplus_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:339: hardswish(Tensor self) -> Tensor
+// ops.yaml:344: hardswish(Tensor self) -> Tensor
 PyObject* kernel_ops_hardswish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardswish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1080,7 +1080,7 @@ PyObject* kernel_ops_hardswish(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:341: hardswish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:346: hardswish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_hardswish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardswish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1104,7 +1104,7 @@ PyObject* kernel_ops_hardswish_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:342: hardswish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:347: hardswish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_hardswish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("hardswish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1129,7 +1129,7 @@ PyObject* kernel_ops_hardswish_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:403: argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
+// ops.yaml:409: argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_argmin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("argmin", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1153,7 +1153,7 @@ PyObject* kernel_ops_argmin(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:405: argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:411: argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_argmin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("argmin_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1180,7 +1180,7 @@ PyObject* kernel_ops_argmin_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:418: prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:426: prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_prod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod", {"self", "dim", "keepdim", "dtype"}, 3, 0x3);
   OPGEN_TRY
@@ -1205,7 +1205,35 @@ PyObject* kernel_ops_prod(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:443: _softmax(Tensor self, int dim, bool half_to_float) -> Tensor
+// ops.yaml:429: prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_prod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("prod_out", {"self", "dim", "keepdim", "dtype", "out"}, 3, 0x13);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const int64_t dim = opgen::convert<int64_t>(slots[1], sig, 1);
+  const bool keepdim = slots[2] ? opgen::convert<bool>(slots[2], sig, 2) : bool(false);
+  const std::optional<at::ScalarType> dtype = slots[3] ? opgen::convert_optional<at::ScalarType>(slots[3], sig, 3) : std::nullopt;
+  at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 4);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      at::cpu::prod_outf(self, dim, keepdim, dtype, out);
+      return opgen::same(slots[4]);
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      at::cuda::prod_outf(self, dim, keepdim, dtype, out);
+      return opgen::same(slots[4]);
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:454: _softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 PyObject* kernel_ops__softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_softmax", {"self", "dim", "half_to_float"}, 3, 0x7);
   OPGEN_TRY
@@ -1229,7 +1257,7 @@ PyObject* kernel_ops__softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:445: _softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:456: _softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__softmax_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_softmax_out", {"self", "dim", "half_to_float", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -1256,7 +1284,7 @@ PyObject* kernel_ops__softmax_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:448: _log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
+// ops.yaml:459: _log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 PyObject* kernel_ops__log_softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_log_softmax", {"self", "dim", "half_to_float"}, 3, 0x7);
   OPGEN_TRY
@@ -1280,7 +1308,7 @@ PyObject* kernel_ops__log_softmax(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:450: _log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:461: _log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__log_softmax_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_log_softmax_out", {"self", "dim", "half_to_float", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -1307,7 +1335,7 @@ PyObject* kernel_ops__log_softmax_out(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:472: _unsafe_view(Tensor self, SymInt[] size) -> Tensor
+// ops.yaml:483: _unsafe_view(Tensor self, SymInt[] size) -> Tensor
 PyObject* kernel_ops__unsafe_view(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_unsafe_view", {"self", "size"}, 2, 0x3);
   OPGEN_TRY
@@ -1324,7 +1352,7 @@ PyObject* kernel_ops__unsafe_view(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:476: permute(Tensor(a) self, int[] dims) -> Tensor(a)
+// ops.yaml:487: permute(Tensor(a) self, int[] dims) -> Tensor(a)
 PyObject* kernel_ops_permute(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("permute", {"self", "dims"}, 2, 0x3);
   OPGEN_TRY
@@ -1341,7 +1369,7 @@ PyObject* kernel_ops_permute(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:489: expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
+// ops.yaml:500: expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
 PyObject* kernel_ops_expand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("expand", {"self", "size", "implicit"}, 2, 0x3);
   OPGEN_TRY
@@ -1359,7 +1387,7 @@ PyObject* kernel_ops_expand(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:524: flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)
+// ops.yaml:535: flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)
 PyObject* kernel_ops_flatten(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flatten", {"self", "start_dim", "end_dim"}, 3, 0x1);
   OPGEN_TRY
@@ -1377,7 +1405,7 @@ PyObject* kernel_ops_flatten(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:564: copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)
+// ops.yaml:576: copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)
 PyObject* kernel_ops_copy_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy_", {"self", "src", "non_blocking"}, 3, 0x3);
   OPGEN_TRY
@@ -1396,7 +1424,7 @@ PyObject* kernel_ops_copy_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:568: fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)
+// ops.yaml:580: fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)
 PyObject* kernel_ops_fill_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_", {"self", "value"}, 2, 0x3);
   OPGEN_TRY
@@ -1421,7 +1449,7 @@ PyObject* kernel_ops_fill_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:583: bmm(Tensor self, Tensor mat2) -> Tensor
+// ops.yaml:595: bmm(Tensor self, Tensor mat2) -> Tensor
 PyObject* kernel_ops_bmm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bmm", {"self", "mat2"}, 2, 0x3);
   OPGEN_TRY
@@ -1444,7 +1472,7 @@ PyObject* kernel_ops_bmm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:585: bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:597: bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bmm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bmm_out", {"self", "mat2", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1470,7 +1498,7 @@ PyObject* kernel_ops_bmm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:588: addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
+// ops.yaml:600: addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addmm", {"self", "mat1", "mat2", "beta", "alpha"}, 3, 0x7);
   OPGEN_TRY
@@ -1496,7 +1524,7 @@ PyObject* kernel_ops_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:590: addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:602: addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addmm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addmm_out", {"self", "mat1", "mat2", "beta", "alpha", "out"}, 3, 0x27);
   OPGEN_TRY
@@ -1525,7 +1553,7 @@ PyObject* kernel_ops_addmm_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:602: linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor
+// ops.yaml:614: linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor
 PyObject* kernel_ops_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("linear", {"input", "weight", "bias"}, 3, 0x3);
   OPGEN_TRY
@@ -1543,7 +1571,7 @@ PyObject* kernel_ops_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:625: max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:640: max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 PyObject* kernel_ops_max_pool2d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool2d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
   OPGEN_TRY
@@ -1570,7 +1598,38 @@ PyObject* kernel_ops_max_pool2d_with_indices(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:630: avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+// ops.yaml:642: max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+PyObject* kernel_ops_max_pool2d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("max_pool2d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> kernel_size = opgen::int_list(slots[1], sig, 1, 2);
+  const std::vector<int64_t> stride = slots[2] ? opgen::int_list(slots[2], sig, 2, 2) : std::vector<int64_t>({});
+  const std::vector<int64_t> padding = slots[3] ? opgen::int_list(slots[3], sig, 3, 2) : std::vector<int64_t>({0, 0});
+  const std::vector<int64_t> dilation = slots[4] ? opgen::int_list(slots[4], sig, 4, 2) : std::vector<int64_t>({1, 1});
+  const bool ceil_mode = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
+  at::Tensor& indices = opgen::mutable_tensor(slots[7], sig, 7);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 6).add(indices, 7);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      opgen::without_gil([&] { return at::cpu::max_pool2d_with_indices_outf(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices); });
+      return opgen::same_tuple({slots[6], slots[7]});
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      opgen::without_gil([&] { return at::cuda::max_pool2d_with_indices_outf(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices); });
+      return opgen::same_tuple({slots[6], slots[7]});
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:646: avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 PyObject* kernel_ops_avg_pool2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool2d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 7, 0x3);
   OPGEN_TRY
@@ -1598,7 +1657,7 @@ PyObject* kernel_ops_avg_pool2d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:632: avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:648: avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool2d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "out"}, 7, 0x83);
   OPGEN_TRY
@@ -1629,7 +1688,7 @@ PyObject* kernel_ops_avg_pool2d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:655: cudnn_convolution_relu(Tensor self, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
+// ops.yaml:673: cudnn_convolution_relu(Tensor self, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor
 PyObject* kernel_ops_cudnn_convolution_relu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cudnn_convolution_relu", {"self", "weight", "bias", "stride", "padding", "dilation", "groups"}, 7, 0x7f);
   OPGEN_TRY
@@ -1655,7 +1714,7 @@ PyObject* kernel_ops_cudnn_convolution_relu(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:687: masked_select(Tensor self, Tensor mask) -> Tensor
+// ops.yaml:708: masked_select(Tensor self, Tensor mask) -> Tensor
 PyObject* kernel_ops_masked_select(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_select", {"self", "mask"}, 2, 0x3);
   OPGEN_TRY
@@ -1678,7 +1737,7 @@ PyObject* kernel_ops_masked_select(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:696: ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:717: ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_ones(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ones", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -1698,7 +1757,7 @@ PyObject* kernel_ops_ones(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:718: zeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+// ops.yaml:739: zeros_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("zeros_like", {"self", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1, 0x1);
   OPGEN_TRY
@@ -1719,7 +1778,7 @@ PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:804: acosh(Tensor self) -> Tensor
+// ops.yaml:826: acosh(Tensor self) -> Tensor
 PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1741,7 +1800,7 @@ PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:806: acosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:828: acosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1765,7 +1824,7 @@ PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:807: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:829: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1790,7 +1849,7 @@ PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:832: atan(Tensor self) -> Tensor
+// ops.yaml:854: atan(Tensor self) -> Tensor
 PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1812,7 +1871,7 @@ PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:834: atan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:856: atan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1836,7 +1895,7 @@ PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:835: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:857: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1861,7 +1920,7 @@ PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:842: atanh(Tensor self) -> Tensor
+// ops.yaml:864: atanh(Tensor self) -> Tensor
 PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1883,7 +1942,7 @@ PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:844: atanh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:866: atanh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1907,7 +1966,7 @@ PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:845: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:867: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1932,7 +1991,7 @@ PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:871: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:893: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1955,7 +2014,7 @@ PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:873: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:895: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1980,7 +2039,7 @@ PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:874: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:896: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2006,7 +2065,7 @@ PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:888: cosh(Tensor self) -> Tensor
+// ops.yaml:910: cosh(Tensor self) -> Tensor
 PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2028,7 +2087,7 @@ PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:890: cosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:912: cosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2052,7 +2111,7 @@ PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:891: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:913: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2077,7 +2136,7 @@ PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:912: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:934: fmod.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2094,7 +2153,7 @@ PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:914: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:936: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2112,7 +2171,7 @@ PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:915: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:937: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2131,7 +2190,7 @@ PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:931: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+// ops.yaml:953: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2150,7 +2209,7 @@ PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:933: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+// ops.yaml:955: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
 PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2170,7 +2229,7 @@ PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:934: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:956: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_out", {"self", "indices", "values", "accumulate", "out"}, 4, 0x17);
   OPGEN_TRY
@@ -2191,7 +2250,7 @@ PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:949: log10(Tensor self) -> Tensor
+// ops.yaml:971: log10(Tensor self) -> Tensor
 PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2213,7 +2272,7 @@ PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:951: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:973: log10_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2237,7 +2296,7 @@ PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:952: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:974: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2262,7 +2321,7 @@ PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:969: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:991: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
   OPGEN_TRY
@@ -2289,7 +2348,7 @@ PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:971: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:993: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
   OPGEN_TRY
@@ -2320,7 +2379,7 @@ PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:977: nonzero(Tensor self) -> Tensor
+// ops.yaml:999: nonzero(Tensor self) -> Tensor
 PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2342,7 +2401,7 @@ PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:979: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1001: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2367,7 +2426,7 @@ PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:981: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:1003: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -2390,7 +2449,7 @@ PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:984: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1006: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2416,7 +2475,7 @@ PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1017: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1039: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2439,7 +2498,7 @@ PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1019: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1041: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2465,7 +2524,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1030: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1052: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2490,7 +2549,7 @@ PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1032: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1054: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2517,7 +2576,7 @@ PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1033: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1055: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2545,7 +2604,7 @@ PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1062: tan(Tensor self) -> Tensor
+// ops.yaml:1084: tan(Tensor self) -> Tensor
 PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2567,7 +2626,7 @@ PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1064: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1086: tan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2591,7 +2650,7 @@ PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1065: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1087: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2616,7 +2675,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1103: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1125: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
   OPGEN_TRY
@@ -2688,6 +2747,7 @@ PyMethodDef opgen_methods_3[] = {
 {"argmin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_argmin)), METH_FASTCALL | METH_KEYWORDS, "argmin($module, self, dim=None, keepdim=False)\n--\n\nargmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor\n\nIndices of the minimum along dim (or of the flattened tensor)."},
 {"argmin_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_argmin_out)), METH_FASTCALL | METH_KEYWORDS, "argmin_out($module, self, dim=None, keepdim=False, *, out)\n--\n\nargmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)\n\nIndices of the minimum along dim (or of the flattened tensor)."},
 {"prod", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_prod)), METH_FASTCALL | METH_KEYWORDS, "prod($module, self, dim, keepdim=False, *, dtype=None)\n--\n\nprod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor\n\nProduct along dim."},
+{"prod_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_prod_out)), METH_FASTCALL | METH_KEYWORDS, "prod_out($module, self, dim, keepdim=False, *, dtype=None, out)\n--\n\nprod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)\n\nProduct along dim."},
 {"_softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__softmax)), METH_FASTCALL | METH_KEYWORDS, "_softmax($module, self, dim, half_to_float)\n--\n\n_softmax(Tensor self, int dim, bool half_to_float) -> Tensor\n\nSoftmax over dim (ATen core op; half_to_float must be False on CPU)."},
 {"_softmax_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__softmax_out)), METH_FASTCALL | METH_KEYWORDS, "_softmax_out($module, self, dim, half_to_float, *, out)\n--\n\n_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)\n\nSoftmax over dim (ATen core op; half_to_float must be False on CPU)."},
 {"_log_softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__log_softmax)), METH_FASTCALL | METH_KEYWORDS, "_log_softmax($module, self, dim, half_to_float)\n--\n\n_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor\n\nLog-softmax over dim (ATen core op)."},
@@ -2704,6 +2764,7 @@ PyMethodDef opgen_methods_3[] = {
 {"addmm_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_addmm_out)), METH_FASTCALL | METH_KEYWORDS, "addmm_out($module, self, mat1, mat2, *, beta=1, alpha=1, out)\n--\n\naddmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)\n\nPerforms a matrix multiplication of the matrices mat1 and mat2."},
 {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_linear)), METH_FASTCALL | METH_KEYWORDS, "linear($module, input, weight, bias=None)\n--\n\nlinear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor\n\nApplies a linear transformation to the incoming data: y = xA^T + b."},
 {"max_pool2d_with_indices", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices($module, self, kernel_size, stride=[], padding=[0, 0], dilation=[1, 1], ceil_mode=False)\n--\n\nmax_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)\n\n2-D max pooling; returns (values, indices)."},
+{"max_pool2d_with_indices_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_max_pool2d_with_indices_out)), METH_FASTCALL | METH_KEYWORDS, "max_pool2d_with_indices_out($module, self, kernel_size, stride=[], padding=[0, 0], dilation=[1, 1], ceil_mode=False, *, out, indices)\n--\n\nmax_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))\n\n2-D max pooling; returns (values, indices)."},
 {"avg_pool2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d($module, self, kernel_size, stride=[], padding=[0, 0], ceil_mode=False, count_include_pad=True, divisor_override=None)\n--\n\navg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor\n\n2-D average pooling."},
 {"avg_pool2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_avg_pool2d_out)), METH_FASTCALL | METH_KEYWORDS, "avg_pool2d_out($module, self, kernel_size, stride=[], padding=[0, 0], ceil_mode=False, count_include_pad=True, divisor_override=None, *, out)\n--\n\navg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)\n\n2-D average pooling."},
 {"cudnn_convolution_relu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_cudnn_convolution_relu)), METH_FASTCALL | METH_KEYWORDS, "cudnn_convolution_relu($module, self, weight, bias, stride, padding, dilation, groups)\n--\n\ncudnn_convolution_relu(Tensor self, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor\n\nrelu(conv2d(self, weight, bias)) in one cuDNN kernel."},

@@ -322,6 +322,12 @@ Devices& Devices::add(const at::Tensor& t, int i) {
   return *this;
 }
 
+Devices& Devices::add_opaque(const at::Tensor& t, int i) {
+  if (!t.defined() || t.layout() != at::kMkldnn) return add(t, i);
+  check(t.device(), false, i);
+  return *this;
+}
+
 Devices& Devices::add(const std::vector<at::Tensor>& ts, int i) {
   for (const auto& t : ts) add(t, i);
   return *this;

@@ -96,6 +96,8 @@ class Devices {
   explicit Devices(const Signature& sig) : sig_(sig) {}
   Devices& add(const at::Tensor& t, int i);
   Devices& add(const std::optional<at::Tensor>& t, int i) { return t ? add(*t, i) : *this; }
+  // A tensor that may also be an opaque oneDNN (mkldnn-layout) CPU tensor: a packed weight (`opaque:`).
+  Devices& add_opaque(const at::Tensor& t, int i);
   Devices& add(const std::vector<at::Tensor>& ts, int i);
   Devices& add(const c10::List<std::optional<at::Tensor>>& ts, int i);
   // Factory ops: the `device=` argument decides when no tensor does.

@@ -50,7 +50,7 @@ def arg_lines(spec: OpSpec) -> list[str]:
 def device_lines(spec: OpSpec) -> list[str]:
     """Collect the devices of tensor arguments (and `device=` of factory ops)."""
     adds = [
-        f".add({cpp_arg(arg, i).var}, {i})"
+        f".{'add_opaque' if arg.name in spec.opaque else 'add'}({cpp_arg(arg, i).var}, {i})"
         for i, arg in enumerate(spec.schema.args)
         if arg.type.base == "Tensor" or (arg.type.base == "Device" and not spec.tensor_args)
     ]

@@ -42,7 +42,7 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
     siblings = variants.get(spec.group, {})
     info: dict[str, Any] = {
         "name": spec.python_name,
-        "aten": f"{'aten' if spec.triton is None else 'opgen'}::{schema.qualified_name}",
+        "aten": f"{'opgen' if spec.triton is not None or any(k.own for k in spec.kernels) else 'aten'}::{schema.qualified_name}",
         "schema": str(schema),
         "args": [arg_info(a) for a in schema.args],
         "returns": returns,
@@ -59,6 +59,7 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
         "mutates": [a.name for a in schema.args if a.alias is not None and a.alias.is_write],
         "release_gil": spec.release_gil,
         "checks": list(spec.checks),
+        "opaque": list(spec.opaque),
         "doc": spec.doc,
         "location": str(spec.location),
     }

@@ -1,6 +1,6 @@
 """A prepacked linear layer whose row count is known only per call (dynamic shapes).
 
-`passes.prepack` replaces `addmm(b, x, W.t())` by oneDNN's `_linear_pointwise` with the weight
+`passes.prepack` replaces `addmm(b, x, W.t())` by oneDNN's linear (`kernel_ops.mkldnn_linear_pointwise`) with the weight
 packed once; that is 10-40% faster from 8 rows up and about three times slower for one row. With a
 static row count the pass decides at compile time; with a symbolic one the generated code calls
 `linear(...)`, which decides per call from `x.shape[0]` (one Python frame, well under a microsecond,
@@ -17,7 +17,6 @@ import torch
 from opgen import kernel_ops
 
 MIN_ROWS = 8  # as passes.prepack.MIN_ROWS
-_linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
 
 
 def linear(
@@ -33,7 +32,7 @@ def linear(
     """`_linear_pointwise(x, packed, bias, attr, scalars, algorithm)` from MIN_ROWS rows, else addmm/mm + activation."""
     rows = x.shape[0]
     if rows >= MIN_ROWS:
-        return _linear_pointwise(x, packed, bias, attr, scalars, algorithm)  # type: ignore[no-any-return]
+        return kernel_ops.mkldnn_linear_pointwise(x, packed, bias, attr, scalars, algorithm)  # type: ignore[no-any-return]
     if scratch is None:
         out = kernel_ops.mm(x, weight_t) if bias is None else kernel_ops.addmm(bias, x, weight_t)
     else:

@@ -60,6 +60,15 @@ class OpInfo:
     candidate_for: str | None = None  # Triton ops: the ATen overload they compute ("aten::add.Tensor")
     contiguous: tuple[str, ...] = ()  # Triton ops: arguments that must be contiguous
     same_shape: tuple[str, ...] = ()  # Triton ops: arguments that must have one shape
+    kernels: tuple[str, ...] = ()  # the C++ kernels, one per backend ("at::cpu::add_outf")
+
+    @property
+    def copies_into_out(self) -> bool:
+        """An out variant whose only kernel is a composite one: for most (ATen's `autogen` out variants:
+        relu.out, convolution.out, native_layer_norm.out...) the functional kernel, then a copy into out."""
+        return self.variant == "out" and bool(self.kernels) and all(
+            k.startswith("at::compositeexplicitautograd::") for k in self.kernels
+        )
 
     @property
     def returns_list(self) -> bool:
@@ -118,6 +127,7 @@ def op_info(entry: Mapping[str, Any]) -> OpInfo:
         candidate_for=("aten::" + target.removeprefix("aten.")).removesuffix(".default") if target else None,
         contiguous=tuple(triton.get("contiguous", ())),
         same_shape=tuple(triton.get("same_shape", ())),
+        kernels=tuple(entry.get("kernels", {}).values()),
         name=entry["name"],
         aten=entry["aten"],
         args=tuple(arg_info(a) for a in entry["args"]),

@@ -5,7 +5,8 @@ A kernel the spec names (`at::cpu::add_outf`) must be declared in its header
 binding passes them all in schema order; otherwise the spec would give C++ that fails in the
 compiler, far from the YAML line at fault. The headers are found without importing torch (the
 generator must not): through the import system's spec of the `torch` package. Where no torch is
-installed, nothing is checked.
+installed, nothing is checked. opgen's own kernels (`opgen::kernels::<function>`) are checked the
+same way against opgen's own header, `csrc/opgen/kernels.h`, whose declarations start `OPGEN_KERNEL`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opgen.spec.model import Kernel
+from opgen.spec.model import OWN_HEADER, Kernel
 
-_DECLARATION = re.compile(r"^TORCH_API\s[^(]*?\b(?P<fn>\w+)\((?P<params>.*)\);\s*$")
+_DECLARATION = re.compile(r"^(?:TORCH_API|OPGEN_KERNEL)\s[^(]*?\b(?P<fn>\w+)\((?P<params>.*)\);\s*$")
+
+
+def own_header() -> Path:
+    """opgen's kernels.h: under the installed package (`opgen/csrc`) or the source tree (`csrc`)."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "csrc" / OWN_HEADER
+    return installed if installed.is_file() else package.parent / "csrc" / OWN_HEADER
 
 
 def torch_include_dir() -> Path | None:
@@ -68,7 +76,7 @@ class KernelIndex:
     def declarations(self, header: str) -> dict[str, set[int]] | None:
         """{function: its parameter counts} for one header; None if the header does not exist."""
         if header not in self._headers:
-            path = self.include / header
+            path = own_header() if header == OWN_HEADER else self.include / header
             if not path.is_file():
                 self._headers[header] = None
             else:

@@ -38,6 +38,11 @@ KERNEL_NAMESPACES = {
     "compositeexplicitautogradnonfunctional": BACKENDS,
     "compositeimplicitautograd": BACKENDS,
 }
+# opgen's own kernels: hand-written C++ in `opgen::kernels` (csrc/opgen/kernels.h) that call torch
+# functions no dispatch header declares (oneDNN's fused kernels); CPU only.
+OWN_NAMESPACE = "opgen::kernels"
+OWN_HEADER = "opgen/kernels.h"
+KERNEL_NAMESPACES[OWN_NAMESPACE] = ("cpu",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,16 +148,25 @@ class Variant(enum.Enum):
 class Kernel:
     backend: str  # one of BACKENDS
     namespace: str  # one of KERNEL_NAMESPACES
-    function: str  # C++ function name inside `at::<namespace>`
+    function: str  # C++ function name inside `at::<namespace>` (or OWN_NAMESPACE)
 
     @property
     def qualified_name(self) -> str:
+        if self.namespace == OWN_NAMESPACE:
+            return f"{OWN_NAMESPACE}::{self.function}"
         return f"at::{self.namespace}::{self.function}"
 
     @property
     def header(self) -> str:
-        """The ATen header declaring this kernel: named after the op, without `_`/`_out`/`_outf`."""
+        """The header declaring this kernel: ATen's is named after the op, without `_`/`_out`/`_outf`."""
+        if self.namespace == OWN_NAMESPACE:
+            return OWN_HEADER
         return f"ATen/ops/{kernel_op_name(self.function)}_{self.namespace}_dispatch.h"
+
+    @property
+    def own(self) -> bool:
+        """One of opgen's own kernels (csrc/opgen/kernels.h), not an ATen one."""
+        return self.namespace == OWN_NAMESPACE
 
 
 def kernel_op_name(function: str) -> str:
@@ -231,6 +245,7 @@ class OpSpec:
     location: Location
     triton: TritonKernel | None = None  # a Triton op: `kernels` is empty
     checks: tuple[str, ...] = ()  # argument checks the binding runs before the kernel (spec/checks.py)
+    opaque: tuple[str, ...] = ()  # Tensor arguments that may be opaque oneDNN tensors (own kernels only)
 
     @property
     def backends(self) -> tuple[str, ...]:

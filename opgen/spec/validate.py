@@ -24,6 +24,7 @@ from opgen.spec.loader import RawEntry, SpecError, load_entries
 from opgen.spec.model import (
     BACKENDS,
     KERNEL_NAMESPACES,
+    OWN_NAMESPACE,
     Alias,
     Arg,
     Kernel,
@@ -39,13 +40,13 @@ from opgen.spec.problems import Problems, unknown_key
 from opgen.spec.schema import SchemaSyntaxError, parse_schema
 from opgen.spec.triton import triton_kernel
 
-ENTRY_KEYS = ("func", "python", "kernels", "triton", "inplace", "out", "release_gil", "checks", "doc")
+ENTRY_KEYS = ("func", "python", "kernels", "triton", "inplace", "out", "release_gil", "checks", "opaque", "doc")
 # Keys a Triton op cannot have: its variants are entries of their own, and its launch keeps the GIL.
 NOT_WITH_TRITON = ("kernels", "inplace", "out", "release_gil")
 VARIANT_KEYS = ("func", "python", "kernels")
 LIST_BASES = ("Tensor", "int", "SymInt", "float", "bool")
 # \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
-_KERNEL = re.compile(r"^at::(?P<ns>[a-z_]+)::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
+_KERNEL = re.compile(r"^(?:at::(?P<ns>[a-z_]+)|(?P<own>opgen::kernels))::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab and newline, and DEL
 
@@ -111,6 +112,7 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
         checks, messages = check_problems(fields["checks"], schema)
         for message in messages:
             problems.add(lines["checks"], op_name, message)
+    opaque = _opaque(fields, lines, schema, kernels, op_name, problems)
     if schema is None or kernels is None or len(problems.items) > count:
         return []
     python_name = python if python is not None else default_python_name(schema)
@@ -118,7 +120,7 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
         return []
     location = Location(problems.path, lines["func"])
     own = variant_of(schema)
-    base = OpSpec(schema, python_name, kernels, own, python_name, str(doc), release_gil, location, triton, checks)
+    base = OpSpec(schema, python_name, kernels, own, python_name, str(doc), release_gil, location, triton, checks, opaque)
     ops = [base]
     for kind in (Variant.INPLACE, Variant.OUT):
         if kind.value in fields:
@@ -238,17 +240,37 @@ def _kernels(raw: Any, line: int, op: str, problems: Problems) -> tuple[Kernel, 
             continue
         match = _KERNEL.match(name) if isinstance(name, str) else None
         if match is None:
-            problems.add(line, op, f"{backend} kernel {name!r} is not of the form at::<namespace>::<function>")
+            problems.add(
+                line, op, f"{backend} kernel {name!r} is not of the form at::<namespace>::<function> or {OWN_NAMESPACE}::<function>"
+            )
             continue
-        namespace = match["ns"]
+        namespace = match["ns"] or match["own"]
+        spelled = namespace if match["own"] else f"at::{namespace}"
         if namespace not in KERNEL_NAMESPACES:
-            allowed = ", ".join(f"at::{ns}" for ns in KERNEL_NAMESPACES)
+            allowed = ", ".join(ns if ns == OWN_NAMESPACE else f"at::{ns}" for ns in KERNEL_NAMESPACES)
             problems.add(line, op, f"{backend} kernel '{name}': unknown namespace (allowed: {allowed})")
         elif backend not in KERNEL_NAMESPACES[namespace]:
-            problems.add(line, op, f"{backend} kernel '{name}': at::{namespace} kernels cannot serve '{backend}'")
+            problems.add(line, op, f"{backend} kernel '{name}': {spelled} kernels cannot serve '{backend}'")
         else:
             kernels.append(Kernel(backend, namespace, match["fn"]))
     return tuple(kernels) if len(kernels) == len(raw) else None
+
+
+def _opaque(
+    fields: dict[str, Any], lines: dict[str, int], schema: Schema | None, kernels: tuple[Kernel, ...] | None,
+    op: str, problems: Problems,
+) -> tuple[str, ...]:
+    """`opaque:`: Tensor arguments that may also be opaque oneDNN (mkldnn-layout) tensors; own kernels only."""
+    if "opaque" not in fields or schema is None:
+        return ()
+    value, line = fields["opaque"], lines["opaque"]
+    tensors = [a.name for a in schema.args if a.type.base == "Tensor" and not a.type.is_list]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in tensors for v in value):
+        problems.add(line, op, f"'opaque' must be a list of Tensor argument names ({', '.join(tensors)}), not {value!r}")
+        return ()
+    if kernels is not None and not all(k.own for k in kernels):
+        problems.add(line, op, f"'opaque' needs {OWN_NAMESPACE} kernels: ATen's kernels take strided tensors only")
+    return tuple(value)
 
 
 def _python_name_ok(name: Any, line: int, op: str, problems: Problems) -> bool:

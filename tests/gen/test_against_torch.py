@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from opgen.spec.defaults import MEMORY_FORMATS, parse_default
+from opgen.spec.kernels import own_header
 from opgen.spec.model import OpSpec, Schema
 from opgen.spec.schema import parse_schema
 from opgen.spec.validate import load_spec
@@ -35,7 +36,16 @@ def normalized(schema: Schema) -> tuple[object, ...]:
     return schema.name, schema.overload, args, schema.returns
 
 
-ATEN_OPS = [s for s in OPS if s.triton is None]
+ATEN_OPS = [s for s in OPS if s.triton is None and not any(k.own for k in s.kernels)]
+OWN_OPS = [s for s in OPS if any(k.own for k in s.kernels)]
+# opgen's own kernels -> the torch.ops overload they stand for (their post-op scalars are float[],
+# where torch's are Scalar?[])
+OWN_COUNTERPARTS = {
+    "mkldnn_linear_pointwise": "_linear_pointwise.default",
+    "mkldnn_linear_pointwise_binary": "_linear_pointwise.binary",
+    "mkldnn_convolution_pointwise": "_convolution_pointwise.default",
+    "mkldnn_convolution_pointwise_binary": "_convolution_pointwise.binary",
+}
 CANDIDATES = [s for s in OPS if s.triton is not None and s.triton.candidate_for]
 
 
@@ -52,6 +62,18 @@ def test_schema_matches_torch(spec: OpSpec) -> None:
     assert normalized(spec.schema) == normalized(theirs), f"\nours:   {spec.schema}\ntorch:  {theirs}"
 
 
+@pytest.mark.skipif(not hasattr(torch.ops.mkldnn, "_convolution_pointwise"), reason="torch without oneDNN")
+@pytest.mark.parametrize("spec", OWN_OPS, ids=[s.python_name for s in OWN_OPS])
+def test_own_kernel_takes_its_torch_counterparts_arguments(spec: OpSpec) -> None:
+    name, _, overload = OWN_COUNTERPARTS[spec.python_name].partition(".")
+    theirs = getattr(getattr(torch.ops.mkldnn, name), overload)._schema
+    ours = [(a.name, str(a.type).replace("float[]", "Scalar?[]")) for a in spec.schema.args]
+    assert ours == [(a.name, str(a.type).replace("List[Optional[number]]", "Scalar?[]")
+                     .replace("Optional[number]", "Scalar?").replace("Optional[str]", "str?")
+                     .replace("Optional[Tensor]", "Tensor?").replace("List[int]", "int[]"))
+                    for a in theirs.arguments]  # fmt: skip
+
+
 @pytest.mark.parametrize("spec", CANDIDATES, ids=[s.python_name for s in CANDIDATES])
 def test_triton_candidate_takes_the_overloads_arguments(spec: OpSpec) -> None:
     """A Triton op offered as a candidate for an ATen overload is called with that overload's arguments."""
@@ -63,7 +85,7 @@ def test_triton_candidate_takes_the_overloads_arguments(spec: OpSpec) -> None:
 @pytest.mark.parametrize("spec", OPS, ids=[s.python_name for s in OPS])
 def test_kernels_are_declared(spec: OpSpec) -> None:
     for kernel in spec.kernels:
-        header = TORCH_INCLUDE / kernel.header
+        header = own_header() if kernel.own else TORCH_INCLUDE / kernel.header
         assert header.exists(), f"{kernel.qualified_name}: no header {kernel.header}"
         assert f" {kernel.function}(" in header.read_text(), f"{header.name} does not declare {kernel.function}"
 

@@ -254,6 +254,8 @@ def _info(name: str) -> dict[str, Any]:
 
 
 def _aten(name: str) -> Any:
+    if _info(name)["aten"] in samples.EAGER:  # one of opgen's own kernels
+        return samples.EAGER[_info(name)["aten"]]
     op, _, overload = _info(name)["aten"].removeprefix("aten::").partition(".")
     return getattr(getattr(torch.ops.aten, op), overload or "default")
 

@@ -99,6 +99,28 @@ def test_kernel_not_declared_in_its_header(tmp_path: Path) -> None:
     ]
 
 
+# opgen's own kernels are checked against csrc/opgen/kernels.h the same way.
+@pytest.mark.skipif(KernelIndex.find() is None, reason="needs torch's headers")
+@pytest.mark.parametrize(
+    ("kernel", "problem"),
+    [
+        (
+            "opgen::kernels::relu",
+            "cpu kernel 'opgen::kernels::relu' is not declared in opgen/kernels.h (it declares: "
+            "mkldnn_convolution_pointwise, mkldnn_convolution_pointwise_binary, mkldnn_linear_pointwise, "
+            "mkldnn_linear_pointwise_binary)",
+        ),
+        (
+            "opgen::kernels::mkldnn_linear_pointwise",
+            "cpu kernel 'opgen::kernels::mkldnn_linear_pointwise' takes 6 arguments, but the schema has 1",
+        ),
+    ],
+)
+def test_unknown_own_kernel(tmp_path: Path, kernel: str, problem: str) -> None:
+    data = f"- func: relu(Tensor self) -> Tensor\n  kernels: {{cpu: {kernel}}}\n".encode()
+    assert problems_of(tmp_path, data) == [f"ops.yaml:1: op 'relu': {problem}"]
+
+
 def test_count_params() -> None:
     assert count_params("") == 0
     assert count_params("const at::Tensor & self") == 1

@@ -843,3 +843,50 @@ SAMPLES = MappingProxyType({**SAMPLES, **CORE_SAMPLES})
 
 # Ops that float32 does not apply to; every other entry must run in float32.
 NO_FLOAT32 = frozenset({"bitwise_not", "bitwise_and.Tensor"}) | CORE_NO_FLOAT32
+
+
+# --- opgen's own kernels (`opgen::` in the registry): samples, and the eager function they must match -------
+def _mkldnn(op: Any, scalar_lists: tuple[int, ...]) -> Any:
+    """torch.ops.mkldnn's overload, with the float tuples kernel_ops takes as the Scalar?[] lists it takes."""
+
+    def eager(*args: Any) -> Any:
+        return op(*(list(a) if i in scalar_lists else a for i, a in enumerate(args)))
+
+    return eager
+
+
+def _linear_samples(m: Maker) -> list[Sample]:
+    x, w, b = m(16, 32), m(24, 32), m(24)
+    return [S(x, w, b, "none", (), ""), S(x, w, None, "gelu", (), "tanh"), S(m(2, 3, 32), w, b, "leaky_relu", (0.1,), "")]
+
+
+def _conv_samples(m: Maker) -> list[Sample]:
+    x, w, b = m(2, 8, 12, 12), m(16, 4, 3, 3), m(16)
+    return [S(x, w, b, [1, 1], [2, 2], [1, 1], 2, "relu", (), ""), S(x, w, None, [0, 0], [1, 1], [2, 2], 2, "hardtanh", (-1.0, 1.0), "")]
+
+
+OWN_SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
+    {
+        "opgen::mkldnn_linear_pointwise": OpSamples((F32,), _linear_samples),
+        "opgen::mkldnn_linear_pointwise_binary": OpSamples(
+            (F32,), lambda m: [S(m(16, 32), m(16, 24), m(24, 32), m(24), "add")]
+        ),
+        "opgen::mkldnn_convolution_pointwise": OpSamples((F32,), _conv_samples),
+        "opgen::mkldnn_convolution_pointwise_binary": OpSamples(
+            (F32,),
+            lambda m: [S(m(2, 8, 12, 12), m(2, 16, 6, 6), m(16, 4, 3, 3), m(16), [1, 1], [2, 2], [1, 1], 2, "add", 1.0, "relu", (), "")],
+        ),
+    }
+)
+# where the eager result comes from for a function whose registry `aten` is not an ATen op
+EAGER: Mapping[str, Any] = MappingProxyType(
+    {
+        "opgen::mkldnn_linear_pointwise": _mkldnn(torch.ops.mkldnn._linear_pointwise.default, (4,)),
+        "opgen::mkldnn_linear_pointwise_binary": _mkldnn(torch.ops.mkldnn._linear_pointwise.binary, ()),
+        "opgen::mkldnn_convolution_pointwise": _mkldnn(torch.ops.mkldnn._convolution_pointwise.default, (8,)),
+        "opgen::mkldnn_convolution_pointwise_binary": _mkldnn(torch.ops.mkldnn._convolution_pointwise.binary, (11,)),
+    }
+    if hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+    else {}
+)
+SAMPLES = MappingProxyType({**SAMPLES, **{k: v for k, v in OWN_SAMPLES.items() if k in EAGER}})

@@ -265,7 +265,7 @@ def test_prepack_runs_linear_layers_through_onednn_with_packed_weights(registry)
     p = fold_constants(linear_program(16), registry)
     out = eliminate_dead_code(prepack_linear(p, registry), registry)
     assert [line.kernel for line in out.setup] == ["mkldnn._reorder_linear_weight.default"]
-    assert out.body[0].kernel == "mkldnn._linear_pointwise.default" and out.body[0].args[1:3] == (
+    assert out.body[0].kernel == "mkldnn_linear_pointwise" and out.body[0].args[1:3] == (
         Ref("packed0"),
         Ref("b"),
     )
@@ -337,7 +337,7 @@ def test_memory_planning_writes_in_place_into_per_call_values_that_are_returned(
         inputs=(Input("img", meta(1, 4, 2, 2)),),
         constants=(TensorConstant("w", "w", meta(4, 4, 1, 1)),),
     )
-    out = plan_memory(p, registry)  # convolution has no out variant: a fresh tensor each call
+    out = plan_memory(p, registry)  # convolution.out copies (copies_into_out): a fresh tensor each call
     assert kernels(out.body) == ["convolution", "relu_"] and out.body[-1] == Return((Ref("buf0"),), "single")
     assert out.setup == ()
 
@@ -434,7 +434,7 @@ def test_prepack_fuses_a_following_gelu(registry) -> None:
         ),
     )
     out = eliminate_dead_code(prepack_linear(fold_constants(p, registry), registry), registry)
-    assert [line.kernel for line in out.body[:-1]] == ["mkldnn._linear_pointwise.default"]
+    assert [line.kernel for line in out.body[:-1]] == ["mkldnn_linear_pointwise"]
     assert out.body[0].args[3:] == ("gelu", (), "tanh") and out.body[0].outputs[0].name == "buf2"
     values = {"w": torch.randn(24, 32), "b": torch.randn(24)}
     xs = torch.randn(16, 32)

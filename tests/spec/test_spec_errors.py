@@ -45,14 +45,14 @@ CASES = [
         "unknown_key",
         RELU + "  kernel: x\n",
         [
-            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, doc); did you mean 'kernels'?"
+            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, opaque, doc); did you mean 'kernels'?"
         ],
     ),
     (
         "null_key",
         RELU + "  null: x\n",
         [
-            "ops.yaml:1: op 'relu': unknown key 'None' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, doc)"
+            "ops.yaml:1: op 'relu': unknown key 'None' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, opaque, doc)"
         ],
     ),
     (
@@ -125,14 +125,40 @@ CASES = [
     (
         "bad_kernel_form",
         "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: relu}\n",
-        ["ops.yaml:2: op 'relu': cpu kernel 'relu' is not of the form at::<namespace>::<function>"],
+        [
+            "ops.yaml:2: op 'relu': cpu kernel 'relu' is not of the form at::<namespace>::<function> "
+            "or opgen::kernels::<function>"
+        ],
     ),
     (
         "unknown_namespace",
         "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: at::native::relu}\n",
         [
-            "ops.yaml:2: op 'relu': cpu kernel 'at::native::relu': unknown namespace (allowed: at::cpu, at::cuda, at::compositeexplicitautograd, at::compositeexplicitautogradnonfunctional, at::compositeimplicitautograd)"
+            "ops.yaml:2: op 'relu': cpu kernel 'at::native::relu': unknown namespace (allowed: at::cpu, at::cuda, at::compositeexplicitautograd, at::compositeexplicitautogradnonfunctional, at::compositeimplicitautograd, opgen::kernels)"
         ],
+    ),
+    (
+        "own_kernel_other_namespace",
+        "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: opgen::checks::relu}\n",
+        [
+            "ops.yaml:2: op 'relu': cpu kernel 'opgen::checks::relu' is not of the form at::<namespace>::<function> "
+            "or opgen::kernels::<function>"
+        ],
+    ),
+    (
+        "opaque_with_aten_kernel",
+        "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: at::cpu::relu}\n  opaque: [self]\n",
+        ["ops.yaml:3: op 'relu': 'opaque' needs opgen::kernels kernels: ATen's kernels take strided tensors only"],
+    ),
+    (
+        "opaque_not_a_tensor_argument",
+        "- func: relu(Tensor self, int n) -> Tensor\n  kernels: {cpu: at::cpu::relu}\n  opaque: [n]\n",
+        ["ops.yaml:3: op 'relu': 'opaque' must be a list of Tensor argument names (self), not ['n']"],
+    ),
+    (
+        "own_kernel_for_cuda",
+        "- func: relu(Tensor self) -> Tensor\n  kernels: {cuda: opgen::kernels::relu}\n",
+        ["ops.yaml:2: op 'relu': cuda kernel 'opgen::kernels::relu': opgen::kernels kernels cannot serve 'cuda'"],
     ),
     (
         "backend_namespace_mismatch",

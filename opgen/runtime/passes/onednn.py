@@ -5,13 +5,13 @@ Three rewrites of 2-d float32 CPU convolutions, after batch-norm folding (the CP
 
 1. Packing: `convolution(x, W, b, ...)` with a constant weight (and at least `MIN_MACS`
    multiply-adds: oneDNN's fixed cost per call makes tiny convolutions slower) becomes
-   `mkldnn._convolution_pointwise(x, P, b, padding, stride, dilation, groups, "none", [], "")`,
+   `kernel_ops.mkldnn_convolution_pointwise(x, P, b, padding, stride, dilation, groups, "none", (), "")`,
    `P = mkldnn._reorder_convolution_weight(W, ..., input size)` computed once, at bind time, in
    oneDNN's blocked layout for that input size: no weight reorder per call.
 2. Post-ops: a unary activation (relu, gelu, silu, sigmoid, tanh, hardswish, hardsigmoid,
    leaky_relu, hardtanh) that is the only reader of such a convolution becomes its post-op, and
    `add(conv(x), z)` (alpha 1, `z` of the same shape), optionally followed by relu, becomes
-   `mkldnn._convolution_pointwise.binary(x, z, P, b, ..., "add", 1.0, "relu"|None, [], "")`.
+   `kernel_ops.mkldnn_convolution_pointwise_binary(x, z, P, b, ..., "add", 1.0, "relu"|None, (), "")`.
 3. Layout: the region of values these convolutions produce, and relu/add/activations/max pooling
    of region values, runs channels-last (oneDNN's fast layout: no input/output reorders); a
    convolution input from outside the region is copied in once, and every region value that
@@ -19,8 +19,10 @@ Three rewrites of 2-d float32 CPU convolutions, after batch-norm folding (the CP
    graph recorded.
 
 Measured on this kind of machine, 1 thread (10x64x56x56, 3x3, 64 channels): aten convolution on
-contiguous input + relu 42 ms; the fused packed channels-last call 21-26 ms. These calls go through
-torch.ops (kernel_ops binds ATen functions only); `compiled.report()` lists them. The pipeline runs
+contiguous input + relu 42 ms; the fused packed channels-last call 21-26 ms. The convolutions are
+kernel_ops functions (opgen's own kernels calling torch's at::native oneDNN functions directly, no
+dispatcher); only the weight packing, once per weight in setup, goes through torch.ops (and
+`compiled.report()` lists it). The pipeline runs
 this pass only where oneDNN is available (`opgen.runtime.pipeline.default_pipeline`).
 """
 
@@ -49,8 +51,8 @@ from opgen.runtime.registry import KernelRegistry
 
 CONV = "convolution"
 PACK = "mkldnn._reorder_convolution_weight.default"
-CONV_UNARY = "mkldnn._convolution_pointwise.default"
-CONV_BINARY = "mkldnn._convolution_pointwise.binary"
+CONV_UNARY = "mkldnn_convolution_pointwise"  # kernel_ops functions (ops.yaml)
+CONV_BINARY = "mkldnn_convolution_pointwise_binary"
 CHANNELS_LAST = (("memory_format", Sym("memory_format", "channels_last")),)
 # kernel_ops activation -> (oneDNN attr, the names of its scalar arguments, in oneDNN's order)
 UNARY: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -121,7 +123,7 @@ def pack(program: Program, registry: KernelRegistry) -> Program:
         conv_args = (x, Ref(packed[key]), bias, padding, stride, dilation, groups, "none", (), "")
         target = f"{line.target} as {CONV_UNARY}"
         body.append(
-            replace(line, kernel=CONV_UNARY, args=conv_args, kwargs=(), target=target, fallback=True, fresh=True)
+            replace(line, kernel=CONV_UNARY, args=conv_args, kwargs=(), target=target, fallback=False, fresh=True)
         )
     return replace(program, setup=tuple(setup), body=tuple(body))
 
@@ -274,6 +276,6 @@ def _joins_region(line: Line, region: dict[str, str]) -> bool:
 
 
 def fuse_onednn(program: Program, registry: KernelRegistry) -> Program:
-    if not {CONV, "clone"} <= set(registry.by_name):
+    if not {CONV, CONV_UNARY, CONV_BINARY, "clone"} <= set(registry.by_name):
         return program
     return channels_last(fuse(pack(program, registry), registry), registry)

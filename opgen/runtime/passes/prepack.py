@@ -1,7 +1,7 @@
 """Linear layers with constant weights run through oneDNN with the weight packed once, at bind time.
 
 `addmm(b, x, permute(W, (1, 0)))` and `mm(x, permute(W, (1, 0)))` with a constant float32 CPU
-weight become `mkldnn._linear_pointwise(x, packed, b)`, `packed` computed in setup by
+weight become `kernel_ops.mkldnn_linear_pointwise(x, packed, b, "none", (), "")`, `packed` computed in setup by
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
 single-row products stay as they are. A symbolic row count (dynamic shapes) is packed for the
@@ -11,8 +11,9 @@ which takes the oneDNN path from MIN_ROWS rows and the plain product below, per 
 are relu and gelu only). An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
 hardsigmoid, leaky_relu, hardtanh) that is the only reader of the result becomes the call's post-op
 (another 7 us for gelu on that product), and so does a residual `add` of a same-shaped contiguous
-tensor (`mkldnn._linear_pointwise.binary(x, z, packed, b, "add")`). These calls go through
-torch.ops (kernel_ops binds ATen functions only); `compiled.report()` lists them. The pipeline runs
+tensor (`kernel_ops.mkldnn_linear_pointwise_binary(x, z, packed, b, "add")`). These are kernel_ops
+functions calling torch's at::native oneDNN functions directly (no dispatcher); only the packing, in
+setup, goes through torch.ops (`compiled.report()` lists it). The pipeline runs
 this pass only where oneDNN is available (`opgen.runtime.pipeline.default_pipeline`).
 """
 
@@ -27,8 +28,8 @@ from opgen.runtime.registry import KernelRegistry
 from opgen.runtime.sizes import upper_bound
 
 PACK = "mkldnn._reorder_linear_weight.default"
-LINEAR = "mkldnn._linear_pointwise.default"
-BINARY = "mkldnn._linear_pointwise.binary"
+LINEAR = "mkldnn_linear_pointwise"  # kernel_ops functions (ops.yaml)
+BINARY = "mkldnn_linear_pointwise_binary"
 LINEAR_ROWS = "py:opgen.runtime.linear_rows.linear"  # the same arguments + the transposed weight
 ROWS_POST_OPS = ("relu", "gelu")  # what linear_rows applies itself below MIN_ROWS
 MIN_ROWS = 8
@@ -87,6 +88,8 @@ def _linear(
 
 
 def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
+    if not {LINEAR, BINARY} <= set(registry.by_name):  # a kernel_ops built without them
+        return program
     constant, metas = constant_names(program), meta_table(program)
     lines = (*program.setup, *program.body)
     producers = {v.name: line for line in lines if isinstance(line, KernelCall) for v in line.outputs if v}
@@ -116,7 +119,7 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
             setup += [scratch] if scratch is not None else []
             args += (line.args[-1], Ref(scratch.value.name) if scratch is not None else None)
         target = f"{line.target} as {kernel}"
-        body.append(replace(line, kernel=kernel, args=args, target=target, fallback=True, fresh=True))
+        body.append(replace(line, kernel=kernel, args=args, target=target, fallback=kernel == LINEAR_ROWS, fresh=True))
     return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body), registry, metas))
 
 
