@@ -116,7 +116,7 @@ def _memo_program(*body: object, escapes: tuple[str, ...] = ()) -> Program:
 
 
 def _call(kernel: str, *args: object, out: str | None = None, mutates: tuple[str, ...] = ()) -> KernelCall:
-    outputs = (Value(out, None),) if out else ()
+    outputs = (Value(out, TensorMeta((S, 4), (4, 1), "float32", "cpu")),) if out else ()
     kwargs = (("out", Ref(mutates[0])),) if mutates else ()
     return KernelCall(kernel, tuple(args), kwargs, outputs, kernel, f"aten.{kernel}", mutates=mutates)
 

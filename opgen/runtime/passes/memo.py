@@ -12,11 +12,12 @@ what the body did before, plus one comparison). A line joins the memo when
 - it is a view (a `View` of a slot, or a view kernel) of values that persist between calls
   (constants, buffers, setup values, values of the memo itself). A view aliases its source: what
   the body writes into a slot, or into a buffer the graph mutates, is seen through it;
-- or it is a call (not random, not a torch-op fallback or JIT kernel) whose arguments are sizes
-  and values whose contents no call changes (non-mutable constants and what setup or the memo
-  computes from them alone, less anything sharing storage with a value the body writes), and
-  whose result nothing else writes: a fresh result, or an `out=` buffer (a memo view of a slot)
-  that no other line writes;
+- or it is a call on the CPU (a CUDA result computed on one call's stream would be read
+  unsynchronised by a later call on another), not random, not a torch-op fallback or JIT kernel,
+  whose arguments are sizes and values whose contents no call changes (non-mutable constants and
+  what setup or the memo computes from them alone, less anything sharing storage with a value the
+  body writes), and whose result nothing else writes: a fresh result, or an `out=` buffer (a memo
+  view of a slot) that no other line writes;
 
 and none of its values reaches the caller (graph outputs stay fresh tensors).
 
@@ -33,7 +34,18 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from opgen.runtime.ir import KernelCall, Line, Program, View, defs, program_lines, symbol_names, uses
+from opgen.runtime.ir import (
+    KernelCall,
+    Line,
+    Program,
+    TensorMeta,
+    View,
+    defs,
+    meta_table,
+    program_lines,
+    symbol_names,
+    uses,
+)
 from opgen.runtime.passes.analysis import (
     Groups,
     alias_groups,
@@ -55,6 +67,7 @@ class _Memo:
     resident: set[str] = field(init=False)  # values that persist between calls
     stable: set[str] = field(init=False)  # ... and whose contents no call changes
     escapes: set[str] = field(init=False)
+    metas: dict[str, TensorMeta] = field(init=False)
     groups: Groups = field(init=False)
     writers: Counter[str] = field(init=False)  # alias-group root -> lines (body and memo) writing it
 
@@ -64,6 +77,7 @@ class _Memo:
         self.resident = setup_names(p)
         self.stable = constant_names(p) - body_written(p, self.registry)
         self.escapes = escaping(p, self.registry)
+        self.metas = meta_table(p)
         self.groups = alias_groups(program_lines(p), self.registry)
         self.writers = Counter(
             root
@@ -89,11 +103,18 @@ class _Memo:
         if not isinstance(line, KernelCall) or line.fallback or line.jit or line.seeded:
             return False
         written = set(line.mutates)
+        if not all(self.on_cpu(n) for n in written | {v.name for v in defs(line)}):
+            return False
         if not set(uses(line)) - written <= self.stable | self.symbols:
             return False
         fresh_ok = all(self.writers[self.groups.find(v.name)] == 0 for v in defs(line))
         out_ok = all(m in memo and self.writers[self.groups.find(m)] == 1 for m in written)
         return fresh_ok and out_ok and bool(defs(line) or written)
+
+    def on_cpu(self, name: str) -> bool:
+        """CUDA results stay per call: a later call on another stream would read them unsynchronised."""
+        meta = self.metas.get(name)
+        return meta is not None and meta.device == "cpu"
 
     def stays_stable(self, line: Line) -> bool:
         """A memoised view is stable if its sources are; a memoised call's results always are."""
