@@ -280,7 +280,7 @@ class _Specializations:
         """A dynamic specialization where automatic dynamic applies and takes these sizes, else a static one."""
         for shapes in self.dynamic.candidates(args, self.module):
             try:
-                fn = self.build(self.dynamic.example(args), shapes)
+                self.build(self.dynamic.example(args), shapes)
             except Exception:  # noqa: S112 - export refuses these dims dynamic (hard Dim): the next, then static
                 continue
             if (found := self._existing(args)) is not None:  # this function, or one of its size classes

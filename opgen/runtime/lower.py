@@ -258,7 +258,16 @@ class _Lowering:
         target = op_name(node.target)
         self.body.append(
             KernelCall(
-                info.name, positional, keywords, outputs, node.name, target, unpack, mutates, False, pointwise,
+                info.name,
+                positional,
+                keywords,
+                outputs,
+                node.name,
+                target,
+                unpack,
+                mutates,
+                False,
+                pointwise,
                 seeded=seeded,
             )
         )

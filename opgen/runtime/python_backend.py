@@ -227,7 +227,11 @@ def _memo_text(program: Program, key: tuple[str, ...]) -> list[str]:
         return []
     value = key[0] if len(key) == 1 else literal(tuple(Ref(k) for k in key))
     lines = [t for line in program.memo for t in line_text(line)]
-    return [f"if _memo_key != {value}:  # size memo (passes.memo)", *("    " + t for t in lines), f"    _memo_key = {value}"]
+    return [
+        f"if _memo_key != {value}:  # size memo (passes.memo)",
+        *("    " + t for t in lines),
+        f"    _memo_key = {value}",
+    ]
 
 
 def _nonlocal_text(names: Sequence[str], width: int = 8) -> list[str]:

@@ -128,7 +128,9 @@ def test_the_memo_takes_views_and_constant_calls_only(registry) -> None:
     per_call = _call("relu", Ref("x"), out="r")
     written = _call("relu_out", Ref("x"), mutates=("v",))
     returned = _call("bitwise_not", Ref("m"), out="back")
-    out = memoize_sizes(_memo_program(view, sliced, negated, per_call, written, returned, escapes=("r", "back")), registry)
+    out = memoize_sizes(
+        _memo_program(view, sliced, negated, per_call, written, returned, escapes=("r", "back")), registry
+    )
     assert [getattr(line, "kernel", "view") for line in out.memo] == ["view", "slice", "bitwise_not"]
     assert [line.kernel for line in out.body if isinstance(line, KernelCall)] == ["relu", "relu_out", "bitwise_not"]
     text = emit(out).text

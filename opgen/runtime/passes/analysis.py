@@ -6,7 +6,20 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from opgen.runtime.ir import Arg, Constant, KernelCall, Line, Program, Ref, Return, View, defs, program_lines, refs, uses
+from opgen.runtime.ir import (
+    Arg,
+    Constant,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    Return,
+    View,
+    defs,
+    program_lines,
+    refs,
+    uses,
+)
 from opgen.runtime.registry import KernelRegistry, OpInfo
 
 
