@@ -1632,6 +1632,7 @@ PyObject* kernel_ops__fft_c2r(PyObject*, PyObject* const* args, Py_ssize_t nargs
   const int64_t last_dim_size = opgen::convert<int64_t>(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0);
+  opgen::checks::fft_dims(sig, self, dim);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       return opgen::wrap(at::cpu::_fft_c2r(self, dim, normalization, last_dim_size));
@@ -1658,6 +1659,7 @@ PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::fft_dims(sig, self, dim);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_fft_c2r_outf(self, dim, normalization, last_dim_size, out);
@@ -1673,7 +1675,7 @@ PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:806: any(Tensor self) -> Tensor
+// ops.yaml:809: any(Tensor self) -> Tensor
 PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1695,7 +1697,7 @@ PyObject* kernel_ops_any_all(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:809: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:812: any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_all_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1720,7 +1722,7 @@ PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:811: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
+// ops.yaml:814: any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims", {"self", "dim", "keepdim"}, 3, 0x1);
   OPGEN_TRY
@@ -1744,7 +1746,7 @@ PyObject* kernel_ops_any_dims(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:813: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:816: any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("any_dims_out", {"self", "dim", "keepdim", "out"}, 3, 0x9);
   OPGEN_TRY
@@ -1771,7 +1773,7 @@ PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:863: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:866: bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1788,7 +1790,7 @@ PyObject* kernel_ops_bitwise_xor_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:865: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:868: bitwise_xor_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1806,7 +1808,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:866: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:869: bitwise_xor.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1825,7 +1827,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:877: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+// ops.yaml:880: constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
 PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd", {"self", "pad", "value"}, 3, 0x3);
   OPGEN_TRY
@@ -1843,7 +1845,7 @@ PyObject* kernel_ops_constant_pad_nd(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:879: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:882: constant_pad_nd.out(Tensor self, SymInt[] pad, Scalar value=0, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("constant_pad_nd_out", {"self", "pad", "value", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1863,7 +1865,7 @@ PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:898: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:901: empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("empty_strided", {"size", "stride", "dtype", "layout", "device", "pin_memory"}, 2, 0x3);
   OPGEN_TRY
@@ -1890,7 +1892,7 @@ PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:919: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:922: ge.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1913,7 +1915,7 @@ PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:921: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:924: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1938,7 +1940,7 @@ PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:922: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:925: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1964,7 +1966,7 @@ PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:933: isinf(Tensor self) -> Tensor
+// ops.yaml:936: isinf(Tensor self) -> Tensor
 PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1980,7 +1982,7 @@ PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:935: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:938: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1998,7 +2000,7 @@ PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:937: isnan(Tensor self) -> Tensor
+// ops.yaml:940: isnan(Tensor self) -> Tensor
 PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2020,7 +2022,7 @@ PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:939: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:942: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2038,7 +2040,7 @@ PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:956: logical_xor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:959: logical_xor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2055,7 +2057,7 @@ PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:958: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:961: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2073,7 +2075,7 @@ PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:959: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:962: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2099,7 +2101,7 @@ PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:988: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:991: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rand", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2119,7 +2121,7 @@ PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:994: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:997: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randperm", {"n", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2139,7 +2141,7 @@ PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1005: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1008: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2162,7 +2164,7 @@ PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1007: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1010: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2188,7 +2190,7 @@ PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1032: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1035: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2215,7 +2217,7 @@ PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1034: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1037: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2244,7 +2246,7 @@ PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1035: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1038: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_out", {"self", "dim", "index", "src", "reduce", "include_self", "out"}, 5, 0x5f);
   OPGEN_TRY
@@ -2274,7 +2276,7 @@ PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1046: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+// ops.yaml:1049: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
 PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter", {"self", "src", "dim", "start", "end", "step"}, 6, 0x3);
   OPGEN_TRY
@@ -2295,7 +2297,7 @@ PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1048: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1051: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter_out", {"self", "src", "dim", "start", "end", "step", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2318,7 +2320,7 @@ PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1064: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1067: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk", {"self", "k", "dim", "largest", "sorted"}, 5, 0x3);
   OPGEN_TRY
@@ -2344,7 +2346,7 @@ PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1066: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1069: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk_out", {"self", "k", "dim", "largest", "sorted", "values", "indices"}, 5, 0x63);
   OPGEN_TRY
@@ -2374,7 +2376,7 @@ PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1077: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+// ops.yaml:1080: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec", {"input", "output_size", "scale_factors"}, 3, 0x7);
   OPGEN_TRY
@@ -2392,7 +2394,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1079: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1082: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec_out", {"input", "output_size", "scale_factors", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2412,7 +2414,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1081: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+// ops.yaml:1084: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim", {"self", "dim", "unbiased", "keepdim"}, 4, 0x3);
   OPGEN_TRY
@@ -2431,7 +2433,7 @@ PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1083: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1086: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim_out", {"self", "dim", "unbiased", "keepdim", "out"}, 4, 0x13);
   OPGEN_TRY
@@ -2452,7 +2454,7 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1089: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+// ops.yaml:1092: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
 PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"}, 6, 0x3);
   OPGEN_TRY
@@ -2473,7 +2475,7 @@ PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1091: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1094: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2496,7 +2498,7 @@ PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1104: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1107: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
   OPGEN_TRY
@@ -2520,7 +2522,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1114: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1117: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2545,7 +2547,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1116: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1119: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2572,7 +2574,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1117: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1120: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY

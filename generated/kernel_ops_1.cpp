@@ -1912,7 +1912,7 @@ PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:784: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
+// ops.yaml:785: _fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor
 PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c", {"self", "dim", "normalization", "onesided"}, 4, 0xf);
   OPGEN_TRY
@@ -1924,6 +1924,7 @@ PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs
   const bool onesided = opgen::convert<bool>(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0);
+  opgen::checks::fft_dims(sig, self, dim);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       return opgen::wrap(at::cpu::_fft_r2c(self, dim, normalization, onesided));
@@ -1937,7 +1938,7 @@ PyObject* kernel_ops__fft_r2c(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:786: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:787: _fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_fft_r2c_out", {"self", "dim", "normalization", "onesided", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -1950,6 +1951,7 @@ PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::fft_dims(sig, self, dim);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_fft_r2c_outf(self, dim, normalization, onesided, out);
@@ -1965,7 +1967,7 @@ PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:796: acos(Tensor self) -> Tensor
+// ops.yaml:799: acos(Tensor self) -> Tensor
 PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1987,7 +1989,7 @@ PyObject* kernel_ops_acos(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:798: acos_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:801: acos_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2011,7 +2013,7 @@ PyObject* kernel_ops_acos_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:799: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:802: acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acos_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2036,7 +2038,7 @@ PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:834: atan2(Tensor self, Tensor other) -> Tensor
+// ops.yaml:837: atan2(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2059,7 +2061,7 @@ PyObject* kernel_ops_atan2(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:836: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:839: atan2_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2084,7 +2086,7 @@ PyObject* kernel_ops_atan2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:837: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:840: atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan2_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2110,7 +2112,7 @@ PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:848: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:851: bitwise_and.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2127,7 +2129,7 @@ PyObject* kernel_ops_bitwise_and_scalar(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:850: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:853: bitwise_and_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2145,7 +2147,7 @@ PyObject* kernel_ops_bitwise_and_scalar_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:851: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:854: bitwise_and.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_and_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2164,7 +2166,7 @@ PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:873: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
+// ops.yaml:876: col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor
 PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im", {"self", "output_size", "kernel_size", "dilation", "padding", "stride"}, 6, 0x3f);
   OPGEN_TRY
@@ -2191,7 +2193,7 @@ PyObject* kernel_ops_col2im(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:875: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:878: col2im.out(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("col2im_out", {"self", "output_size", "kernel_size", "dilation", "padding", "stride", "out"}, 6, 0x7f);
   OPGEN_TRY
@@ -2221,7 +2223,7 @@ PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:901: fill.Scalar(Tensor self, Scalar value) -> Tensor
+// ops.yaml:904: fill.Scalar(Tensor self, Scalar value) -> Tensor
 PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar", {"self", "value"}, 2, 0x3);
   OPGEN_TRY
@@ -2238,7 +2240,7 @@ PyObject* kernel_ops_fill_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:903: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:906: fill.Scalar_out(Tensor self, Scalar value, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fill_scalar_out", {"self", "value", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2257,7 +2259,7 @@ PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:905: flip(Tensor self, int[] dims) -> Tensor
+// ops.yaml:908: flip(Tensor self, int[] dims) -> Tensor
 PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip", {"self", "dims"}, 2, 0x3);
   OPGEN_TRY
@@ -2280,7 +2282,7 @@ PyObject* kernel_ops_flip(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:907: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:910: flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("flip_out", {"self", "dims", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2299,7 +2301,7 @@ PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:914: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:917: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2322,7 +2324,7 @@ PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:916: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:919: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2347,7 +2349,7 @@ PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:917: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:920: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2373,7 +2375,7 @@ PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:941: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:944: le.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2396,7 +2398,7 @@ PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:943: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:946: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2421,7 +2423,7 @@ PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:944: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:947: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2447,7 +2449,7 @@ PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1001: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1004: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2470,7 +2472,7 @@ PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1003: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1006: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2496,7 +2498,7 @@ PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1009: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:1012: remainder.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2513,7 +2515,7 @@ PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1011: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:1014: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2531,7 +2533,7 @@ PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1012: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1015: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2550,7 +2552,7 @@ PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1022: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1025: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2575,7 +2577,7 @@ PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1024: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1027: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2602,7 +2604,7 @@ PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1025: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1028: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2630,7 +2632,7 @@ PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1037: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+// ops.yaml:1040: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
 PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter", {"self", "src", "dim", "index"}, 4, 0xf);
   OPGEN_TRY
@@ -2649,7 +2651,7 @@ PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1039: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1042: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter_out", {"self", "src", "dim", "index", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2670,7 +2672,7 @@ PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1054: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+// ops.yaml:1057: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2688,7 +2690,7 @@ PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1056: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:1059: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2707,7 +2709,7 @@ PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1057: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1060: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -2727,7 +2729,7 @@ PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1068: trunc(Tensor self) -> Tensor
+// ops.yaml:1071: trunc(Tensor self) -> Tensor
 PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2749,7 +2751,7 @@ PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1070: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1073: trunc_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2773,7 +2775,7 @@ PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1071: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1074: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2798,7 +2800,7 @@ PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1073: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+// ops.yaml:1076: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec", {"input", "output_size", "align_corners", "scale_factors"}, 4, 0xf);
   OPGEN_TRY
@@ -2817,7 +2819,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1075: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1078: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec_out", {"input", "output_size", "align_corners", "scale_factors", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2838,7 +2840,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1123: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:1126: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -2855,7 +2857,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   opgen::jit::require_contiguous(sig, other, 1);
   opgen::jit::require_same_shape(sig, self, 0, other, 1);
   at::Tensor out = opgen::jit::empty_like(self);
-  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1123\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"checks\":[],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1126\",\"mutates\":[],\"name\":\"triton_add\",\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
   opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
   return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)

@@ -1415,7 +1415,7 @@ PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:788: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+// ops.yaml:790: _native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)
 PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"}, 8, 0xff);
   OPGEN_TRY
@@ -1431,6 +1431,7 @@ PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, 
   const double eps = opgen::convert<double>(slots[7], sig, 7);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4);
+  opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       return opgen::wrap(at::cpu::_native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps));
@@ -1444,7 +1445,7 @@ PyObject* kernel_ops__native_batch_norm_legit(PyObject*, PyObject* const* args, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:790: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
+// ops.yaml:792: _native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))
 PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_native_batch_norm_legit_out", {"input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps", "out", "save_mean", "save_invstd"}, 8, 0x7ff);
   OPGEN_TRY
@@ -1463,6 +1464,7 @@ PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* ar
   at::Tensor& save_invstd = opgen::mutable_tensor(slots[10], sig, 10);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4).add(out, 8).add(save_mean, 9).add(save_invstd, 10);
+  opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_native_batch_norm_legit_outf(input, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd);
@@ -1478,7 +1480,7 @@ PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:792: _pdist_forward(Tensor self, float p=2) -> Tensor
+// ops.yaml:795: _pdist_forward(Tensor self, float p=2) -> Tensor
 PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_pdist_forward", {"self", "p"}, 2, 0x1);
   OPGEN_TRY
@@ -1501,7 +1503,7 @@ PyObject* kernel_ops__pdist_forward(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:794: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:797: _pdist_forward.out(Tensor self, float p=2, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_pdist_forward_out", {"self", "p", "out"}, 2, 0x5);
   OPGEN_TRY
@@ -1520,7 +1522,7 @@ PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:815: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
+// ops.yaml:818: as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
 PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("as_strided", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
   OPGEN_TRY
@@ -1545,7 +1547,7 @@ PyObject* kernel_ops_as_strided(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:817: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
+// ops.yaml:820: as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)
 PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("as_strided_", {"self", "size", "stride", "storage_offset"}, 4, 0x7);
   OPGEN_TRY
@@ -1565,7 +1567,7 @@ PyObject* kernel_ops_as_strided_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:819: asin(Tensor self) -> Tensor
+// ops.yaml:822: asin(Tensor self) -> Tensor
 PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1587,7 +1589,7 @@ PyObject* kernel_ops_asin(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:821: asin_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:824: asin_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1611,7 +1613,7 @@ PyObject* kernel_ops_asin_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:822: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:825: asin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asin_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1636,7 +1638,7 @@ PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:824: asinh(Tensor self) -> Tensor
+// ops.yaml:827: asinh(Tensor self) -> Tensor
 PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1658,7 +1660,7 @@ PyObject* kernel_ops_asinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:826: asinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:829: asinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1682,7 +1684,7 @@ PyObject* kernel_ops_asinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:827: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:830: asinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("asinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1707,7 +1709,7 @@ PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:844: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
+// ops.yaml:847: avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool3d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"}, 7, 0x3);
   OPGEN_TRY
@@ -1735,7 +1737,7 @@ PyObject* kernel_ops_avg_pool3d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:846: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:849: avg_pool3d.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool3d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override", "out"}, 7, 0x83);
   OPGEN_TRY
@@ -1766,7 +1768,7 @@ PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:853: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:856: bitwise_or.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1783,7 +1785,7 @@ PyObject* kernel_ops_bitwise_or_scalar(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:855: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:858: bitwise_or_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1801,7 +1803,7 @@ PyObject* kernel_ops_bitwise_or_scalar_(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:856: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:859: bitwise_or.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1820,7 +1822,7 @@ PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:858: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:861: bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1843,7 +1845,7 @@ PyObject* kernel_ops_bitwise_or(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:860: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:863: bitwise_or_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1868,7 +1870,7 @@ PyObject* kernel_ops_bitwise_or_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:861: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:864: bitwise_or.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_or_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -1894,7 +1896,7 @@ PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:881: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+// ops.yaml:884: copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
 PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy", {"self", "src", "non_blocking"}, 3, 0x3);
   OPGEN_TRY
@@ -1912,7 +1914,7 @@ PyObject* kernel_ops_copy(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:883: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:886: copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("copy_out", {"self", "src", "non_blocking", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -1932,7 +1934,7 @@ PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:890: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
+// ops.yaml:893: diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
 PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("diagonal", {"self", "offset", "dim1", "dim2"}, 4, 0x1);
   OPGEN_TRY
@@ -1951,7 +1953,7 @@ PyObject* kernel_ops_diagonal(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:893: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
+// ops.yaml:896: div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor
 PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -1969,7 +1971,7 @@ PyObject* kernel_ops_div_scalar_mode(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:895: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
+// ops.yaml:898: div_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode_", {"self", "other", "rounding_mode"}, 2, 0x7);
   OPGEN_TRY
@@ -1988,7 +1990,7 @@ PyObject* kernel_ops_div_scalar_mode_(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:896: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:899: div.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("div_scalar_mode_out", {"self", "other", "rounding_mode", "out"}, 2, 0xf);
   OPGEN_TRY
@@ -2008,7 +2010,7 @@ PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:924: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+// ops.yaml:927: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
 PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners"}, 5, 0x1f);
   OPGEN_TRY
@@ -2034,7 +2036,7 @@ PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:926: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:929: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d_out", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners", "out"}, 5, 0x3f);
   OPGEN_TRY
@@ -2056,7 +2058,7 @@ PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:951: log2(Tensor self) -> Tensor
+// ops.yaml:954: log2(Tensor self) -> Tensor
 PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2078,7 +2080,7 @@ PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:953: log2_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:956: log2_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2102,7 +2104,7 @@ PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:954: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:957: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2127,7 +2129,7 @@ PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:961: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+// ops.yaml:964: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
 PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2145,7 +2147,7 @@ PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:963: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+// ops.yaml:966: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2171,7 +2173,7 @@ PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:964: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:967: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_out", {"self", "mask", "source", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2191,7 +2193,7 @@ PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:970: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// ops.yaml:973: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout", {"input", "p", "train"}, 3, 0x7);
   OPGEN_TRY
@@ -2215,7 +2217,7 @@ PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:972: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:975: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout_out", {"input", "p", "train", "out0", "out1"}, 3, 0x1f);
   OPGEN_TRY
@@ -2236,7 +2238,7 @@ PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:983: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:986: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -2259,7 +2261,7 @@ PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:986: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:989: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all_out", {"self", "dtype", "out"}, 1, 0x5);
   OPGEN_TRY
@@ -2278,7 +2280,7 @@ PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:991: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:994: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randn", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2298,7 +2300,7 @@ PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:997: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+// ops.yaml:1000: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2321,7 +2323,7 @@ PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:999: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1002: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2347,7 +2349,7 @@ PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1018: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1021: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2370,7 +2372,7 @@ PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1020: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1023: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2396,7 +2398,7 @@ PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1041: sinh(Tensor self) -> Tensor
+// ops.yaml:1044: sinh(Tensor self) -> Tensor
 PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2418,7 +2420,7 @@ PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1043: sinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1046: sinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2442,7 +2444,7 @@ PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1044: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1047: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2467,7 +2469,7 @@ PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1050: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+// ops.yaml:1053: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort", {"self", "dim", "descending"}, 3, 0x1);
   OPGEN_TRY
@@ -2485,7 +2487,7 @@ PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1052: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1055: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort_out", {"self", "dim", "descending", "values", "indices"}, 3, 0x19);
   OPGEN_TRY
@@ -2506,7 +2508,7 @@ PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1085: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+// ops.yaml:1088: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
 PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool1d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -2523,7 +2525,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1087: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1090: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool1d_out", {"self", "output_size", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2542,7 +2544,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1093: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+// ops.yaml:1096: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
 PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("resize_", {"self", "size", "memory_format"}, 2, 0x3);
   OPGEN_TRY
@@ -2568,7 +2570,7 @@ PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1108: mish(Tensor self) -> Tensor
+// ops.yaml:1111: mish(Tensor self) -> Tensor
 PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2590,7 +2592,7 @@ PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1110: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1113: mish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2614,7 +2616,7 @@ PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1111: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1114: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY

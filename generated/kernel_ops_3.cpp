@@ -1719,7 +1719,7 @@ PyObject* kernel_ops_zeros_like(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:801: acosh(Tensor self) -> Tensor
+// ops.yaml:804: acosh(Tensor self) -> Tensor
 PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1741,7 +1741,7 @@ PyObject* kernel_ops_acosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:803: acosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:806: acosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1765,7 +1765,7 @@ PyObject* kernel_ops_acosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:804: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:807: acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("acosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1790,7 +1790,7 @@ PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:829: atan(Tensor self) -> Tensor
+// ops.yaml:832: atan(Tensor self) -> Tensor
 PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1812,7 +1812,7 @@ PyObject* kernel_ops_atan(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:831: atan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:834: atan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1836,7 +1836,7 @@ PyObject* kernel_ops_atan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:832: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:835: atan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1861,7 +1861,7 @@ PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:839: atanh(Tensor self) -> Tensor
+// ops.yaml:842: atanh(Tensor self) -> Tensor
 PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1883,7 +1883,7 @@ PyObject* kernel_ops_atanh(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:841: atanh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:844: atanh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -1907,7 +1907,7 @@ PyObject* kernel_ops_atanh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:842: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:845: atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("atanh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -1932,7 +1932,7 @@ PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:868: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:871: bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1955,7 +1955,7 @@ PyObject* kernel_ops_bitwise_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:870: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:873: bitwise_xor_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -1980,7 +1980,7 @@ PyObject* kernel_ops_bitwise_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:871: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:874: bitwise_xor.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("bitwise_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2006,7 +2006,7 @@ PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:885: cosh(Tensor self) -> Tensor
+// ops.yaml:888: cosh(Tensor self) -> Tensor
 PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2028,7 +2028,7 @@ PyObject* kernel_ops_cosh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:887: cosh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:890: cosh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2052,7 +2052,7 @@ PyObject* kernel_ops_cosh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:888: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:891: cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("cosh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2077,7 +2077,7 @@ PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:909: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:912: fmod.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2094,7 +2094,7 @@ PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:911: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:914: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2112,7 +2112,7 @@ PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:912: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:915: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2131,7 +2131,7 @@ PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:928: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+// ops.yaml:931: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2150,7 +2150,7 @@ PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:930: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+// ops.yaml:933: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
 PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2170,7 +2170,7 @@ PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:931: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:934: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_out", {"self", "indices", "values", "accumulate", "out"}, 4, 0x17);
   OPGEN_TRY
@@ -2191,7 +2191,7 @@ PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:946: log10(Tensor self) -> Tensor
+// ops.yaml:949: log10(Tensor self) -> Tensor
 PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2213,7 +2213,7 @@ PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:948: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:951: log10_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2237,7 +2237,7 @@ PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:949: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:952: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2262,7 +2262,7 @@ PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:966: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:969: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
   OPGEN_TRY
@@ -2289,7 +2289,7 @@ PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:968: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:971: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
   OPGEN_TRY
@@ -2320,7 +2320,7 @@ PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:974: nonzero(Tensor self) -> Tensor
+// ops.yaml:977: nonzero(Tensor self) -> Tensor
 PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2342,7 +2342,7 @@ PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:976: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:979: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2367,7 +2367,7 @@ PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:978: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:981: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -2390,7 +2390,7 @@ PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:981: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:984: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2416,7 +2416,7 @@ PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1014: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1017: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2439,7 +2439,7 @@ PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1016: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1019: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2465,7 +2465,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1027: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1030: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2490,7 +2490,7 @@ PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1029: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1032: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2517,7 +2517,7 @@ PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1030: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1033: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2545,7 +2545,7 @@ PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1059: tan(Tensor self) -> Tensor
+// ops.yaml:1062: tan(Tensor self) -> Tensor
 PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2567,7 +2567,7 @@ PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1061: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1064: tan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2591,7 +2591,7 @@ PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1062: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1065: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2616,7 +2616,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1100: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1103: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
   OPGEN_TRY

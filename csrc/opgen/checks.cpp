@@ -27,4 +27,22 @@ void batch_norm_channels(const Signature& sig, const at::Tensor& input, const st
   channels(sig, "running_var", running_var, c);
 }
 
+void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<int64_t>& dim) {
+  const int64_t rank = self.dim();
+  if (dim.empty()) raise(PyExc_ValueError, sig, "argument 'dim' must name at least one dimension");
+  std::vector<bool> seen(static_cast<size_t>(rank), false);
+  for (const int64_t d : dim) {
+    if (d < -rank || d >= rank) {
+      raise(PyExc_IndexError, sig,
+            "argument 'dim': dimension " + std::to_string(d) + " is out of range for a tensor of " +
+                std::to_string(rank) + " dimensions");
+    }
+    const auto wrapped = static_cast<size_t>(d < 0 ? d + rank : d);
+    if (seen[wrapped]) {
+      raise(PyExc_ValueError, sig, "argument 'dim' names dimension " + std::to_string(wrapped) + " twice");
+    }
+    seen[wrapped] = true;
+  }
+}
+
 }  // namespace opgen::checks

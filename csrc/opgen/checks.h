@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "opgen/binding.h"
 
@@ -16,5 +17,9 @@ namespace opgen::checks {
 void batch_norm_channels(const Signature& sig, const at::Tensor& input, const std::optional<at::Tensor>& weight,
                          const std::optional<at::Tensor>& bias, const at::Tensor& running_mean,
                          const at::Tensor& running_var);
+
+// The FFT kernels index self's sizes by each of `dim` and assume no dimension comes twice (a
+// repeated one reads past the end of their plan): `dim` must be non-empty, in range and distinct.
+void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<int64_t>& dim);
 
 }  // namespace opgen::checks

@@ -58,6 +58,7 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
         "is_view": any(r.alias is not None and not r.alias.is_write for r in schema.returns),
         "mutates": [a.name for a in schema.args if a.alias is not None and a.alias.is_write],
         "release_gil": spec.release_gil,
+        "checks": list(spec.checks),
         "doc": spec.doc,
         "location": str(spec.location),
     }

@@ -44,6 +44,11 @@ CHECKS = {
             ),
             "weight, bias, running_mean and running_var hold input.size(1) elements each",
         ),
+        Check(
+            "fft_dims",
+            (("self", "Tensor"), ("dim", "int[]")),
+            "dim names at least one dimension of self, each once (an IndexError or a ValueError otherwise)",
+        ),
     )
 }
 

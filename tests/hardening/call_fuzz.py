@@ -19,8 +19,10 @@ What counts as a failure (each prints a `FAIL` line; the exit status is 1 if the
   by design (autograd: in-place on a leaf that requires grad; see ALLOWED_EAGER_ONLY).
 Calls that kernel_ops refuses with a TypeError or OverflowError (an argument's type or range) are
 not run eagerly (`refused_argument`): eager torch takes some such values and then misbehaves (an int
--295 as a dtype made it segfault). Other calls that kernel_ops refuses cleanly while eager accepts
-them (lazy neg/conj bits, ...) are counted as `stricter`, not failures. Calls on a tensor that another
+-295 as a dtype made it segfault). Nor are calls that a function's spec `checks:` refuse (a
+ValueError or IndexError; `refused_by_check`): those kernels trust their caller, and eager crashes.
+Other calls that kernel_ops refuses cleanly while eager accepts them (lazy neg/conj bits, ...) are
+counted as `stricter`, not failures. Calls on a tensor that another
 thread keeps resizing (`racy`) are checked for crashes and clean errors only, and made only to
 functions that hold the GIL during the kernel (see `check`).
 """
@@ -28,6 +30,7 @@ functions that hold the GIL during the kernel (see `check`).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import threading
 import time
@@ -45,8 +48,11 @@ from opgen import kernel_ops
 ALLOWED = (TypeError, ValueError, RuntimeError, IndexError, NotImplementedError, OverflowError, MemoryError)
 # Eager errors that come from the autograd layer kernel_ops skips on purpose (README: no autograd).
 ALLOWED_EAGER_ONLY = ("a leaf Variable that requires grad", "requires grad", "inference tensor")
-UNINITIALIZED = ("empty", "empty_like", "empty_strided", "new_empty")
+# Ops whose results (and, in place, whose inputs) hold uninitialized memory: values are not compared.
+# A resize that grows a tensor leaves the new elements uninitialized.
+UNINITIALIZED = ("empty", "empty_like", "empty_strided", "new_empty", "resize", "resize_as")
 INFO = kernel_ops.get_kernel_ops_args_info()
+FIXED_LIST = re.compile(r"(?:Sym)?[Ii]nt\[(\d+)\]\??")
 
 
 class Tally:
@@ -84,6 +90,7 @@ def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
         tally.counts["skipped"] += 1
         return
     tally.counts["calls"] += 1
+    aliased = aliased_shapes(mine)
     ok, got = call(getattr(kernel_ops, name), *mine)
     if not ok:
         clean = isinstance(got, ALLOWED) and str(got).startswith(f"kernel_ops.{name}(): ")
@@ -92,6 +99,11 @@ def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
     if recipe.racy:
         tally.counts["racy"] += 1
         return
+    if not ok and INFO[name]["checks"] and isinstance(got, (ValueError, IndexError)):
+        # Refused by a check the spec asks for (`checks:`): the kernel trusts its caller, and eager
+        # calls it unchecked, so eager may crash on this call (`_fft_r2c` with a repeated dim does).
+        tally.counts["refused_by_check"] += 1
+        return
     if not ok and isinstance(got, (TypeError, OverflowError)):
         # The binding refused an argument's type or range. Eager is not asked: its dispatcher takes
         # some such values and then misbehaves (an int where a dtype goes indexes torch's dtype
@@ -99,10 +111,10 @@ def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
         tally.counts["refused_argument"] += 1
         return
     print("EAGER", flush=True)  # a crash after this line is eager torch's
-    eager_ok, expected = call(aten_op(name), *ref)
+    eager_ok, expected = call(aten_op(name), *documented_repeats(name, *ref))
     if ok and eager_ok:
         tally.counts["both_ok"] += 1
-        problem = compare(name, got, expected, mine, ref)
+        problem = compare(name, got, expected, mine, ref, values=not resized(aliased))
         if problem:
             tally.fail("wrong", recipe, problem)
     elif ok:
@@ -116,12 +128,27 @@ def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
         tally.counts["both_raised"] += 1
 
 
-def compare(name: str, got: Any, expected: Any, mine: tuple, ref: tuple) -> str | None:
-    values = sample_values(name)
+def documented_repeats(name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The call as eager must see it: kernel_ops takes one int for an `int[N]` or `SymInt[N]` argument
+    and repeats it N times (docs/spec.md), where `torch.ops.aten` accepts that only for `int[N]`."""
+    args, kwargs = list(args), dict(kwargs)
+    for i, arg in enumerate(INFO[name]["args"]):
+        size = FIXED_LIST.fullmatch(arg["type"])
+        if size is None:
+            continue
+        where, key = (kwargs, arg["name"]) if arg["name"] in kwargs else (args, i)
+        if key == i and i >= len(args):
+            continue
+        if isinstance(where[key], int) and not isinstance(where[key], bool):
+            where[key] = [where[key]] * int(size.group(1))
+    return args, kwargs
+
+
+def compare(name: str, got: Any, expected: Any, mine: tuple, ref: tuple, values: bool) -> str | None:
     try:
-        same(got, expected, values, "result")
+        same(got, expected, values and sample_values(name), "result")
         for j, (a, e) in enumerate(zip(tensors(mine), tensors(ref), strict=True)):
-            same(a, e, True, f"input tensor {j} after the call")
+            same(a, e, values and initialized(name), f"input tensor {j} after the call")
         info = INFO[name]
         if info["variant"] in ("inplace", "out"):
             targets = [mine[1].get(n) if n in mine[1] else _positional(mine[0], name, n) for n in info["mutates"]]
@@ -139,8 +166,11 @@ def _positional(args: list[Any], name: str, arg: str) -> Any:
 
 
 def sample_values(name: str) -> bool:
-    base = name.removesuffix("_out").removesuffix("_")
-    return samples.SAMPLES[sample_key(name)].values and base not in UNINITIALIZED
+    return samples.SAMPLES[sample_key(name)].values and initialized(name)
+
+
+def initialized(name: str) -> bool:
+    return name.removesuffix("_out").removesuffix("_") not in UNINITIALIZED
 
 
 def same(actual: Any, expected: Any, values: bool, what: str) -> None:
@@ -158,6 +188,20 @@ def same(actual: Any, expected: Any, values: bool, what: str) -> None:
             same(a, e, values, f"{what}[{i}]")
     else:
         assert actual == expected or actual != actual, f"{what}: {actual!r} != {expected!r}"
+
+
+def aliased_shapes(call_args: tuple) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
+    """Each tensor argument that shares its storage with another, with its shape before the call."""
+    found = tensors(call_args)
+    storages = Counter(t.untyped_storage().data_ptr() for t in found if t.numel())
+    return [(t, tuple(t.shape)) for t in found if t.numel() and storages[t.untyped_storage().data_ptr()] > 1]
+
+
+def resized(aliased: list[tuple[torch.Tensor, tuple[int, ...]]]) -> bool:
+    """Whether the call resized a tensor that aliased another argument: an out argument that is also
+    an input and has the wrong shape is reallocated before the kernel reads the input, so what the
+    kernel computes from it is uninitialized memory, in eager torch as in kernel_ops."""
+    return any(tuple(t.shape) != shape for t, shape in aliased)
 
 
 def tensors(tree: Any) -> list[torch.Tensor]:

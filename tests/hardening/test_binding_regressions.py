@@ -81,6 +81,8 @@ calls = (
     lambda: k._native_batch_norm_legit_no_training(x, None, torch.ones(2), stats, stats, 0.1, 1e-5),
     lambda: k._native_batch_norm_legit_no_training(x, None, None, stats[:5], stats, 0.1, 1e-5),
     lambda: k._native_batch_norm_legit_no_training(x, None, None, stats, torch.ones(()), 0.1, 1e-5),
+    # training writes running_mean[c] for every channel: was heap corruption (the fuzzer's racy tensor)
+    lambda: k._native_batch_norm_legit(x, None, None, torch.zeros(3), stats, True, 0.1, 1e-5),
 )
 for call in calls:
     try:
@@ -107,5 +109,78 @@ def test_batch_norm_refuses_per_channel_tensors_of_the_wrong_size() -> None:
         f"{prefix} 'bias' must hold input.size(1) = 40000000 elements, not 2",
         f"{prefix} 'running_mean' must hold input.size(1) = 40000000 elements, not 5",
         f"{prefix} 'running_var' must hold input.size(1) = 40000000 elements, not 1",
+        "ValueError kernel_ops._native_batch_norm_legit(): argument 'running_mean' must hold input.size(1) = "
+        "40000000 elements, not 3",
         "valid call matches eager: True",
     ]
+
+
+FFT = r"""
+import torch
+from opgen import kernel_ops as k
+x, z = torch.randn(3, 4, 5), torch.randn(3, 4, 5, dtype=torch.complex64)
+calls = (
+    lambda: k._fft_r2c_out(x, [-2, -2], 0, True, out=torch.empty(0, dtype=torch.complex64)),  # was a segfault
+    lambda: k._fft_r2c(x, [1, -2], 0, True),
+    lambda: k._fft_c2r(z, [0, 2, -1], 0, 8),
+    lambda: k._fft_r2c(x, [3], 0, True),
+    lambda: k._fft_c2r(z, [], 0, 8),
+)
+for call in calls:
+    try:
+        call()
+        print("returned")
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+got, want = k._fft_r2c(x, [0, 2], 2, True), torch.ops.aten._fft_r2c(x, [0, 2], 2, True)
+print("valid call matches eager:", torch.equal(got, want))
+"""
+
+
+def test_fft_refuses_repeated_and_out_of_range_dims() -> None:
+    """The fuzzer's crash: `_fft_r2c_out` with dim [-2, -2] segfaulted, as `torch.ops.aten._fft_r2c`
+    does, because the kernels trust `dim`. The bindings check it (`checks: [fft_dims]` in ops.yaml)."""
+    done = subprocess.run([sys.executable, "-c", FFT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
+    assert done.stdout.splitlines() == [
+        "ValueError kernel_ops._fft_r2c_out(): argument 'dim' names dimension 1 twice",
+        "ValueError kernel_ops._fft_r2c(): argument 'dim' names dimension 1 twice",
+        "ValueError kernel_ops._fft_c2r(): argument 'dim' names dimension 2 twice",
+        "IndexError kernel_ops._fft_r2c(): argument 'dim': dimension 3 is out of range for a tensor of 3 dimensions",
+        "ValueError kernel_ops._fft_c2r(): argument 'dim' must name at least one dimension",
+        "valid call matches eager: True",
+    ]
+
+
+def test_fuzz_oracle_knows_what_eager_leaves_undefined() -> None:
+    """The fuzzer's other findings were its oracle's: kernel_ops and eager agreed, but the oracle
+    compared uninitialized memory (a resize that grows a tensor; an out argument that aliases an input
+    and is reallocated before the kernel reads it) or refused what the spec documents (one int for a
+    `SymInt[N]` argument, repeated N times, which torch.ops.aten takes only for `int[N]`)."""
+    import call_fuzz
+    import torch
+    from call_recipes import Recipe
+
+    found = [
+        Recipe("bmm_out", torch.float64, 0, (("alias", 0, 2, False),), seed=1404),
+        Recipe(
+            "resize_",
+            torch.float32,
+            1,
+            (("tensor", 1, "dtype", torch.float16), ("tensor", 0, "zero_dim", torch.float16)),
+            seed=8630,
+        ),
+        Recipe("adaptive_avg_pool2d", torch.float32, 0, (("value", 1, 0), ("value", 1, 387)), seed=65536),
+        Recipe(
+            "_adaptive_avg_pool3d",
+            torch.float64,
+            1,
+            (("tensor", 1, "dtype", torch.int32), ("tensor", 1, "empty", torch.int32), ("value", 1, 2)),
+            seed=4370,
+        ),
+    ]
+    tally = call_fuzz.Tally()
+    for recipe in found:
+        call_fuzz.check(recipe, tally, torch.ones(3, 4))
+    assert tally.failures == [], tally.failures
+    assert tally.counts["both_ok"] + tally.counts["both_raised"] == len(found), tally.counts

@@ -170,14 +170,14 @@ CASES = [
         "checks_not_list",
         RELU + "  checks: batch_norm_channels\n",
         [
-            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels), not 'batch_norm_channels'"
+            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims), not 'batch_norm_channels'"
         ],
     ),
     (
         "checks_unknown",
         RELU + "  checks: [batch_norm_chanels]\n",
         [
-            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels); did you mean 'batch_norm_channels'?"
+            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims); did you mean 'batch_norm_channels'?"
         ],
     ),
     (
