@@ -15,6 +15,7 @@ so later sizes compile nothing; sizes that still do not fit (1 where export keep
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import warnings
@@ -35,6 +36,7 @@ from opgen.runtime.export import as_module, constants_of, export_program, model_
 from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
 from opgen.runtime.report import Report, jit_lines
+from opgen.runtime.size_classes import sub_ranges
 from opgen.runtime.symbolic import SizeRange, graph_symbols, ranges_of
 
 Compiled = Callable[..., Any]
@@ -127,6 +129,16 @@ def _eager(module: torch.nn.Module, reason: str) -> Compiled:
     return eager
 
 
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """What every function compiled from one export binds."""
+
+    constants: dict[str, torch.Tensor]
+    unflatten: Callable[[tuple[Any, ...]], Any] | None
+    grad_mode: bool
+    export_seconds: float
+
+
 @dataclass
 class _Specializations:
     """The compiled versions of one model, by input signature, and the slow path between them."""
@@ -138,6 +150,7 @@ class _Specializations:
     dynamic: _Dynamic = field(default_factory=lambda: _Dynamic(None, False))
     by_signature: dict[Any, Compiled] = field(default_factory=dict)
     ranged: list[tuple[Check, Compiled, Any]] = field(default_factory=list)  # dynamic ones: (check, fn, specs)
+    extra_classes: int = 0  # ranged functions beyond the first of each compile (size classes)
     warned_eager: bool = False
     lock: Any = field(default_factory=threading.RLock, repr=False)  # guards by_signature and compiling
 
@@ -151,20 +164,33 @@ class _Specializations:
         grad_mode = any(constants[p.key].requires_grad for p in sig.placeholders if p.kind == "constant" and p.key)
         options = CompileOptions(self.options.fallback, self.options.passes, self.options.cache, True, grad_mode)
         spec = ep.call_spec.out_spec
-        graph, filename = compile_graph(ep.graph_module, sig, options, model_name(self.module), str(spec), ranges)
+        compile_ = functools.partial(compile_graph, ep.graph_module, sig, options, model_name(self.module), str(spec))
+        parts = [compile_(ranges)]
+        classes = sub_ranges(ranges, parts[0][0].splits)
+        if len(classes) > 1:  # one function per size class (size_classes), none for the whole range
+            parts = [compile_(sub) for sub in classes]
+            self.extra_classes += len(parts) - 1
         unflatten = _unflatten(spec) if sig.form == "pytree" else None
-        rt = executor.Runtime(self.slow_path(graph.inputs, graph.size_ranges, grad_mode), unflatten=unflatten)
-        fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)
+        bound = _Bound(constants, unflatten, grad_mode, export_seconds)
+        fns = [self.bind(graph, filename, bound, inputs, tuple(ranges)) for graph, filename in parts]
+        self.dynamic.seen(inputs)
+        return next((fn for fn in fns if self._existing(inputs) is fn), fns[0])
+
+    def bind(
+        self, graph: CompiledGraph, filename: str, bound: _Bound, inputs: tuple[torch.Tensor, ...], whole: Any
+    ) -> Compiled:
+        handler = self.slow_path(graph.inputs, graph.size_ranges, bound.grad_mode, whole)
+        rt = executor.Runtime(handler, unflatten=bound.unflatten)
+        fn = executor.bind(graph, bound.constants, rt, kernel_ops_module(), filename)
         if self.graphs is not None:
-            fn = self.graphs.wrap(fn, graph, constants)
+            fn = self.graphs.wrap(fn, graph, bound.constants)
         fn.artifact = graph  # type: ignore[attr-defined]
         status = getattr(fn, "graph_status", None)
-        fn.report = lambda: self.report(graph, export_seconds, status, rt.jit)  # type: ignore[attr-defined]
+        fn.report = lambda: self.report(graph, bound.export_seconds, status, rt.jit)  # type: ignore[attr-defined]
         if is_dynamic(graph.inputs):
             self.ranged.append((input_check(graph.inputs, graph.size_ranges), fn, graph.inputs))
         else:
             self.by_signature[signature(inputs)] = fn
-        self.dynamic.seen(inputs)
         return fn
 
     def report(
@@ -178,7 +204,7 @@ class _Specializations:
             from_cache=graph.from_cache,
             export_seconds=export_seconds,
             codegen_seconds=graph.codegen_seconds,
-            specializations=len(self.by_signature) + len(self.ranged),
+            specializations=len(self.by_signature) + len(self.ranged) - self.extra_classes,
             cuda_graph=status.line() if status is not None else None,
             ranges=tuple(f"{s}: {SizeRange(s, lo, hi).text()}" for s, lo, hi in graph.ranges),
             notes=graph.notes,
@@ -186,8 +212,10 @@ class _Specializations:
         )
 
     def slow_path(
-        self, specs: tuple[InputSpec, ...], ranges: tuple[SizeRange, ...], grad_mode: bool
+        self, specs: tuple[InputSpec, ...], ranges: tuple[SizeRange, ...], grad_mode: bool, whole: Any = None
     ) -> executor.Handler:
+        """`whole`: the range the compile was asked for, where `ranges` is one size class of it (for messages)."""
+
         def on_mismatch(set_check: Callable[[Check], None], *args: Any) -> Any:
             if grad_mode and torch.is_grad_enabled():
                 return self.run_eagerly(args)
@@ -198,7 +226,7 @@ class _Specializations:
             if is_dynamic(specs):
                 new_shapes = explain(specs, ranges, args) is not None
             if new_shapes:
-                return self.respecialize(specs, ranges, args)
+                return self.respecialize(specs, whole or ranges, args)
             set_check(input_check(specs, ranges))  # the inputs fit: the first call, or a check built before they did
             return PROCEED
 
@@ -252,11 +280,11 @@ class _Specializations:
         """A dynamic specialization where automatic dynamic applies and takes these sizes, else a static one."""
         for shapes in self.dynamic.candidates(args, self.module):
             try:
-                fn = self.build(self.dynamic.example(args), shapes)
+                self.build(self.dynamic.example(args), shapes)
             except Exception:  # noqa: S112 - export refuses these dims dynamic (hard Dim): the next, then static
                 continue
-            if self._existing(args) is fn:
-                return fn
+            if (found := self._existing(args)) is not None:  # this function, or one of its size classes
+                return found
         return self.build(args, self.dynamic.explicit)
 
 

@@ -17,7 +17,7 @@ from opgen.runtime.ir import JitKernelSpec, KernelChoice, Program
 from opgen.runtime.python_backend import Source
 from opgen.runtime.symbolic import SizeRange
 
-FORMAT = 3
+FORMAT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,7 @@ class CompiledGraph:
     codegen_seconds: float = 0.0
     ranges: tuple[tuple[str, int, int | None], ...] = ()  # dynamic shapes: (size symbol, low, high or None)
     notes: tuple[str, ...] = ()  # what passes said about symbolic sizes, for report()
+    splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): worth compiling below n and from n apart
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -65,7 +66,7 @@ class CompiledGraph:
         )
         for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants", "notes"):
             data[name] = tuple(data[name])
-        for name in ("symbols", "constants", "fallback_nodes", "ranges"):
+        for name in ("symbols", "constants", "fallback_nodes", "ranges", "splits"):
             data[name] = tuple(tuple(item) for item in data[name])
         data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
         data["choices"] = tuple(
@@ -98,6 +99,7 @@ def compiled_graph(
         written_inputs=tuple(i for i, spec in enumerate(program.inputs) if spec.name in written),
         written_constants=tuple(c.key for c in program.constants if c.name in written),
         notes=program.notes,
+        splits=program.splits,
         jit_kernels=program.jit_kernels,
         choices=program.choices,
         **facts,

@@ -2,7 +2,9 @@
 
 A `Program` is a function's inputs, the tensor constants it binds, `setup` lines that run once when
 the executor binds the program (allocations of persistent buffers, folded constants, hoisted
-views) and `body` lines that run on every call. Lines refer to values by name (`Ref`); every value a
+views), `memo` lines that run in the call only when the size symbols they read change (dynamic
+shapes: views and constant-only calls whose sizes are symbolic) and `body` lines that run on every
+call. Lines refer to values by name (`Ref`); every value a
 line defines is a `Value` carrying its `TensorMeta` where known. Nothing here imports torch or
 refers to a graph, so programs can be built by hand, transformed by passes and printed by a
 backend in tests.
@@ -172,6 +174,7 @@ class KernelCall:
     pointwise: bool = False
     fresh: bool = False  # a torch-op call known to return new tensors (else assumed to alias its arguments)
     jit: bool = False  # `kernel` names a JIT launcher of the program's `jit_kernels`
+    seeded: bool = False  # a random op (draws from the generator): never folded into setup or memoised
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +272,25 @@ class Program:
     ranges: tuple[tuple[str, int, int | None], ...] = ()  # size symbols: (name, low, high or None)
     jit_kernels: tuple[JitKernelSpec, ...] = ()
     choices: tuple[KernelChoice, ...] = ()
+    memo: tuple[Line, ...] = ()  # run in the call only when the size symbols they read change (passes.memo)
+    splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): a pass chose per call by `symbol < n` (size_classes)
+
+
+def program_lines(program: Program) -> tuple[Line, ...]:
+    """Every line of a program: setup, the size memo, body."""
+    return (*program.setup, *program.memo, *program.body)
+
+
+def symbol_names(program: Program) -> set[str]:
+    """Names bound to a size per call: the body's `SizeLet`s and torch.compile's size inputs."""
+    lets = {line.name for line in program.body if isinstance(line, SizeLet)}
+    return lets | {i.name for i in program.inputs if i.size is not None}
+
+
+def memo_key(program: Program) -> tuple[str, ...]:
+    """The size symbols the memo lines read, sorted: the memo is recomputed when one of them changes."""
+    symbols = symbol_names(program)
+    return tuple(sorted({n for line in program.memo for n in uses(line) if n in symbols}))
 
 
 def refs(arg: Arg) -> Iterator[str]:
@@ -356,7 +378,7 @@ def meta_table(program: Program) -> dict[str, TensorMeta]:
     """The meta of every named tensor value of a program."""
     table = {i.name: i.meta for i in program.inputs if i.size is None}
     table.update((c.name, c.meta) for c in program.constants)
-    for line in (*program.setup, *program.body):
+    for line in program_lines(program):
         table.update((v.name, v.meta) for v in defs(line) if v.meta is not None)
     return table
 

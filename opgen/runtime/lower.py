@@ -254,9 +254,22 @@ class _Lowering:
             outputs, unpack = self.outputs(node, info.returns_tuple or info.returns_list)
         assert isinstance(node.target, torch._ops.OpOverload)
         pointwise = torch.Tag.pointwise in node.target.tags
+        seeded = torch.Tag.nondeterministic_seeded in node.target.tags
         target = op_name(node.target)
         self.body.append(
-            KernelCall(info.name, positional, keywords, outputs, node.name, target, unpack, mutates, False, pointwise)
+            KernelCall(
+                info.name,
+                positional,
+                keywords,
+                outputs,
+                node.name,
+                target,
+                unpack,
+                mutates,
+                False,
+                pointwise,
+                seeded=seeded,
+            )
         )
         self.direct += 1
 

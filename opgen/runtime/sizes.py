@@ -154,11 +154,20 @@ def product(sizes: Sequence[Size]) -> Size:
 
 def upper_bound(size: Size, ranges: Sequence[tuple[str, int, int | None]]) -> int | None:
     """The size with every symbol at its upper bound (a hint: exact for sums and products of sizes)."""
+    return _at_bound(size, {name: high for name, _, high in ranges})
+
+
+def lower_bound(size: Size, ranges: Sequence[tuple[str, int, int | None]]) -> int | None:
+    """The size with every symbol at its lower bound (as `upper_bound`; symbols without a range are 1)."""
+    return _at_bound(size, {name: low for name, low, _ in ranges}, default=1)
+
+
+def _at_bound(size: Size, bounds: dict[str, int | None], default: int | None = None) -> int | None:
     if type(size) is int:
         return size
     assert isinstance(size, SizeExpr)
-    highs = {name: high for name, _, high in ranges}
-    if any(highs.get(s) is None for s in size.symbols):
+    values = {s: bounds.get(s, default) for s in size.symbols}
+    if any(v is None for v in values.values()):
         return None
-    value = to_expr(size).subs({symbol(s): highs[s] for s in size.symbols})
+    value = to_expr(size).subs({symbol(s): v for s, v in values.items()})
     return int(value) if value.is_number else None

@@ -52,3 +52,13 @@ def test_thread_counts_parse_and_every_table_keeps_them_apart() -> None:
     lines = graphs.compiler_lines(results)
     assert "gpt_block, 1 thread(s): opgen.compile 0.750x the faster compiler" in lines[0] and lines[0].endswith(": met")
     assert "gpt_block, 4 thread(s): opgen.compile 1.500x" in lines[1] and lines[1].endswith("NOT met")
+
+
+def test_dynamic_bench_prints_totals_and_the_steady_state_ratio_per_length(capsys: pytest.CaptureFixture[str]) -> None:
+    from opgen.bench import dynamic
+
+    argv = ["--lengths", "3", "--layers", "1", "--width", "32", "--candidates", "eager", "opgen_dynamic"]
+    assert dynamic.main([*argv, "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "| opgen.compile(dynamic_shapes=1..256)" in text and "| dynamic / static | min / min |" in text
+    assert all(f"length {n}: dynamic " in text for n in dynamic.STEADY_LENGTHS)

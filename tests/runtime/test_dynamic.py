@@ -224,7 +224,8 @@ def test_the_ranged_check_in_cpp_agrees_with_the_generated_one() -> None:
 
 def test_the_cache_key_holds_the_ranges(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
-    model, x = MLP().eval(), torch.randn(4, 16)
+    # 12 rows: the size class [8, high] (size_classes); [1, 7] is the same class, and graph, for both ranges
+    model, x = MLP().eval(), torch.randn(12, 16)
     with torch.no_grad():
         first = opgen.compile(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=16)},))
         again = opgen.compile(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=16)},))

@@ -388,6 +388,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "dead_code",
         "memory",
         "hoist_views",
+        "memo",
         "sizes",
         "frees",
         "kernel_choice",

@@ -7,9 +7,13 @@ oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `o
 simplification and shape folding leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
 again, removed before memory planning; constant folding and memory planning decide what lives in
-setup; `hoist_views` then moves views of setup values out of the call; `sizes` binds the size
-arithmetic of dynamic shapes once per call, after every pass that rewrites calls; `insert_frees` comes
-last because it needs the final body. `prepack` and `onednn` need oneDNN and `cudnn` cuDNN at run time, so
+setup; `hoist_views` then moves views of setup values out of the call; `memo` moves what depends
+only on the size symbols of dynamic shapes (views of buffers and constants, calls on constants)
+into the size memo, recomputed only when the sizes change: before memory planning (calls on
+constants keep their own results) and after it (views of the buffers it made);
+`sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
+calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
+oneDNN and `cudnn` cuDNN at run time, so
 `opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it. `kernel_choice`
 is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
 turns functional calls into in-place ones that have no candidates.
@@ -26,6 +30,7 @@ from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
+from opgen.runtime.passes.memo import memoize_sizes
 from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.prepack import prepack_linear
@@ -49,6 +54,7 @@ PASSES: dict[str, Pass] = {
     "dead_code": eliminate_dead_code,
     "memory": plan_memory,
     "hoist_views": hoist_views,
+    "memo": memoize_sizes,
     "sizes": hoist_sizes,
     "frees": insert_frees,
     "kernel_choice": choose_kernels,  # opt-in: times ATen against Triton candidates on the first call
@@ -66,8 +72,10 @@ DEFAULT_PIPELINE = (
     "constants",
     "prepack",
     "dead_code",
+    "memo",
     "memory",
     "hoist_views",
+    "memo",
     "sizes",
     "frees",
 )

@@ -6,7 +6,20 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from opgen.runtime.ir import Arg, Constant, KernelCall, Line, Program, Ref, Return, View, defs, refs, uses
+from opgen.runtime.ir import (
+    Arg,
+    Constant,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    Return,
+    View,
+    defs,
+    program_lines,
+    refs,
+    uses,
+)
 from opgen.runtime.registry import KernelRegistry, OpInfo
 
 
@@ -81,7 +94,7 @@ def is_view_call(line: Line, registry: KernelRegistry) -> bool:
 
 def escaping(program: Program, registry: KernelRegistry) -> set[str]:
     """Names whose storage the caller can reach through the returned values."""
-    lines = (*program.setup, *program.body)
+    lines = program_lines(program)
     sources = {v.name: alias_sources(line, registry) for line in lines for v in defs(line)}
     todo = [n for line in program.body if isinstance(line, Return) for n in uses(line)]
     seen: set[str] = set()
@@ -127,18 +140,24 @@ def alias_groups(lines: Iterable[Line], registry: KernelRegistry) -> Groups:
     return groups
 
 
+def body_written(program: Program, registry: KernelRegistry) -> set[str]:
+    """Every name sharing storage with a value some line of the body (or the size memo) writes."""
+    groups = alias_groups(program_lines(program), registry)
+    writers = (*program.memo, *program.body)
+    roots = {groups.find(n) for line in writers if isinstance(line, KernelCall) for n in line.mutates}
+    return {n for n in list(groups.parent) if groups.find(n) in roots}
+
+
 def written_names(program: Program, registry: KernelRegistry) -> set[str]:
     """Inputs and constants whose storage the body writes, directly or through a view."""
-    groups = alias_groups((*program.setup, *program.body), registry)
-    roots = {groups.find(n) for line in program.body if isinstance(line, KernelCall) for n in line.mutates}
-    names = [i.name for i in program.inputs] + [c.name for c in program.constants]
-    return {n for n in names if groups.find(n) in roots}
+    written = body_written(program, registry)
+    return {n for n in [i.name for i in program.inputs] + [c.name for c in program.constants] if n in written}
 
 
 def fresh_namer(program: Program, prefix: str) -> Iterator[str]:
     """Names `prefix0`, `prefix1`, ... not used anywhere in the program."""
     taken = {i.name for i in program.inputs} | {c.name for c in program.constants}
-    for line in (*program.setup, *program.body):
+    for line in program_lines(program):
         taken.update(v.name for v in defs(line))
         taken.update(uses(line))
     n = 0

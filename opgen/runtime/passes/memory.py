@@ -95,7 +95,7 @@ class _Planner:
         p = self.program
         self.metas = meta_table(p)
         self.escapes = escaping(p, self.registry)
-        self.groups = alias_groups(p.body, self.registry)
+        self.groups = alias_groups((*p.memo, *p.body), self.registry)
         self.last = last_uses(p.body)
         fallback_outputs = {
             v.name
@@ -103,7 +103,8 @@ class _Planner:
             if isinstance(line, KernelCall) and line.fallback and not line.fresh
             for v in defs(line)
         }
-        self.foreign = setup_names(p) | {i.name for i in p.inputs} | fallback_outputs
+        memo = {v.name for line in p.memo for v in defs(line)}  # kept between calls by the size memo
+        self.foreign = setup_names(p) | memo | {i.name for i in p.inputs} | fallback_outputs
         self.slot_names = fresh_namer(p, "slot")
 
     def group_last(self, name: str) -> int:

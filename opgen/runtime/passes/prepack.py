@@ -8,7 +8,11 @@ single-row products stay as they are. A symbolic row count (dynamic shapes) is p
 largest row count its range allows (packing for 8 rows runs 256 rows 1.7x slower than packing for
 256; for small counts the largest costs nothing) and calls `opgen.runtime.linear_rows.linear`,
 which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call (its post-ops
-are relu and gelu only). An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
+are relu and gelu only); where the rows are one size symbol, the program records the split
+(`Program.splits`) and `opgen.compile` compiles the range below MIN_ROWS and the rest apart
+(`opgen.runtime.size_classes`), so that each decides here: a range below MIN_ROWS keeps the
+product (planned into persistent buffers like a static one), a range from MIN_ROWS up calls oneDNN
+directly. An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
 hardsigmoid, leaky_relu, hardtanh) that is the only reader of the result becomes the call's post-op
 (another 7 us for gelu on that product), and so does a residual `add` of a same-shaped contiguous
 tensor (`kernel_ops.mkldnn_linear_pointwise_binary(x, z, packed, b, "add")`). These are kernel_ops
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
+from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, SizeExpr, TensorMeta, Value, meta_table, uses
 from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
 from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
-from opgen.runtime.sizes import upper_bound
+from opgen.runtime.sizes import lower_bound, upper_bound
+
+Ranges = tuple[tuple[str, int, int | None], ...]
 
 PACK = "mkldnn._reorder_linear_weight.default"
 LINEAR = "mkldnn_linear_pointwise"  # kernel_ops functions (ops.yaml)
@@ -66,7 +72,7 @@ def _operands(
 
 
 def _linear(
-    line: Line, producers: dict[str, KernelCall], constant: set[str], metas: dict[str, TensorMeta]
+    line: Line, producers: dict[str, KernelCall], constant: set[str], metas: dict[str, TensorMeta], ranges: Ranges
 ) -> tuple[str | None, str] | None:
     """(bias, weight) if the call is a linear layer this pass rewrites."""
     if not isinstance(line, KernelCall) or line.kernel not in ("addmm", "mm") or line.fallback or line.kwargs:
@@ -74,7 +80,8 @@ def _linear(
     out = line.outputs[0] if len(line.outputs) == 1 else None
     if out is None or out.meta is None or len(out.meta.shape) != 2:
         return None
-    if type(out.meta.shape[0]) is int and out.meta.shape[0] < MIN_ROWS:
+    most = upper_bound(out.meta.shape[0], ranges)
+    if most is not None and most < MIN_ROWS:  # fewer rows than MIN_ROWS in the whole range
         return None
     operands = _operands(line, out.meta.shape[1:], metas) if out.meta.is_contiguous() else None
     if operands is None:
@@ -97,8 +104,9 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
     setup, body = list(program.setup), []
     packed: dict[str, str] = {}
     scratches, escapes = fresh_namer(program, "scratch"), escaping(program, registry)
+    splits = dict.fromkeys(program.splits)
     for line in program.body:
-        match = _linear(line, producers, constant, metas)
+        match = _linear(line, producers, constant, metas, program.ranges)
         if match is None:
             body.append(line)
             continue
@@ -113,14 +121,19 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
             )
         x = line.args[1] if line.kernel == "addmm" else line.args[0]
         args: tuple[Arg, ...] = (x, Ref(packed[weight]), Ref(bias) if bias else None, "none", (), "")
-        kernel = LINEAR if type(line.outputs[0].meta.shape[0]) is int else LINEAR_ROWS
+        least = lower_bound(line.outputs[0].meta.shape[0], program.ranges)
+        kernel = LINEAR if least is not None and least >= MIN_ROWS else LINEAR_ROWS
         if kernel == LINEAR_ROWS:  # + the transposed weight and a buffer for the rows below MIN_ROWS
             scratch = _scratch(line.outputs[0], escapes, next(scratches))
             setup += [scratch] if scratch is not None else []
             args += (line.args[-1], Ref(scratch.value.name) if scratch is not None else None)
+            rows = line.outputs[0].meta.shape[0]
+            if isinstance(rows, SizeExpr) and rows.symbols == (rows.text,):  # the rows are one size symbol
+                splits[(rows.text, MIN_ROWS)] = None
         target = f"{line.target} as {kernel}"
         body.append(replace(line, kernel=kernel, args=args, target=target, fallback=kernel == LINEAR_ROWS, fresh=True))
-    return replace(program, setup=tuple(setup), body=fuse_activations(tuple(body), registry, metas))
+    body_ = fuse_activations(tuple(body), registry, metas)
+    return replace(program, setup=tuple(setup), body=body_, splits=tuple(splits))
 
 
 def _scratch(out: Value, escapes: set[str], name: str) -> Alloc | None:
