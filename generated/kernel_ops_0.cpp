@@ -2824,6 +2824,7 @@ PyObject* kernel_ops_mkldnn_linear_pointwise_binary(PyObject*, PyObject* const* 
   const std::string attr = opgen::convert<std::string>(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(X, 0).add(other, 1).add_opaque(W, 2).add(B, 3);
+  opgen::checks::linear_binary_other(sig, X, other, W);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkldnn_linear_pointwise_binary(X, other, W, B, attr); }));

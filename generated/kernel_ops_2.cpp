@@ -1623,6 +1623,7 @@ PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* ar
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4).add(out, 8).add(save_mean, 9).add(save_invstd, 10);
   opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);
+  opgen::checks::batch_norm_out_contiguous(sig, input, training);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_native_batch_norm_legit_outf(input, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd);
@@ -2799,7 +2800,7 @@ PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1175: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1176: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_convolution_pointwise", {"X", "W", "B", "padding", "stride", "dilation", "groups", "attr", "scalars", "algorithm"}, 10, 0x3ff);
   OPGEN_TRY
@@ -2826,7 +2827,7 @@ PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1181: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+// ops.yaml:1182: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_convolution_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_convolution_pointwise_binary", {"X", "other", "W", "B", "padding", "stride", "dilation", "groups", "binary_attr", "alpha", "unary_attr", "unary_scalars", "unary_algorithm"}, 13, 0x1fff);
   OPGEN_TRY
@@ -2847,6 +2848,7 @@ PyObject* kernel_ops_mkldnn_convolution_pointwise_binary(PyObject*, PyObject* co
   const std::optional<std::string> unary_algorithm = opgen::convert_optional<std::string>(slots[12], sig, 12);
   opgen::Devices devices(sig);
   devices.add(X, 0).add(other, 1).add_opaque(W, 2).add(B, 3);
+  opgen::checks::conv_binary_other(sig, X, other, W, padding, stride, dilation);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkldnn_convolution_pointwise_binary(X, other, W, B, padding, stride, dilation, groups, binary_attr, alpha, opgen::opt_view(unary_attr), unary_scalars, opgen::opt_view(unary_algorithm)); }));

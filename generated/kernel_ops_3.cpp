@@ -2509,6 +2509,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_distinct(sig, self, out);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::replication_pad2d_outf(self, padding, out);

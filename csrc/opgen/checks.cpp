@@ -14,6 +14,22 @@ void channels(const Signature& sig, const char* name, const at::Tensor& t, int64
             " elements, not " + std::to_string(t.numel()));
 }
 
+std::string shape(c10::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text + "]";
+}
+
+void binary_other(const Signature& sig, const at::Tensor& other, const std::vector<int64_t>& result) {
+  if (other.sizes() != c10::IntArrayRef(result)) {
+    raise(PyExc_ValueError, sig,
+          "argument 'other' must have the result's shape " + shape(result) + ", not " + shape(other.sizes()));
+  }
+  if (!other.is_non_overlapping_and_dense()) {
+    raise(PyExc_ValueError, sig, "argument 'other' must be dense (contiguous or channels-last)");
+  }
+}
+
 }  // namespace
 
 void batch_norm_channels(const Signature& sig, const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -43,6 +59,48 @@ void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<in
     }
     seen[wrapped] = true;
   }
+}
+
+void batch_norm_out_contiguous(const Signature& sig, const at::Tensor& input, bool training) {
+  if (training && input.device().is_cpu() && !input.is_contiguous()) {
+    raise(PyExc_ValueError, sig,
+          "argument 'input' must be contiguous in training mode on the CPU (the out kernel reads a strided or "
+          "channels-last input wrongly); pass input.contiguous(), or call the functional variant");
+  }
+}
+
+void out_distinct(const Signature& sig, const at::Tensor& self, const at::Tensor& out) {
+  if (self.has_storage() && out.has_storage() && self.storage().is_alias_of(out.storage())) {
+    raise(PyExc_ValueError, sig,
+          "argument 'out' shares memory with 'self': the kernel resizes out before it reads self; pass a separate "
+          "tensor");
+  }
+}
+
+void linear_binary_other(const Signature& sig, const at::Tensor& X, const at::Tensor& other, const at::Tensor& W) {
+  if (X.dim() < 1 || W.dim() != 2) raise(PyExc_ValueError, sig, "X must have a dimension and W two");
+  std::vector<int64_t> result(X.sizes().begin(), X.sizes().end());
+  result.back() = W.size(0);
+  binary_other(sig, other, result);
+}
+
+void conv_binary_other(const Signature& sig, const at::Tensor& X, const at::Tensor& other, const at::Tensor& W,
+                       const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                       const std::vector<int64_t>& dilation) {
+  const size_t spatial = X.dim() > 2 ? static_cast<size_t>(X.dim() - 2) : 0;
+  if (spatial == 0 || W.dim() != X.dim() || padding.size() != spatial || stride.size() != spatial ||
+      dilation.size() != spatial) {
+    raise(PyExc_ValueError, sig,
+          "X and W need the same number (3 or more) of dimensions, and padding, stride and dilation one entry per "
+          "spatial dimension");
+  }
+  std::vector<int64_t> result{X.size(0), W.size(0)};
+  for (size_t d = 0; d < spatial; ++d) {
+    if (stride[d] <= 0 || dilation[d] <= 0) raise(PyExc_ValueError, sig, "stride and dilation must be positive");
+    const int64_t extent = dilation[d] * (W.size(static_cast<int64_t>(d) + 2) - 1) + 1;
+    result.push_back((X.size(static_cast<int64_t>(d) + 2) + 2 * padding[d] - extent) / stride[d] + 1);
+  }
+  binary_other(sig, other, result);
 }
 
 }  // namespace opgen::checks

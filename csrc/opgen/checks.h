@@ -22,4 +22,23 @@ void batch_norm_channels(const Signature& sig, const at::Tensor& input, const st
 // repeated one reads past the end of their plan): `dim` must be non-empty, in range and distinct.
 void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<int64_t>& dim);
 
+// `_native_batch_norm_legit.out` in training mode on the CPU reads a strided or channels-last input
+// as if it were contiguous (wrong statistics, and uninitialized memory in save_mean, in eager torch
+// too): such an input is refused with a ValueError. The functional kernel handles it.
+void batch_norm_out_contiguous(const Signature& sig, const at::Tensor& input, bool training);
+
+// Out variants whose kernel resizes `out` before it reads `self` (the padding kernels): an out that
+// shares memory with self would have self's storage reallocated under the kernel (a use after
+// free, in eager torch too). Such an out is refused with a ValueError.
+void out_distinct(const Signature& sig, const at::Tensor& self, const at::Tensor& out);
+
+// oneDNN's binary post-ops read `other` as a dense tensor of the result's shape and trust it (a
+// smaller one is read past its end, through torch.ops.mkldnn too): it must have that shape and be
+// dense (a ValueError otherwise). The result is X's shape with the last size W.size(0) for a linear,
+// and (N, W.size(0), spatial sizes...) for a convolution.
+void linear_binary_other(const Signature& sig, const at::Tensor& X, const at::Tensor& other, const at::Tensor& W);
+void conv_binary_other(const Signature& sig, const at::Tensor& X, const at::Tensor& other, const at::Tensor& W,
+                       const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
+                       const std::vector<int64_t>& dilation);
+
 }  // namespace opgen::checks

@@ -40,9 +40,10 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
     schema = spec.schema
     returns = [return_info(r, schema.args) for r in schema.returns]
     siblings = variants.get(spec.group, {})
+    namespace = "opgen" if spec.triton is not None or any(k.own for k in spec.kernels) else "aten"
     info: dict[str, Any] = {
         "name": spec.python_name,
-        "aten": f"{'opgen' if spec.triton is not None or any(k.own for k in spec.kernels) else 'aten'}::{schema.qualified_name}",
+        "aten": f"{namespace}::{schema.qualified_name}",
         "schema": str(schema),
         "args": [arg_info(a) for a in schema.args],
         "returns": returns,

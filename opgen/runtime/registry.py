@@ -66,8 +66,10 @@ class OpInfo:
     def copies_into_out(self) -> bool:
         """An out variant whose only kernel is a composite one: for most (ATen's `autogen` out variants:
         relu.out, convolution.out, native_layer_norm.out...) the functional kernel, then a copy into out."""
-        return self.variant == "out" and bool(self.kernels) and all(
-            k.startswith("at::compositeexplicitautograd::") for k in self.kernels
+        return (
+            self.variant == "out"
+            and bool(self.kernels)
+            and all(k.startswith("at::compositeexplicitautograd::") for k in self.kernels)
         )
 
     @property

@@ -49,6 +49,35 @@ CHECKS = {
             (("self", "Tensor"), ("dim", "int[]")),
             "dim names at least one dimension of self, each once (an IndexError or a ValueError otherwise)",
         ),
+        Check(
+            "batch_norm_out_contiguous",
+            (("input", "Tensor"), ("training", "bool")),
+            "in training mode on the CPU, input is contiguous (a ValueError otherwise): ATen's CPU out kernel "
+            "reads a strided or channels-last input wrongly, in eager torch too",
+        ),
+        Check(
+            "out_distinct",
+            (("self", "Tensor"), ("out", "Tensor")),
+            "out shares no memory with self (a ValueError otherwise): the kernel resizes out, which frees "
+            "self's memory, before it reads self",
+        ),
+        Check(
+            "linear_binary_other",
+            (("X", "Tensor"), ("other", "Tensor"), ("W", "Tensor")),
+            "other has the linear's result shape (X's, with the last size W.size(0)) and is dense",
+        ),
+        Check(
+            "conv_binary_other",
+            (
+                ("X", "Tensor"),
+                ("other", "Tensor"),
+                ("W", "Tensor"),
+                ("padding", "int[]"),
+                ("stride", "int[]"),
+                ("dilation", "int[]"),
+            ),
+            "other has the convolution's result shape and is dense",
+        ),
     )
 }
 

@@ -43,7 +43,7 @@ from opgen.spec.triton import triton_kernel
 ENTRY_KEYS = ("func", "python", "kernels", "triton", "inplace", "out", "release_gil", "checks", "opaque", "doc")
 # Keys a Triton op cannot have: its variants are entries of their own, and its launch keeps the GIL.
 NOT_WITH_TRITON = ("kernels", "inplace", "out", "release_gil")
-VARIANT_KEYS = ("func", "python", "kernels")
+VARIANT_KEYS = ("func", "python", "kernels", "checks")
 LIST_BASES = ("Tensor", "int", "SymInt", "float", "bool")
 # \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
 _KERNEL = re.compile(r"^(?:at::(?P<ns>[a-z_]+)|(?P<own>opgen::kernels))::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
@@ -120,7 +120,9 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
         return []
     location = Location(problems.path, lines["func"])
     own = variant_of(schema)
-    base = OpSpec(schema, python_name, kernels, own, python_name, str(doc), release_gil, location, triton, checks, opaque)
+    base = OpSpec(
+        schema, python_name, kernels, own, python_name, str(doc), release_gil, location, triton, checks, opaque
+    )
     ops = [base]
     for kind in (Variant.INPLACE, Variant.OUT):
         if kind.value in fields:
@@ -241,7 +243,10 @@ def _kernels(raw: Any, line: int, op: str, problems: Problems) -> tuple[Kernel, 
         match = _KERNEL.match(name) if isinstance(name, str) else None
         if match is None:
             problems.add(
-                line, op, f"{backend} kernel {name!r} is not of the form at::<namespace>::<function> or {OWN_NAMESPACE}::<function>"
+                line,
+                op,
+                f"{backend} kernel {name!r} is not of the form at::<namespace>::<function> or "
+                f"{OWN_NAMESPACE}::<function>",
             )
             continue
         namespace = match["ns"] or match["own"]
@@ -257,8 +262,12 @@ def _kernels(raw: Any, line: int, op: str, problems: Problems) -> tuple[Kernel, 
 
 
 def _opaque(
-    fields: dict[str, Any], lines: dict[str, int], schema: Schema | None, kernels: tuple[Kernel, ...] | None,
-    op: str, problems: Problems,
+    fields: dict[str, Any],
+    lines: dict[str, int],
+    schema: Schema | None,
+    kernels: tuple[Kernel, ...] | None,
+    op: str,
+    problems: Problems,
 ) -> tuple[str, ...]:
     """`opaque:`: Tensor arguments that may also be opaque oneDNN (mkldnn-layout) tensors; own kernels only."""
     if "opaque" not in fields or schema is None:
@@ -266,7 +275,9 @@ def _opaque(
     value, line = fields["opaque"], lines["opaque"]
     tensors = [a.name for a in schema.args if a.type.base == "Tensor" and not a.type.is_list]
     if not isinstance(value, list) or not all(isinstance(v, str) and v in tensors for v in value):
-        problems.add(line, op, f"'opaque' must be a list of Tensor argument names ({', '.join(tensors)}), not {value!r}")
+        problems.add(
+            line, op, f"'opaque' must be a list of Tensor argument names ({', '.join(tensors)}), not {value!r}"
+        )
         return ()
     if kernels is not None and not all(k.own for k in kernels):
         problems.add(line, op, f"'opaque' needs {OWN_NAMESPACE} kernels: ATen's kernels take strided tensors only")
@@ -315,11 +326,12 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: Pro
     python_name = raw.get("python", base.python_name + ("_" if kind is Variant.INPLACE else "_out"))
     if kernels is None or not _python_name_ok(python_name, loc.line, op, problems):
         return None
-    for message in check_problems(list(base.checks), schema)[1]:
+    own, messages = check_problems(raw["checks"], schema) if "checks" in raw else ((), [])
+    checks = base.checks + tuple(c for c in own if c not in base.checks)  # the entry's, then the variant's own
+    messages += check_problems(list(base.checks), schema)[1]
+    for message in messages:
         problems.add(loc.line, op, f"'{kind.value}': {message}")
-    return OpSpec(
-        schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc, checks=base.checks
-    )
+    return OpSpec(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc, checks=checks)
 
 
 def _derive(base: Schema, kind: Variant, name: str, line: int, problems: Problems) -> Schema | None:

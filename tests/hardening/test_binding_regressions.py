@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import torch
 from opgen import kernel_ops as k
@@ -115,6 +117,38 @@ def test_batch_norm_refuses_per_channel_tensors_of_the_wrong_size() -> None:
     ]
 
 
+def test_batch_norm_out_refuses_a_strided_input_in_training() -> None:
+    """The fuzzer's `wrong` finding: `_native_batch_norm_legit.out` in training mode on the CPU reads a
+    strided or channels-last input as if contiguous (wrong results and uninitialized save_mean, in
+    eager torch.ops.aten too). `checks: [batch_norm_out_contiguous]` refuses it; eval mode, the
+    functional variant and a contiguous input are unchanged."""
+    import torch
+
+    from opgen import kernel_ops as k
+
+    def outs() -> dict[str, torch.Tensor]:
+        return {"out": torch.empty(0), "save_mean": torch.empty(0), "save_invstd": torch.empty(0)}
+
+    x = torch.randn(2, 3, 8)[..., ::2]
+    for strided in (x, torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)):
+        with pytest.raises(ValueError, match="argument 'input' must be contiguous in training mode"):
+            k._native_batch_norm_legit_out(
+                strided, None, None, torch.zeros(3), torch.ones(3), True, 0.1, 1e-5, **outs()
+            )
+    want = torch.ops.aten._native_batch_norm_legit(
+        x.contiguous(), None, None, torch.zeros(3), torch.ones(3), True, 0.1, 1e-5
+    )
+    for got in (
+        k._native_batch_norm_legit_out(
+            x.contiguous(), None, None, torch.zeros(3), torch.ones(3), True, 0.1, 1e-5, **outs()
+        ),
+        k._native_batch_norm_legit(x, None, None, torch.zeros(3), torch.ones(3), True, 0.1, 1e-5),
+    ):
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    k._native_batch_norm_legit_out(x, None, None, torch.zeros(3), torch.ones(3), False, 0.1, 1e-5, **outs())
+
+
 FFT = r"""
 import torch
 from opgen import kernel_ops as k
@@ -149,6 +183,41 @@ def test_fft_refuses_repeated_and_out_of_range_dims() -> None:
         "IndexError kernel_ops._fft_r2c(): argument 'dim': dimension 3 is out of range for a tensor of 3 dimensions",
         "ValueError kernel_ops._fft_c2r(): argument 'dim' must name at least one dimension",
         "valid call matches eager: True",
+    ]
+
+
+PADS = r"""
+import torch
+from opgen import kernel_ops as k
+for name in ("reflection_pad2d_out", "replication_pad2d_out"):
+    for _ in range(200):  # the heap corruption showed within a few calls
+        x = torch.randn(1, 3, 4)
+        for out in (x, x.view(3, 4), x[0]):
+            try:
+                getattr(k, name)(x, [1, 1, 1, 1], out=out)
+                print("returned")
+            except ValueError as exc:
+                last = str(exc)
+        fresh = getattr(k, name)(x, [1, 1, 1, 1], out=torch.empty(0))
+    print(last)
+    print("separate out matches eager:", torch.equal(fresh, getattr(torch.ops.aten, name[:-4])(x, [1, 1, 1, 1])))
+"""
+
+
+def test_padding_refuses_an_out_sharing_self() -> None:
+    """The fuzzer's crash: `reflection_pad2d_out(x, p, out=x)` resizes out, freeing x's memory, then
+    reads x (heap corruption; eager torch.ops.aten does the same). `checks: [out_distinct]` on the out
+    variant refuses an out that shares memory with self."""
+    done = subprocess.run([sys.executable, "-c", PADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
+    refused = (
+        "argument 'out' shares memory with 'self': the kernel resizes out before it reads self; pass a separate tensor"
+    )
+    assert done.stdout.splitlines() == [
+        f"kernel_ops.reflection_pad2d_out(): {refused}",
+        "separate out matches eager: True",
+        f"kernel_ops.replication_pad2d_out(): {refused}",
+        "separate out matches eager: True",
     ]
 
 

@@ -857,12 +857,19 @@ def _mkldnn(op: Any, scalar_lists: tuple[int, ...]) -> Any:
 
 def _linear_samples(m: Maker) -> list[Sample]:
     x, w, b = m(16, 32), m(24, 32), m(24)
-    return [S(x, w, b, "none", (), ""), S(x, w, None, "gelu", (), "tanh"), S(m(2, 3, 32), w, b, "leaky_relu", (0.1,), "")]
+    return [
+        S(x, w, b, "none", (), ""),
+        S(x, w, None, "gelu", (), "tanh"),
+        S(m(2, 3, 32), w, b, "leaky_relu", (0.1,), ""),
+    ]
 
 
 def _conv_samples(m: Maker) -> list[Sample]:
     x, w, b = m(2, 8, 12, 12), m(16, 4, 3, 3), m(16)
-    return [S(x, w, b, [1, 1], [2, 2], [1, 1], 2, "relu", (), ""), S(x, w, None, [0, 0], [1, 1], [2, 2], 2, "hardtanh", (-1.0, 1.0), "")]
+    return [
+        S(x, w, b, [1, 1], [2, 2], [1, 1], 2, "relu", (), ""),
+        S(x, w, None, [0, 0], [1, 1], [2, 2], 2, "hardtanh", (-1.0, 1.0), ""),
+    ]
 
 
 OWN_SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
@@ -874,7 +881,23 @@ OWN_SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
         "opgen::mkldnn_convolution_pointwise": OpSamples((F32,), _conv_samples),
         "opgen::mkldnn_convolution_pointwise_binary": OpSamples(
             (F32,),
-            lambda m: [S(m(2, 8, 12, 12), m(2, 16, 6, 6), m(16, 4, 3, 3), m(16), [1, 1], [2, 2], [1, 1], 2, "add", 1.0, "relu", (), "")],
+            lambda m: [
+                S(
+                    m(2, 8, 12, 12),
+                    m(2, 16, 6, 6),
+                    m(16, 4, 3, 3),
+                    m(16),
+                    [1, 1],
+                    [2, 2],
+                    [1, 1],
+                    2,
+                    "add",
+                    1.0,
+                    "relu",
+                    (),
+                    "",
+                )
+            ],
         ),
     }
 )

@@ -82,7 +82,7 @@ def test_linear_pointwise_binary(packed: bool) -> None:
 
 def test_opaque_only_where_the_spec_allows_it() -> None:
     """A packed (mkldnn-layout) tensor passes as W, and is refused as X like by every other function."""
-    x, w, b, geometry = conv_case(True)
+    _x, w, b, geometry = conv_case(True)
     assert w.layout == torch._mkldnn  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match="argument 'X' must be a strided"):
         kernel_ops.mkldnn_convolution_pointwise(w, w, b, *geometry, "none", (), "")
@@ -108,3 +108,20 @@ def test_bad_arguments_raise(call) -> None:
     torch.manual_seed(0)
     with pytest.raises((RuntimeError, ValueError, TypeError)):
         call(torch.randn(16, 32), torch.randn(24, 32), torch.randn(24))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_binary_other_of_the_wrong_shape_or_layout_is_a_value_error(packed: bool) -> None:
+    """oneDNN reads `other` as the result's shape (a short one past its end): the spec's checks refuse it."""
+    x, w, b, geometry = conv_case(packed)
+    result = kernel_ops.mkldnn_convolution_pointwise(x, w, b, *geometry, "none", (), "")
+    with pytest.raises(ValueError, match=r"must have the result's shape \[2, 16, 6, 6\], not \[2, 16, 6\]"):
+        kernel_ops.mkldnn_convolution_pointwise_binary(x, result[..., 0], w, b, *geometry, "add", None, None, (), None)
+    strided = torch.randn(2, 16, 6, 12)[..., ::2]
+    with pytest.raises(ValueError, match="must be dense"):
+        kernel_ops.mkldnn_convolution_pointwise_binary(x, strided, w, b, *geometry, "add", None, None, (), None)
+    with pytest.raises(ValueError, match=r"result's shape \[16, 24\], not \[16, 32\]"):
+        kernel_ops.mkldnn_linear_pointwise_binary(
+            torch.randn(16, 32), torch.randn(16, 32), torch.randn(24, 32), None, "add"
+        )
+    assert kernel_ops.get_kernel_ops_args_info()["mkldnn_linear_pointwise_binary"]["checks"] == ["linear_binary_other"]

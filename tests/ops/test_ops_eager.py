@@ -313,8 +313,11 @@ def test_dtype_policy() -> None:
     wrong = [
         key
         for key, spec in samples.SAMPLES.items()
-        if key not in samples.OWN_SAMPLES  # oneDNN's kernels: float32 (bfloat16 needs CPU support)
-        and len(set(spec.dtypes)) < 2 or (torch.float32 in spec.dtypes) == (key in samples.NO_FLOAT32)
+        if (
+            key not in samples.OWN_SAMPLES  # oneDNN's kernels: float32 (bfloat16 needs CPU support)
+            and len(set(spec.dtypes)) < 2
+        )
+        or (torch.float32 in spec.dtypes) == (key in samples.NO_FLOAT32)
     ]
     assert not wrong, f"samples.py entries that break the dtype policy: {wrong}"
 

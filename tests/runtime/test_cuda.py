@@ -252,3 +252,25 @@ def test_first_calls_from_several_threads_capture_once() -> None:
             for out in results[i]:
                 torch.testing.assert_close(out, model(inputs[i]))
     assert fn.graph_status.captured
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["plain", "cuda_graphs"])
+@pytest.mark.parametrize("name", ["mlp_batch", "attention_seq", "decoder_both"])
+def test_dynamic_shapes_on_cuda(name: str, graphs: bool) -> None:
+    """One dynamic compile serves the range on the GPU; with CUDA graphs each size gets its own graph."""
+    from test_dynamic import CASES as DYNAMIC
+
+    factory, make, shapes, sizes, example = DYNAMIC[name]
+    torch.manual_seed(0)
+    model = factory().eval().cuda()
+
+    def make_cuda(*size: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.cuda() for t in make(*size))
+
+    with torch.no_grad():
+        example_args = make_cuda(*example) if isinstance(example, tuple) else make_cuda(example)
+        fn = opgen.compile(model, example_args, dynamic_shapes=shapes, cache=False, cuda_graphs=graphs)
+        for size in [*sizes, *sizes]:  # twice: the second round replays what the first captured
+            args = make_cuda(*size) if isinstance(size, tuple) else make_cuda(size)
+            torch.testing.assert_close(fn(*args), model(*args), rtol=1e-4, atol=1e-4)
+    assert fn.report().specializations == 1, "a size inside the range compiled again"

@@ -196,14 +196,14 @@ CASES = [
         "checks_not_list",
         RELU + "  checks: batch_norm_channels\n",
         [
-            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims), not 'batch_norm_channels'"
+            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, out_distinct, linear_binary_other, conv_binary_other), not 'batch_norm_channels'"
         ],
     ),
     (
         "checks_unknown",
         RELU + "  checks: [batch_norm_chanels]\n",
         [
-            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims); did you mean 'batch_norm_channels'?"
+            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, out_distinct, linear_binary_other, conv_binary_other); did you mean 'batch_norm_channels'?"
         ],
     ),
     (
@@ -222,6 +222,14 @@ CASES = [
         [
             "ops.yaml:3: op 'bn': check 'batch_norm_channels' takes the arguments (Tensor input, Tensor? weight, "
             "Tensor? bias, Tensor running_mean, Tensor running_var); the schema lacks Tensor? weight"
+        ],
+    ),
+    (
+        "variant_check_its_schema_lacks",
+        RELU + "  inplace: {func: relu_, checks: [out_distinct]}\n",
+        [
+            "ops.yaml:3: op 'relu': 'inplace': check 'out_distinct' takes the arguments (Tensor self, Tensor out); "
+            "the schema lacks Tensor out"
         ],
     ),
     (
@@ -255,7 +263,7 @@ CASES = [
         "variant_unknown_key",
         RELU + "  out: {func: relu.out, kernel: x}\n",
         [
-            "ops.yaml:3: op 'relu': 'out': unknown key 'kernel' (allowed: func, python, kernels); did you mean 'kernels'?"
+            "ops.yaml:3: op 'relu': 'out': unknown key 'kernel' (allowed: func, python, kernels, checks); did you mean 'kernels'?"
         ],
     ),
     (
