@@ -167,6 +167,8 @@ PyObject* kernel_ops_sub_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sub_outf(self, other, alpha, out);
@@ -228,6 +230,7 @@ PyObject* kernel_ops_mul_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::mul_outf(self, other, out);
@@ -282,6 +285,7 @@ PyObject* kernel_ops_div_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::div_outf(self, other, out);
@@ -349,6 +353,8 @@ PyObject* kernel_ops_ge_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::ge_outf(self, other, out);
@@ -398,6 +404,7 @@ PyObject* kernel_ops_lt_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::lt_outf(self, other, out);
@@ -445,6 +452,7 @@ PyObject* kernel_ops_bitwise_not_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::bitwise_not_outf(self, out);
@@ -494,6 +502,8 @@ PyObject* kernel_ops_bitwise_and_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::bitwise_and_outf(self, other, out);
@@ -565,6 +575,7 @@ PyObject* kernel_ops_sqrt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sqrt_outf(self, out);
@@ -636,6 +647,7 @@ PyObject* kernel_ops_erf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::erf_outf(self, out);
@@ -707,6 +719,7 @@ PyObject* kernel_ops_round_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::round_outf(self, out);
@@ -778,6 +791,7 @@ PyObject* kernel_ops_relu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::relu_outf(self, out);
@@ -842,6 +856,7 @@ PyObject* kernel_ops_hardsigmoid_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::hardsigmoid_outf(self, out);
@@ -919,6 +934,9 @@ PyObject* kernel_ops_clamp_tensor_out(PyObject*, PyObject* const* args, Py_ssize
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(min, 1).add(max, 2).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, min, 1);
+  opgen::checks::out_not_input(sig, out, 3, max, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::clamp_outf(self, min, max, out);
@@ -1016,6 +1034,7 @@ PyObject* kernel_ops_mean_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::mean_outf(self, opgen::opt_ref(dim), keepdim, dtype, out);
@@ -1067,6 +1086,7 @@ PyObject* kernel_ops_amin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::amin_outf(self, dim, keepdim, out);
@@ -1118,6 +1138,7 @@ PyObject* kernel_ops_any_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::any_outf(self, dim, keepdim, out);
@@ -1234,6 +1255,7 @@ PyObject* kernel_ops_cat_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(tensors, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, tensors, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::cat_outf(tensors, dim, out);
@@ -1277,6 +1299,7 @@ PyObject* kernel_ops_clone_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::clone_outf(self, memory_format, out);
@@ -1358,6 +1381,8 @@ PyObject* kernel_ops_mm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(mat2, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, mat2, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::mm_outf(self, mat2, out);
@@ -1421,6 +1446,15 @@ PyObject* kernel_ops_native_group_norm_out(PyObject*, PyObject* const* args, Py_
   at::Tensor& out2 = opgen::mutable_tensor(slots[10], sig, 10);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(out0, 8).add(out1, 9).add(out2, 10);
+  opgen::checks::out_not_input(sig, out0, 8, input, 0);
+  opgen::checks::out_not_input(sig, out0, 8, weight, 1);
+  opgen::checks::out_not_input(sig, out0, 8, bias, 2);
+  opgen::checks::out_not_input(sig, out1, 9, input, 0);
+  opgen::checks::out_not_input(sig, out1, 9, weight, 1);
+  opgen::checks::out_not_input(sig, out1, 9, bias, 2);
+  opgen::checks::out_not_input(sig, out2, 10, input, 0);
+  opgen::checks::out_not_input(sig, out2, 10, weight, 1);
+  opgen::checks::out_not_input(sig, out2, 10, bias, 2);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::native_group_norm_outf(input, weight, bias, N, C, HxW, group, eps, out0, out1, out2);
@@ -1471,6 +1505,9 @@ PyObject* kernel_ops_convolution_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[9], sig, 9);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(out, 9);
+  opgen::checks::out_not_input(sig, out, 9, input, 0);
+  opgen::checks::out_not_input(sig, out, 9, weight, 1);
+  opgen::checks::out_not_input(sig, out, 9, bias, 2);
   switch (devices.type()) {
     default:
       opgen::without_gil([&] { return at::compositeexplicitautograd::convolution_outf(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, out); });
@@ -1545,6 +1582,8 @@ PyObject* kernel_ops_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(index, 2).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, index, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::scatter_outf(self, dim, index, value, out);
@@ -1664,6 +1703,7 @@ PyObject* kernel_ops_tril_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::tril_outf(self, diagonal, out);
@@ -1713,6 +1753,7 @@ PyObject* kernel_ops_triu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::triu_outf(self, diagonal, out);
@@ -1756,6 +1797,7 @@ PyObject* kernel_ops_repeat_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::repeat_outf(self, repeats, out);
@@ -1798,6 +1840,7 @@ PyObject* kernel_ops__adaptive_avg_pool3d_out(PyObject*, PyObject* const* args, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::_adaptive_avg_pool3d_outf(self, output_size, out);
@@ -1846,6 +1889,7 @@ PyObject* kernel_ops__fft_c2r_out(PyObject*, PyObject* const* args, Py_ssize_t n
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
   opgen::checks::fft_dims(sig, self, dim);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_fft_c2r_outf(self, dim, normalization, last_dim_size, out);
@@ -1893,6 +1937,7 @@ PyObject* kernel_ops_any_all_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::any_outf(self, out);
@@ -1944,6 +1989,7 @@ PyObject* kernel_ops_any_dims_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::any_outf(self, opgen::opt_ref(dim), keepdim, out);
@@ -2005,6 +2051,7 @@ PyObject* kernel_ops_bitwise_xor_scalar_out(PyObject*, PyObject* const* args, Py
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::bitwise_xor_outf(self, other, out);
@@ -2043,6 +2090,7 @@ PyObject* kernel_ops_constant_pad_nd_out(PyObject*, PyObject* const* args, Py_ss
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::constant_pad_nd_outf(self, pad, value, out);
@@ -2137,6 +2185,7 @@ PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::ge_outf(self, other, out);
@@ -2178,6 +2227,7 @@ PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::isinf_outf(self, out);
@@ -2218,6 +2268,7 @@ PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::isnan_outf(self, out);
@@ -2272,6 +2323,8 @@ PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::logical_xor_outf(self, other, out);
@@ -2361,6 +2414,7 @@ PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_s
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::reflection_pad3d_outf(self, padding, out);
@@ -2447,6 +2501,9 @@ PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py
   at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(index, 2).add(src, 3).add(out, 6);
+  opgen::checks::out_not_input(sig, out, 6, self, 0);
+  opgen::checks::out_not_input(sig, out, 6, index, 2);
+  opgen::checks::out_not_input(sig, out, 6, src, 3);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::scatter_reduce_outf(self, dim, index, src, reduce, include_self, out);
@@ -2498,6 +2555,8 @@ PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssiz
   at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(src, 1).add(out, 6);
+  opgen::checks::out_not_input(sig, out, 6, self, 0);
+  opgen::checks::out_not_input(sig, out, 6, src, 1);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::slice_scatter_outf(self, src, dim, start, end, step, out);
@@ -2547,6 +2606,8 @@ PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& indices = opgen::mutable_tensor(slots[6], sig, 6);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(values, 5).add(indices, 6);
+  opgen::checks::out_not_input(sig, values, 5, self, 0);
+  opgen::checks::out_not_input(sig, indices, 6, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::topk_outf(self, k, dim, largest, sorted, values, indices);
@@ -2592,6 +2653,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, input, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::upsample_nearest2d_outf(input, opgen::opt_ref(output_size), opgen::opt_ref(scale_factors), out);
@@ -2632,6 +2694,7 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     default:
       at::compositeimplicitautograd::var_outf(self, opgen::opt_ref(dim), unbiased, keepdim, out);
@@ -2676,6 +2739,7 @@ PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 6);
+  opgen::checks::out_not_input(sig, out, 6, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::avg_pool1d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, out);
@@ -2773,6 +2837,9 @@ PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(tensor1, 1).add(tensor2, 2).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, tensor1, 1);
+  opgen::checks::out_not_input(sig, out, 4, tensor2, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::addcmul_outf(self, tensor1, tensor2, value, out);

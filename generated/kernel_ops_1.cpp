@@ -161,6 +161,7 @@ PyObject* kernel_ops_add_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::add_outf(self, other, alpha, out);
@@ -228,6 +229,8 @@ PyObject* kernel_ops_mul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::mul_outf(self, other, out);
@@ -302,6 +305,8 @@ PyObject* kernel_ops_div_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::div_outf(self, other, out);
@@ -376,6 +381,8 @@ PyObject* kernel_ops_pow_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(exponent, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, exponent, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::pow_outf(self, exponent, out);
@@ -425,6 +432,8 @@ PyObject* kernel_ops_minimum_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::minimum_outf(self, other, out);
@@ -523,6 +532,8 @@ PyObject* kernel_ops_ne_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::ne_outf(self, other, out);
@@ -597,6 +608,8 @@ PyObject* kernel_ops_lt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::lt_outf(self, other, out);
@@ -646,6 +659,7 @@ PyObject* kernel_ops_gt_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::gt_outf(self, other, out);
@@ -717,6 +731,7 @@ PyObject* kernel_ops_neg_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::neg_outf(self, out);
@@ -788,6 +803,7 @@ PyObject* kernel_ops_log_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::log_outf(self, out);
@@ -859,6 +875,7 @@ PyObject* kernel_ops_cos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::cos_outf(self, out);
@@ -930,6 +947,7 @@ PyObject* kernel_ops_reciprocal_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::reciprocal_outf(self, out);
@@ -1004,6 +1022,7 @@ PyObject* kernel_ops_gelu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::gelu_outf(self, approximate, out);
@@ -1075,6 +1094,7 @@ PyObject* kernel_ops_silu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::silu_outf(self, out);
@@ -1155,6 +1175,7 @@ PyObject* kernel_ops_elu_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::elu_outf(self, alpha, scale, input_scale, out);
@@ -1225,6 +1246,7 @@ PyObject* kernel_ops_sum_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sum_outf(self, opgen::opt_ref(dim), keepdim, dtype, out);
@@ -1276,6 +1298,7 @@ PyObject* kernel_ops_amax_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::amax_outf(self, dim, keepdim, out);
@@ -1328,6 +1351,8 @@ PyObject* kernel_ops_max_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& max_values = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(max, 3).add(max_values, 4);
+  opgen::checks::out_not_input(sig, max, 3, self, 0);
+  opgen::checks::out_not_input(sig, max_values, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::max_outf(self, dim, keepdim, max, max_values);
@@ -1379,6 +1404,7 @@ PyObject* kernel_ops_cumsum_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::cumsum_outf(self, dim, dtype, out);
@@ -1636,6 +1662,21 @@ PyObject* kernel_ops__native_batch_norm_legit_no_training_out(PyObject*, PyObjec
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4).add(out0, 7).add(out1, 8).add(out2, 9);
   opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);
+  opgen::checks::out_not_input(sig, out0, 7, input, 0);
+  opgen::checks::out_not_input(sig, out0, 7, weight, 1);
+  opgen::checks::out_not_input(sig, out0, 7, bias, 2);
+  opgen::checks::out_not_input(sig, out0, 7, running_mean, 3);
+  opgen::checks::out_not_input(sig, out0, 7, running_var, 4);
+  opgen::checks::out_not_input(sig, out1, 8, input, 0);
+  opgen::checks::out_not_input(sig, out1, 8, weight, 1);
+  opgen::checks::out_not_input(sig, out1, 8, bias, 2);
+  opgen::checks::out_not_input(sig, out1, 8, running_mean, 3);
+  opgen::checks::out_not_input(sig, out1, 8, running_var, 4);
+  opgen::checks::out_not_input(sig, out2, 9, input, 0);
+  opgen::checks::out_not_input(sig, out2, 9, weight, 1);
+  opgen::checks::out_not_input(sig, out2, 9, bias, 2);
+  opgen::checks::out_not_input(sig, out2, 9, running_mean, 3);
+  opgen::checks::out_not_input(sig, out2, 9, running_var, 4);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::_native_batch_norm_legit_no_training_outf(input, weight, bias, running_mean, running_var, momentum, eps, out0, out1, out2);
@@ -1678,6 +1719,7 @@ PyObject* kernel_ops__adaptive_avg_pool2d_out(PyObject*, PyObject* const* args, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::_adaptive_avg_pool2d_outf(self, output_size, out);
@@ -1761,6 +1803,8 @@ PyObject* kernel_ops_index_select_out(PyObject*, PyObject* const* args, Py_ssize
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(index, 2).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, index, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::index_select_outf(self, dim, index, out);
@@ -1810,6 +1854,8 @@ PyObject* kernel_ops_index_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(indices, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, indices, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::index_outf(self, indices, out);
@@ -1863,6 +1909,8 @@ PyObject* kernel_ops_gather_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(index, 2).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, index, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::gather_outf(self, dim, index, sparse_grad, out);
@@ -1969,6 +2017,7 @@ PyObject* kernel_ops_mean_all_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::mean_outf(self, dtype, out);
@@ -2044,6 +2093,22 @@ PyObject* kernel_ops__embedding_bag_out(PyObject*, PyObject* const* args, Py_ssi
   at::Tensor& out3 = opgen::mutable_tensor(slots[12], sig, 12);
   opgen::Devices devices(sig);
   devices.add(weight, 0).add(indices, 1).add(offsets, 2).add(per_sample_weights, 6).add(out0, 9).add(out1, 10).add(out2, 11).add(out3, 12);
+  opgen::checks::out_not_input(sig, out0, 9, weight, 0);
+  opgen::checks::out_not_input(sig, out0, 9, indices, 1);
+  opgen::checks::out_not_input(sig, out0, 9, offsets, 2);
+  opgen::checks::out_not_input(sig, out0, 9, per_sample_weights, 6);
+  opgen::checks::out_not_input(sig, out1, 10, weight, 0);
+  opgen::checks::out_not_input(sig, out1, 10, indices, 1);
+  opgen::checks::out_not_input(sig, out1, 10, offsets, 2);
+  opgen::checks::out_not_input(sig, out1, 10, per_sample_weights, 6);
+  opgen::checks::out_not_input(sig, out2, 11, weight, 0);
+  opgen::checks::out_not_input(sig, out2, 11, indices, 1);
+  opgen::checks::out_not_input(sig, out2, 11, offsets, 2);
+  opgen::checks::out_not_input(sig, out2, 11, per_sample_weights, 6);
+  opgen::checks::out_not_input(sig, out3, 12, weight, 0);
+  opgen::checks::out_not_input(sig, out3, 12, indices, 1);
+  opgen::checks::out_not_input(sig, out3, 12, offsets, 2);
+  opgen::checks::out_not_input(sig, out3, 12, per_sample_weights, 6);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::_embedding_bag_outf(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx, out0, out1, out2, out3);
@@ -2092,6 +2157,7 @@ PyObject* kernel_ops__fft_r2c_out(PyObject*, PyObject* const* args, Py_ssize_t n
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
   opgen::checks::fft_dims(sig, self, dim);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_fft_r2c_outf(self, dim, normalization, onesided, out);
@@ -2163,6 +2229,7 @@ PyObject* kernel_ops_acos_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::acos_outf(self, out);
@@ -2237,6 +2304,8 @@ PyObject* kernel_ops_atan2_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::atan2_outf(self, other, out);
@@ -2298,6 +2367,7 @@ PyObject* kernel_ops_bitwise_and_scalar_out(PyObject*, PyObject* const* args, Py
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::bitwise_and_outf(self, other, out);
@@ -2348,6 +2418,7 @@ PyObject* kernel_ops_col2im_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   at::Tensor& out = opgen::mutable_tensor(slots[6], sig, 6);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 6);
+  opgen::checks::out_not_input(sig, out, 6, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::col2im_outf(self, output_size, kernel_size, dilation, padding, stride, out);
@@ -2391,6 +2462,7 @@ PyObject* kernel_ops_fill_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::fill_outf(self, value, out);
@@ -2433,6 +2505,7 @@ PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::flip_outf(self, dims, out);
@@ -2500,6 +2573,8 @@ PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::fmod_outf(self, other, out);
@@ -2574,6 +2649,7 @@ PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::le_outf(self, other, out);
@@ -2623,7 +2699,7 @@ PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_s
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
-  opgen::checks::out_distinct(sig, self, out);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::reflection_pad2d_outf(self, padding, out);
@@ -2685,6 +2761,7 @@ PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_s
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::remainder_outf(self, other, out);
@@ -2758,6 +2835,9 @@ PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(index, 2).add(src, 3).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, index, 2);
+  opgen::checks::out_not_input(sig, out, 4, src, 3);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::scatter_outf(self, dim, index, src, out);
@@ -2805,6 +2885,8 @@ PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(src, 1).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, src, 1);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::select_scatter_outf(self, src, dim, index, out);
@@ -2862,6 +2944,7 @@ PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::sub_outf(self, other, alpha, out);
@@ -2926,6 +3009,7 @@ PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::trunc_outf(self, out);
@@ -2973,6 +3057,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* arg
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, input, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::upsample_bilinear2d_outf(input, opgen::opt_ref(output_size), align_corners, opgen::opt_ref(scale_factors), out);

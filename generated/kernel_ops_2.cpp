@@ -173,6 +173,8 @@ PyObject* kernel_ops_remainder_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::remainder_outf(self, other, out);
@@ -247,6 +249,7 @@ PyObject* kernel_ops_pow_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::pow_outf(self, exponent, out);
@@ -296,6 +299,8 @@ PyObject* kernel_ops_maximum_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::maximum_outf(self, other, out);
@@ -370,6 +375,8 @@ PyObject* kernel_ops_gt_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::gt_outf(self, other, out);
@@ -413,6 +420,8 @@ PyObject* kernel_ops_logical_or_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::logical_or_outf(self, other, out);
@@ -471,6 +480,7 @@ PyObject* kernel_ops_abs_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::abs_outf(self, out);
@@ -542,6 +552,7 @@ PyObject* kernel_ops_rsqrt_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::rsqrt_outf(self, out);
@@ -613,6 +624,7 @@ PyObject* kernel_ops_sin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sin_outf(self, out);
@@ -684,6 +696,7 @@ PyObject* kernel_ops_floor_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::floor_outf(self, out);
@@ -755,6 +768,7 @@ PyObject* kernel_ops_sign_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sign_outf(self, out);
@@ -832,6 +846,7 @@ PyObject* kernel_ops_hardtanh_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::hardtanh_outf(self, min_val, max_val, out);
@@ -906,6 +921,7 @@ PyObject* kernel_ops_leaky_relu_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::leaky_relu_outf(self, negative_slope, out);
@@ -957,6 +973,9 @@ PyObject* kernel_ops_where_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(condition, 0).add(self, 1).add(other, 2).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, condition, 0);
+  opgen::checks::out_not_input(sig, out, 3, self, 1);
+  opgen::checks::out_not_input(sig, out, 3, other, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::where_outf(condition, self, other, out);
@@ -1034,6 +1053,7 @@ PyObject* kernel_ops_clamp_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::clamp_outf(self, min, max, out);
@@ -1085,6 +1105,7 @@ PyObject* kernel_ops_argmax_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::argmax_outf(self, dim, keepdim, out);
@@ -1137,6 +1158,8 @@ PyObject* kernel_ops_min_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& min_indices = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(min, 3).add(min_indices, 4);
+  opgen::checks::out_not_input(sig, min, 3, self, 0);
+  opgen::checks::out_not_input(sig, min_indices, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::min_outf(self, dim, keepdim, min, min_indices);
@@ -1190,6 +1213,7 @@ PyObject* kernel_ops_var_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::var_outf(self, opgen::opt_ref(dim), correction, keepdim, out);
@@ -1310,6 +1334,7 @@ PyObject* kernel_ops_stack_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(tensors, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, tensors, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::stack_outf(tensors, dim, out);
@@ -1394,6 +1419,15 @@ PyObject* kernel_ops_native_layer_norm_out(PyObject*, PyObject* const* args, Py_
   at::Tensor& out2 = opgen::mutable_tensor(slots[7], sig, 7);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(weight, 2).add(bias, 3).add(out0, 5).add(out1, 6).add(out2, 7);
+  opgen::checks::out_not_input(sig, out0, 5, input, 0);
+  opgen::checks::out_not_input(sig, out0, 5, weight, 2);
+  opgen::checks::out_not_input(sig, out0, 5, bias, 3);
+  opgen::checks::out_not_input(sig, out1, 6, input, 0);
+  opgen::checks::out_not_input(sig, out1, 6, weight, 2);
+  opgen::checks::out_not_input(sig, out1, 6, bias, 3);
+  opgen::checks::out_not_input(sig, out2, 7, input, 0);
+  opgen::checks::out_not_input(sig, out2, 7, weight, 2);
+  opgen::checks::out_not_input(sig, out2, 7, bias, 3);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::native_layer_norm_outf(input, normalized_shape, weight, bias, eps, out0, out1, out2);
@@ -1457,6 +1491,8 @@ PyObject* kernel_ops_embedding_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
   opgen::Devices devices(sig);
   devices.add(weight, 0).add(indices, 1).add(out, 5);
+  opgen::checks::out_not_input(sig, out, 5, weight, 0);
+  opgen::checks::out_not_input(sig, out, 5, indices, 1);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::embedding_outf(weight, indices, padding_idx, scale_grad_by_freq, sparse, out);
@@ -1565,6 +1601,8 @@ PyObject* kernel_ops__cdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(x1, 0).add(x2, 1).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, x1, 0);
+  opgen::checks::out_not_input(sig, out, 4, x2, 1);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::_cdist_forward_outf(x1, x2, p, compute_mode, out);
@@ -1624,6 +1662,21 @@ PyObject* kernel_ops__native_batch_norm_legit_out(PyObject*, PyObject* const* ar
   devices.add(input, 0).add(weight, 1).add(bias, 2).add(running_mean, 3).add(running_var, 4).add(out, 8).add(save_mean, 9).add(save_invstd, 10);
   opgen::checks::batch_norm_channels(sig, input, weight, bias, running_mean, running_var);
   opgen::checks::batch_norm_out_contiguous(sig, input, training);
+  opgen::checks::out_not_input(sig, out, 8, input, 0);
+  opgen::checks::out_not_input(sig, out, 8, weight, 1);
+  opgen::checks::out_not_input(sig, out, 8, bias, 2);
+  opgen::checks::out_not_input(sig, out, 8, running_mean, 3);
+  opgen::checks::out_not_input(sig, out, 8, running_var, 4);
+  opgen::checks::out_not_input(sig, save_mean, 9, input, 0);
+  opgen::checks::out_not_input(sig, save_mean, 9, weight, 1);
+  opgen::checks::out_not_input(sig, save_mean, 9, bias, 2);
+  opgen::checks::out_not_input(sig, save_mean, 9, running_mean, 3);
+  opgen::checks::out_not_input(sig, save_mean, 9, running_var, 4);
+  opgen::checks::out_not_input(sig, save_invstd, 10, input, 0);
+  opgen::checks::out_not_input(sig, save_invstd, 10, weight, 1);
+  opgen::checks::out_not_input(sig, save_invstd, 10, bias, 2);
+  opgen::checks::out_not_input(sig, save_invstd, 10, running_mean, 3);
+  opgen::checks::out_not_input(sig, save_invstd, 10, running_var, 4);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_native_batch_norm_legit_outf(input, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd);
@@ -1673,6 +1726,7 @@ PyObject* kernel_ops__pdist_forward_out(PyObject*, PyObject* const* args, Py_ssi
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::_pdist_forward_outf(self, p, out);
@@ -1782,6 +1836,7 @@ PyObject* kernel_ops_asin_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::asin_outf(self, out);
@@ -1853,6 +1908,7 @@ PyObject* kernel_ops_asinh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::asinh_outf(self, out);
@@ -1912,6 +1968,7 @@ PyObject* kernel_ops_avg_pool3d_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[7], sig, 7);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 7);
+  opgen::checks::out_not_input(sig, out, 7, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::avg_pool3d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, out);
@@ -1973,6 +2030,7 @@ PyObject* kernel_ops_bitwise_or_scalar_out(PyObject*, PyObject* const* args, Py_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::bitwise_or_outf(self, other, out);
@@ -2040,6 +2098,8 @@ PyObject* kernel_ops_bitwise_or_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::bitwise_or_outf(self, other, out);
@@ -2085,6 +2145,8 @@ PyObject* kernel_ops_copy_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(src, 1).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, src, 1);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::copy_outf(self, src, non_blocking, out);
@@ -2161,6 +2223,7 @@ PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ss
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::div_outf(self, other, opgen::opt_view(rounding_mode), out);
@@ -2209,6 +2272,8 @@ PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ss
   at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(grid, 1).add(out, 5);
+  opgen::checks::out_not_input(sig, out, 5, input, 0);
+  opgen::checks::out_not_input(sig, out, 5, grid, 1);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::grid_sampler_2d_outf(input, grid, interpolation_mode, padding_mode, align_corners, out);
@@ -2273,6 +2338,7 @@ PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::log2_outf(self, out);
@@ -2344,6 +2410,9 @@ PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(mask, 1).add(source, 2).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, mask, 1);
+  opgen::checks::out_not_input(sig, out, 3, source, 2);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::masked_scatter_outf(self, mask, source, out);
@@ -2389,6 +2458,8 @@ PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssi
   at::Tensor& out1 = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(input, 0).add(out0, 3).add(out1, 4);
+  opgen::checks::out_not_input(sig, out0, 3, input, 0);
+  opgen::checks::out_not_input(sig, out1, 4, input, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::native_dropout_outf(input, p, train, out0, out1);
@@ -2431,6 +2502,7 @@ PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::prod_outf(self, dtype, out);
@@ -2493,6 +2565,7 @@ PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_s
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::reflection_pad1d_outf(self, padding, out);
@@ -2542,6 +2615,7 @@ PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::replication_pad3d_outf(self, padding, out);
@@ -2613,6 +2687,7 @@ PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sinh_outf(self, out);
@@ -2659,6 +2734,8 @@ PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& indices = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(values, 3).add(indices, 4);
+  opgen::checks::out_not_input(sig, values, 3, self, 0);
+  opgen::checks::out_not_input(sig, indices, 4, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::sort_outf(self, dim, descending, values, indices);
@@ -2695,6 +2772,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, P
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::adaptive_avg_pool1d_outf(self, output_size, out);
@@ -2785,6 +2863,7 @@ PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::mish_outf(self, out);

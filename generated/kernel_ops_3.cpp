@@ -159,6 +159,8 @@ PyObject* kernel_ops_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::add_outf(self, other, alpha, out);
@@ -236,6 +238,8 @@ PyObject* kernel_ops_div_mode_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  opgen::checks::out_not_input(sig, out, 3, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::div_outf(self, other, opgen::opt_view(rounding_mode), out);
@@ -310,6 +314,8 @@ PyObject* kernel_ops_eq_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::eq_outf(self, other, out);
@@ -384,6 +390,8 @@ PyObject* kernel_ops_le_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::le_outf(self, other, out);
@@ -433,6 +441,7 @@ PyObject* kernel_ops_eq_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::eq_outf(self, other, out);
@@ -482,6 +491,7 @@ PyObject* kernel_ops_ne_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::ne_outf(self, other, out);
@@ -525,6 +535,8 @@ PyObject* kernel_ops_logical_and_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::logical_and_outf(self, other, out);
@@ -566,6 +578,7 @@ PyObject* kernel_ops_logical_not_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::logical_not_outf(self, out);
@@ -637,6 +650,7 @@ PyObject* kernel_ops_exp_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::exp_outf(self, out);
@@ -708,6 +722,7 @@ PyObject* kernel_ops_tanh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::tanh_outf(self, out);
@@ -779,6 +794,7 @@ PyObject* kernel_ops_sigmoid_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::sigmoid_outf(self, out);
@@ -850,6 +866,7 @@ PyObject* kernel_ops_ceil_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::ceil_outf(self, out);
@@ -921,6 +938,7 @@ PyObject* kernel_ops_log1p_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::log1p_outf(self, out);
@@ -992,6 +1010,7 @@ PyObject* kernel_ops_expm1_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::expm1_outf(self, out);
@@ -1043,6 +1062,7 @@ PyObject* kernel_ops_softplus_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::softplus_outf(self, beta, threshold, out);
@@ -1114,6 +1134,7 @@ PyObject* kernel_ops_hardswish_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::hardswish_outf(self, out);
@@ -1165,6 +1186,7 @@ PyObject* kernel_ops_argmin_out(PyObject*, PyObject* const* args, Py_ssize_t nar
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::argmin_outf(self, dim, keepdim, out);
@@ -1218,6 +1240,7 @@ PyObject* kernel_ops_prod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::prod_outf(self, dim, keepdim, dtype, out);
@@ -1269,6 +1292,7 @@ PyObject* kernel_ops__softmax_out(PyObject*, PyObject* const* args, Py_ssize_t n
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_softmax_outf(self, dim, half_to_float, out);
@@ -1320,6 +1344,7 @@ PyObject* kernel_ops__log_softmax_out(PyObject*, PyObject* const* args, Py_ssize
   at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::_log_softmax_outf(self, dim, half_to_float, out);
@@ -1483,6 +1508,8 @@ PyObject* kernel_ops_bmm_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(mat2, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, mat2, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::bmm_outf(self, mat2, out);
@@ -1538,6 +1565,9 @@ PyObject* kernel_ops_addmm_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[5], sig, 5);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(mat1, 1).add(mat2, 2).add(out, 5);
+  opgen::checks::out_not_input(sig, out, 5, self, 0);
+  opgen::checks::out_not_input(sig, out, 5, mat1, 1);
+  opgen::checks::out_not_input(sig, out, 5, mat2, 2);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       opgen::without_gil([&] { return at::cpu::addmm_outf(self, mat1, mat2, beta, alpha, out); });
@@ -1614,6 +1644,8 @@ PyObject* kernel_ops_max_pool2d_with_indices_out(PyObject*, PyObject* const* arg
   at::Tensor& indices = opgen::mutable_tensor(slots[7], sig, 7);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 6).add(indices, 7);
+  opgen::checks::out_not_input(sig, out, 6, self, 0);
+  opgen::checks::out_not_input(sig, indices, 7, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       opgen::without_gil([&] { return at::cpu::max_pool2d_with_indices_outf(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices); });
@@ -1673,6 +1705,7 @@ PyObject* kernel_ops_avg_pool2d_out(PyObject*, PyObject* const* args, Py_ssize_t
   at::Tensor& out = opgen::mutable_tensor(slots[7], sig, 7);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 7);
+  opgen::checks::out_not_input(sig, out, 7, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::avg_pool2d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, out);
@@ -1834,6 +1867,7 @@ PyObject* kernel_ops_acosh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::acosh_outf(self, out);
@@ -1905,6 +1939,7 @@ PyObject* kernel_ops_atan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::atan_outf(self, out);
@@ -1976,6 +2011,7 @@ PyObject* kernel_ops_atanh_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::atanh_outf(self, out);
@@ -2050,6 +2086,8 @@ PyObject* kernel_ops_bitwise_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(other, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
+  opgen::checks::out_not_input(sig, out, 2, other, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::bitwise_xor_outf(self, other, out);
@@ -2121,6 +2159,7 @@ PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::cosh_outf(self, out);
@@ -2182,6 +2221,7 @@ PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::fmod_outf(self, other, out);
@@ -2242,6 +2282,9 @@ PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t 
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(indices, 1).add(values, 2).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, indices, 1);
+  opgen::checks::out_not_input(sig, out, 4, values, 2);
   switch (devices.type()) {
     default:
       at::compositeexplicitautograd::index_put_outf(self, indices, values, accumulate, out);
@@ -2306,6 +2349,7 @@ PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::log10_outf(self, out);
@@ -2364,6 +2408,8 @@ PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* arg
   at::Tensor& indices = opgen::mutable_tensor(slots[7], sig, 7);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 6).add(indices, 7);
+  opgen::checks::out_not_input(sig, out, 6, self, 0);
+  opgen::checks::out_not_input(sig, indices, 7, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::max_pool3d_with_indices_outf(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices);
@@ -2411,6 +2457,7 @@ PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t na
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::nonzero_outf(self, out);
@@ -2460,6 +2507,7 @@ PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ss
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(exponent, 1).add(out, 2);
+  opgen::checks::out_not_input(sig, out, 2, exponent, 1);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::pow_outf(self, exponent, out);
@@ -2509,7 +2557,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   at::Tensor& out = opgen::mutable_tensor(slots[2], sig, 2);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 2);
-  opgen::checks::out_distinct(sig, self, out);
+  opgen::checks::out_not_input(sig, out, 2, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::replication_pad2d_outf(self, padding, out);
@@ -2590,6 +2638,9 @@ PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_
   at::Tensor& out = opgen::mutable_tensor(slots[4], sig, 4);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(index, 2).add(src, 3).add(out, 4);
+  opgen::checks::out_not_input(sig, out, 4, self, 0);
+  opgen::checks::out_not_input(sig, out, 4, index, 2);
+  opgen::checks::out_not_input(sig, out, 4, src, 3);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::scatter_add_outf(self, dim, index, src, out);
@@ -2661,6 +2712,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   at::Tensor& out = opgen::mutable_tensor(slots[1], sig, 1);
   opgen::Devices devices(sig);
   devices.add(self, 0).add(out, 1);
+  opgen::checks::out_not_input(sig, out, 1, self, 0);
   switch (devices.type()) {
     case c10::DeviceType::CPU:
       at::cpu::tan_outf(self, out);

@@ -69,14 +69,6 @@ void batch_norm_out_contiguous(const Signature& sig, const at::Tensor& input, bo
   }
 }
 
-void out_distinct(const Signature& sig, const at::Tensor& self, const at::Tensor& out) {
-  if (self.has_storage() && out.has_storage() && self.storage().is_alias_of(out.storage())) {
-    raise(PyExc_ValueError, sig,
-          "argument 'out' shares memory with 'self': the kernel resizes out before it reads self; pass a separate "
-          "tensor");
-  }
-}
-
 void linear_binary_other(const Signature& sig, const at::Tensor& X, const at::Tensor& other, const at::Tensor& W) {
   if (X.dim() < 1 || W.dim() != 2) raise(PyExc_ValueError, sig, "X must have a dimension and W two");
   std::vector<int64_t> result(X.sizes().begin(), X.sizes().end());
@@ -101,6 +93,35 @@ void conv_binary_other(const Signature& sig, const at::Tensor& X, const at::Tens
     result.push_back((X.size(static_cast<int64_t>(d) + 2) + 2 * padding[d] - extent) / stride[d] + 1);
   }
   binary_other(sig, other, result);
+}
+
+bool shares_memory(const at::Tensor& out, const at::Tensor& input) {
+  return out.has_storage() && input.has_storage() && out.storage().is_alias_of(input.storage());
+}
+
+bool shares_memory(const at::Tensor& out, const std::optional<at::Tensor>& input) {
+  return input.has_value() && shares_memory(out, *input);
+}
+
+bool shares_memory(const at::Tensor& out, const std::vector<at::Tensor>& inputs) {
+  for (const at::Tensor& input : inputs) {
+    if (shares_memory(out, input)) return true;
+  }
+  return false;
+}
+
+bool shares_memory(const at::Tensor& out, const c10::List<std::optional<at::Tensor>>& inputs) {
+  for (const std::optional<at::Tensor> input : inputs) {
+    if (shares_memory(out, input)) return true;
+  }
+  return false;
+}
+
+void out_overlaps(const Signature& sig, int out, int input) {
+  raise(PyExc_ValueError, sig,
+        std::string("argument '") + sig.name(out) + "' shares memory with argument '" + sig.name(input) +
+            "': an out variant writes separate outputs (a kernel that resizes its output would free the "
+            "input's memory before reading it); use the in-place variant to write an input");
 }
 
 }  // namespace opgen::checks

@@ -3,6 +3,7 @@
 // reach it, but a direct kernel call would read out of bounds instead of raising.
 #pragma once
 
+#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -27,11 +28,6 @@ void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<in
 // too): such an input is refused with a ValueError. The functional kernel handles it.
 void batch_norm_out_contiguous(const Signature& sig, const at::Tensor& input, bool training);
 
-// Out variants whose kernel resizes `out` before it reads `self` (the padding kernels): an out that
-// shares memory with self would have self's storage reallocated under the kernel (a use after
-// free, in eager torch too). Such an out is refused with a ValueError.
-void out_distinct(const Signature& sig, const at::Tensor& self, const at::Tensor& out);
-
 // oneDNN's binary post-ops read `other` as a dense tensor of the result's shape and trust it (a
 // smaller one is read past its end, through torch.ops.mkldnn too): it must have that shape and be
 // dense (a ValueError otherwise). The result is X's shape with the last size W.size(0) for a linear,
@@ -40,5 +36,22 @@ void linear_binary_other(const Signature& sig, const at::Tensor& X, const at::Te
 void conv_binary_other(const Signature& sig, const at::Tensor& X, const at::Tensor& other, const at::Tensor& W,
                        const std::vector<int64_t>& padding, const std::vector<int64_t>& stride,
                        const std::vector<int64_t>& dilation);
+
+// Every out variant (the generator emits these, no spec entry asks): an out argument must share no
+// memory with an input. A kernel whose result's shape differs from out's resizes out, which frees
+// the input's memory, and then reads the input (heap corruption; eager torch.ops.aten does the same
+// for the padding, pooling and other shape-changing kernels). Such an out is refused with a
+// ValueError for every out variant: the in-place variant is the way to write an input.
+bool shares_memory(const at::Tensor& out, const at::Tensor& input);
+bool shares_memory(const at::Tensor& out, const std::optional<at::Tensor>& input);
+bool shares_memory(const at::Tensor& out, const std::vector<at::Tensor>& inputs);
+bool shares_memory(const at::Tensor& out, const c10::List<std::optional<at::Tensor>>& inputs);
+[[noreturn]] void out_overlaps(const Signature& sig, int out, int input);
+
+template <typename Input>
+inline void out_not_input(const Signature& sig, const at::Tensor& out, int out_index, const Input& input,
+                          int input_index) {
+  if (shares_memory(out, input)) out_overlaps(sig, out_index, input_index);
+}
 
 }  // namespace opgen::checks

@@ -9,7 +9,7 @@ from opgen.gen import triton_bindings
 from opgen.gen.cpp_types import c_string, cpp_arg
 from opgen.spec.checks import CHECKS
 from opgen.spec.defaults import parse_default
-from opgen.spec.model import Arg, Kernel, OpSpec
+from opgen.spec.model import Arg, Kernel, OpSpec, Variant
 
 _DEVICE_CASE = {"cpu": "case c10::DeviceType::CPU:", "cuda": "case c10::DeviceType::CUDA:", "default": "default:"}
 
@@ -71,6 +71,21 @@ def check_lines(spec: OpSpec) -> list[str]:
     return lines
 
 
+def out_overlap_lines(spec: OpSpec) -> list[str]:
+    """Out variants refuse an out argument that shares memory with an input (csrc/opgen/checks.h)."""
+    if spec.variant is not Variant.OUT:
+        return []
+    args = spec.schema.args
+    outs = [i for i, a in enumerate(args) if a.kwarg_only and a.alias is not None and a.alias.is_write]
+    inputs = [i for i, a in enumerate(args) if a.type.base == "Tensor" and i not in outs]
+    return [
+        f"opgen::checks::out_not_input(sig, {cpp_arg(args[o], o).var}, {o}, {cpp_arg(args[i], i).var}, {i});"
+        for o in outs
+        if args[o].type.base == "Tensor" and not args[o].type.is_list and not args[o].type.optional
+        for i in inputs
+    ]
+
+
 def kernel_call(spec: OpSpec, kernel: Kernel) -> str:
     args = ", ".join(cpp_arg(a, i).pass_expr for i, a in enumerate(spec.schema.args))
     call = f"{kernel.qualified_name}({args})"
@@ -112,6 +127,7 @@ def emit_function(spec: OpSpec) -> str:
         *arg_lines(spec),
         *device_lines(spec),
         *check_lines(spec),
+        *out_overlap_lines(spec),
         *(triton_bindings.launch_lines(spec) if spec.triton is not None else dispatch_lines(spec)),
         "OPGEN_CATCH(sig)",
     ]

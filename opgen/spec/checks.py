@@ -56,12 +56,6 @@ CHECKS = {
             "reads a strided or channels-last input wrongly, in eager torch too",
         ),
         Check(
-            "out_distinct",
-            (("self", "Tensor"), ("out", "Tensor")),
-            "out shares no memory with self (a ValueError otherwise): the kernel resizes out, which frees "
-            "self's memory, before it reads self",
-        ),
-        Check(
             "linear_binary_other",
             (("X", "Tensor"), ("other", "Tensor"), ("W", "Tensor")),
             "other has the linear's result shape (X's, with the last size W.size(0)) and is dense",

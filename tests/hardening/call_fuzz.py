@@ -20,7 +20,8 @@ What counts as a failure (each prints a `FAIL` line; the exit status is 1 if the
 Calls that kernel_ops refuses with a TypeError or OverflowError (an argument's type or range) are
 not run eagerly (`refused_argument`): eager torch takes some such values and then misbehaves (an int
 -295 as a dtype made it segfault). Nor are calls that a function's spec `checks:` refuse (a
-ValueError or IndexError; `refused_by_check`): those kernels trust their caller, and eager crashes.
+ValueError or IndexError; `refused_by_check`): those kernels trust their caller, and eager crashes;
+nor calls where an out variant refused an out sharing memory with an input (`refused_alias`).
 Other calls that kernel_ops refuses cleanly while eager accepts them (lazy neg/conj bits, ...) are
 counted as `stricter`, not failures. Calls on a tensor that another
 thread keeps resizing (`racy`) are checked for crashes and clean errors only, and made only to
@@ -103,6 +104,11 @@ def check(recipe: Recipe, tally: Tally, racy: torch.Tensor) -> None:
         # Refused by a check the spec asks for (`checks:`): the kernel trusts its caller, and eager
         # calls it unchecked, so eager may crash on this call (`_fft_r2c` with a repeated dim does).
         tally.counts["refused_by_check"] += 1
+        return
+    if not ok and isinstance(got, ValueError) and "shares memory with argument" in str(got):
+        # An out variant refused an out sharing memory with an input (every out variant does): eager
+        # takes it, and a kernel that resizes out then reads freed memory (reflection_pad2d.out).
+        tally.counts["refused_alias"] += 1
         return
     if not ok and isinstance(got, (TypeError, OverflowError)):
         # The binding refused an argument's type or range. Eager is not asked: its dispatcher takes

@@ -189,35 +189,48 @@ def test_fft_refuses_repeated_and_out_of_range_dims() -> None:
 PADS = r"""
 import torch
 from opgen import kernel_ops as k
-for name in ("reflection_pad2d_out", "replication_pad2d_out"):
+calls = {
+    "reflection_pad2d_out": (lambda x: ([1, 1, 1, 1],), (1, 3, 4)),
+    "replication_pad2d_out": (lambda x: ([1, 1, 1, 1],), (1, 3, 4)),
+    "reflection_pad3d_out": (lambda x: ([1, 1, 1, 1, 1, 1],), (1, 3, 3, 3)),
+    "_adaptive_avg_pool2d_out": (lambda x: ([5, 7],), (1, 3, 4)),
+}
+for name, (extra, shape) in calls.items():
+    fn, functional = getattr(k, name), getattr(torch.ops.aten, name[:-4])
     for _ in range(200):  # the heap corruption showed within a few calls
-        x = torch.randn(1, 3, 4)
-        for out in (x, x.view(3, 4), x[0]):
+        x = torch.randn(*shape, dtype=torch.float64)
+        for out in (x, x.view(-1), x[0]):
             try:
-                getattr(k, name)(x, [1, 1, 1, 1], out=out)
+                fn(x, *extra(x), out=out)
                 print("returned")
             except ValueError as exc:
                 last = str(exc)
-        fresh = getattr(k, name)(x, [1, 1, 1, 1], out=torch.empty(0))
+    fresh = fn(x, *extra(x), out=torch.empty(0, dtype=torch.float64))
     print(last)
-    print("separate out matches eager:", torch.equal(fresh, getattr(torch.ops.aten, name[:-4])(x, [1, 1, 1, 1])))
+    print("separate out matches eager:", torch.equal(fresh, functional(x, *extra(x))))
 """
 
 
-def test_padding_refuses_an_out_sharing_self() -> None:
-    """The fuzzer's crash: `reflection_pad2d_out(x, p, out=x)` resizes out, freeing x's memory, then
-    reads x (heap corruption; eager torch.ops.aten does the same). `checks: [out_distinct]` on the out
-    variant refuses an out that shares memory with self."""
+def test_out_variants_refuse_an_out_sharing_an_input() -> None:
+    """The fuzzer's crashes: `reflection_pad2d_out(x, p, out=x)` (and 3d, replication, adaptive
+    pooling) resizes out, freeing x's memory, then reads x (heap corruption; eager torch.ops.aten
+    does the same). Every out variant now refuses an out sharing memory with an input."""
     done = subprocess.run([sys.executable, "-c", PADS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"exit status {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
     refused = (
-        "argument 'out' shares memory with 'self': the kernel resizes out before it reads self; pass a separate tensor"
+        "argument 'out' shares memory with argument 'self': an out variant writes separate outputs (a kernel "
+        "that resizes its output would free the input's memory before reading it); use the in-place variant "
+        "to write an input"
     )
     assert done.stdout.splitlines() == [
-        f"kernel_ops.reflection_pad2d_out(): {refused}",
-        "separate out matches eager: True",
-        f"kernel_ops.replication_pad2d_out(): {refused}",
-        "separate out matches eager: True",
+        f"kernel_ops.{name}(): {refused}" if i == 0 else "separate out matches eager: True"
+        for name in (
+            "reflection_pad2d_out",
+            "replication_pad2d_out",
+            "reflection_pad3d_out",
+            "_adaptive_avg_pool2d_out",
+        )
+        for i in range(2)
     ]
 
 
@@ -252,4 +265,6 @@ def test_fuzz_oracle_knows_what_eager_leaves_undefined() -> None:
     for recipe in found:
         call_fuzz.check(recipe, tally, torch.ones(3, 4))
     assert tally.failures == [], tally.failures
-    assert tally.counts["both_ok"] + tally.counts["both_raised"] == len(found), tally.counts
+    # bmm_out with out aliasing self is refused up front now, like every out sharing an input.
+    assert tally.counts["refused_alias"] == 1, tally.counts
+    assert tally.counts["both_ok"] + tally.counts["both_raised"] == len(found) - 1, tally.counts

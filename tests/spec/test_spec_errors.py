@@ -196,14 +196,14 @@ CASES = [
         "checks_not_list",
         RELU + "  checks: batch_norm_channels\n",
         [
-            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, out_distinct, linear_binary_other, conv_binary_other), not 'batch_norm_channels'"
+            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, linear_binary_other, conv_binary_other), not 'batch_norm_channels'"
         ],
     ),
     (
         "checks_unknown",
         RELU + "  checks: [batch_norm_chanels]\n",
         [
-            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, out_distinct, linear_binary_other, conv_binary_other); did you mean 'batch_norm_channels'?"
+            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, linear_binary_other, conv_binary_other); did you mean 'batch_norm_channels'?"
         ],
     ),
     (
@@ -226,10 +226,10 @@ CASES = [
     ),
     (
         "variant_check_its_schema_lacks",
-        RELU + "  inplace: {func: relu_, checks: [out_distinct]}\n",
+        RELU + "  inplace: {func: relu_, checks: [batch_norm_out_contiguous]}\n",
         [
-            "ops.yaml:3: op 'relu': 'inplace': check 'out_distinct' takes the arguments (Tensor self, Tensor out); "
-            "the schema lacks Tensor out"
+            "ops.yaml:3: op 'relu': 'inplace': check 'batch_norm_out_contiguous' takes the arguments (Tensor input, "
+            "bool training); the schema lacks Tensor input, bool training"
         ],
     ),
     (
