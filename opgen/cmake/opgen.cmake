@@ -60,11 +60,12 @@ function(opgen_add_extension target)
     list(APPEND gen_cpp "${gen_dir}/kernel_ops_${i}.cpp")
   endforeach()
   file(GLOB generator_sources "${_OPGEN_ROOT}/*.py" "${_OPGEN_ROOT}/spec/*.py" "${_OPGEN_ROOT}/gen/*.py"
-       "${_OPGEN_ROOT}/jit/__init__.py" "${_OPGEN_ROOT}/jit/expr.py" "${_OPGEN_ROOT}/templates/*.j2")
+       "${_OPGEN_ROOT}/jit/__init__.py" "${_OPGEN_ROOT}/jit/expr.py" "${_OPGEN_ROOT}/templates/*.j2"
+       "${_OPGEN_ROOT}/cmake/generate.py")
   add_custom_command(
     OUTPUT ${gen_cpp} "${gen_dir}/kernel_ops.pyi"
     COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${_OPGEN_PYTHONPATH}"
-            "${Python_EXECUTABLE}" -m opgen gen --spec "${ARG_SPEC}" --out "${gen_dir}"
+            "${Python_EXECUTABLE}" "${_OPGEN_ROOT}/cmake/generate.py" gen --spec "${ARG_SPEC}" --out "${gen_dir}"
             --shards ${ARG_SHARDS} --module ${ARG_MODULE}
     DEPENDS "${ARG_SPEC}" ${generator_sources}
     COMMENT "opgen: generating kernel_ops bindings from ${ARG_SPEC}"
