@@ -230,7 +230,8 @@ def _apply(m: tuple[Any, ...], args: list[Any], kwargs: dict[str, Any], names: l
             put(i, [value(x) for x in v] if isinstance(v, list) else value(v))
         case ("keyword", name, v):
             kwargs[name] = value(v)
-        case ("tensor", i, how, dtype) if isinstance(get(i), torch.Tensor):
+        case ("tensor", i, how, dtype) if isinstance(get(i), torch.Tensor) and get(i) is not racy:
+            # (not the racy tensor: copying it here, with the GIL released, would race the resizer)
             put(i, _change(get(i), how, dtype))
         case ("alias", i, j, view) if isinstance(get(i), torch.Tensor) and i != j:
             source = get(i)
