@@ -1,4 +1,5 @@
-"""`python -m opgen.bench {ops,graphs,jit,dynamic,zoo} [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
+"""`python -m opgen.bench {ops,graphs,jit,dynamic,gpu_work,zoo} [options]`: the project's benchmarks
+(see ../shared/BENCH.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ COMMANDS = {
     "graphs": ("opgen.bench.graphs", "the BENCH.md graph cases: eager, inductor, AOTInductor, opgen"),
     "jit": ("opgen.bench.jit", "host time per Triton launch: opgen, Triton, Inductor's launcher, bare (GPU)"),
     "dynamic": ("opgen.bench.dynamic", "a 4-layer decoder at 20 lengths: dynamic vs static vs eager vs inductor"),
+    "gpu_work": ("opgen.bench.gpu_work", "GPU kernel time, launches and sync time per call, with and without fusion"),
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
 }
 

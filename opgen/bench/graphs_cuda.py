@@ -78,8 +78,10 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
         model, inputs = case.model().cuda(), tuple(t.cuda() for t in case.inputs())
         reference = model(*inputs)
         calls, compile_s, errors = [], [], []
+        # One reset per case, before any candidate: a reset also resets the CUDA-graph trees of a
+        # reduce-overhead model built before it, which later replays through freed memory.
+        torch._dynamo.reset()
         for name in candidates:
-            torch._dynamo.reset()
             sync()
             start = time.perf_counter()
             call = _build(name, model, inputs)
