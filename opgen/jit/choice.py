@@ -2,9 +2,12 @@
 
 The first call with real arguments of each size times every candidate (on copies of the arguments
 they write), keeps the fastest, and stores the pick in the JIT cache, so later processes benchmark
-nothing. `force` (or OPGEN_FORCE_KERNEL=<candidate name>) skips the benchmark, for tests. Calls go
-through an `opgen._C.Switch`; where sizes never change (compiled graphs guard them) the switch is
-pointed at the pick itself, so later calls pay one C-level indirection and no Python.
+nothing. With `reliable` (a candidate that always works, such as the ATen kernels a generated one
+replaces), a candidate that raises on its first call (a kernel that fails to compile) is dropped
+with a warning and the reliable one runs. `force` (or OPGEN_FORCE_KERNEL=<candidate name>) skips
+the benchmark, for tests. Calls go through an `opgen._C.Switch`; where sizes never change (compiled
+graphs guard them) the switch is pointed at the pick itself, so later calls pay one C-level
+indirection and no Python.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opgen.jit import cache, env
 from opgen.jit.autotune import median_us, size_key
+from opgen.runtime.errors import OpgenWarning
 
 Candidate = Callable[..., Any]
 
@@ -31,6 +36,7 @@ class Choice:
         writes: Sequence[int] = (),
         force: str | None = None,
         fixed_sizes: bool = False,
+        reliable: str | None = None,
     ) -> None:
         if len(candidates) < 1:
             raise ValueError(f"Choice {name!r} needs at least one candidate")
@@ -46,6 +52,8 @@ class Choice:
         self.writes = tuple(writes)
         self.force = force
         self.fixed_sizes = fixed_sizes
+        self.reliable = reliable
+        self.failed: dict[str, str] = {}  # candidate -> why it was dropped
         self.picks: dict[tuple[Any, ...], tuple[str, str]] = {}  # size key -> (candidate, why)
         self._by_size: dict[tuple[Any, ...], Candidate] = {}
         self._lock = threading.Lock()
@@ -63,10 +71,36 @@ class Choice:
     def _dispatch(self, *args: Any) -> Any:
         key = size_key(args)
         chosen = self._by_size.get(key)
-        if chosen is None:
-            with self._lock:
-                chosen = self._by_size.get(key) or self._choose(key, args)
-        return chosen(*args)
+        if chosen is not None:
+            return chosen(*args)
+        with self._lock:
+            chosen = self._by_size.get(key)
+            if chosen is not None:
+                return chosen(*args)
+            chosen = self._choose(key, args)
+            if self.reliable is None or chosen is self.candidates[self.reliable]:
+                return chosen(*args)
+            try:  # the pick's first real call, where a cached pick meets a kernel that fails here
+                return chosen(*args)
+            except Exception as exc:
+                name = self.picks[key][0]
+                self._drop(name, exc)
+                self.picks[key] = (self.reliable, f"{name} failed: {exc}")
+                return self._repoint(key, self.reliable)(*args)
+
+    def _drop(self, name: str, exc: BaseException) -> None:
+        self.failed[name] = str(exc)
+        warnings.warn(
+            f"opgen: {self.name}: candidate {name!r} failed ({exc}); running {self.reliable!r} instead",
+            OpgenWarning,
+            stacklevel=4,
+        )
+
+    def _repoint(self, key: tuple[Any, ...], name: str) -> Candidate:
+        chosen = self._by_size[key] = self.candidates[name]
+        if self.fixed_sizes and env.native() is not None:
+            self.call.target = chosen
+        return chosen
 
     def _choose(self, key: tuple[Any, ...], args: Sequence[Any]) -> Candidate:
         if self.force is not None:
@@ -74,11 +108,7 @@ class Choice:
         else:
             name, why = self._benchmarked(key, args)
         self.picks[key] = (name, why)
-        chosen = self.candidates[name]
-        self._by_size[key] = chosen
-        if self.fixed_sizes and env.native() is not None:
-            self.call.target = chosen
-        return chosen
+        return self._repoint(key, name)
 
     def _benchmarked(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[str, str]:
         pick_key = cache.make_key(("choice", self.name, self.identity, tuple(self.candidates), key))
@@ -86,10 +116,20 @@ class Choice:
         if record is not None and record.get("pick") in self.candidates:
             cache.STATS.add("choice_hits")
             return record["pick"], "pick from the cache"
-        timings = {name: _time(fn, args, self.writes) for name, fn in self.candidates.items()}
+        timings = {}
+        for name, fn in self.candidates.items():
+            if name in self.failed:
+                continue
+            try:
+                timings[name] = _time(fn, args, self.writes)
+            except Exception as exc:
+                if self.reliable is None or name == self.reliable:
+                    raise
+                self._drop(name, exc)
         best = min(timings, key=timings.__getitem__)
         cache.STATS.add("choices")
-        cache.store_pick(pick_key, {"pick": best, "timings_us": timings})
+        if not self.failed:  # a failure may be this machine's: the next process tries again
+            cache.store_pick(pick_key, {"pick": best, "timings_us": timings})
         shown = ", ".join(f"{n} {t:.1f} us" for n, t in timings.items())
         return best, f"fastest on the first call: {shown}"
 

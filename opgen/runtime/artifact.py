@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from opgen.runtime.guards import InputSpec
-from opgen.runtime.ir import JitKernelSpec, KernelChoice, Program
+from opgen.runtime.ir import FusedKernel, JitKernelSpec, KernelChoice, Program, TensorMeta, Value
 from opgen.runtime.python_backend import Source
 from opgen.runtime.symbolic import SizeRange
 
-FORMAT = 4
+FORMAT = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class CompiledGraph:
     written_constants: tuple[str, ...] = ()  # keys of constants (buffers) the graph writes
     jit_kernels: tuple[JitKernelSpec, ...] = ()  # Triton kernels it launches (see opgen/jit)
     choices: tuple[KernelChoice, ...] = ()  # nodes whose kernel is picked on the first call
+    fused: tuple[FusedKernel, ...] = ()  # generated Triton kernels of fused node groups (their `lines` dropped)
     direct_nodes: int = 0
     fallback_nodes: tuple[tuple[str, str], ...] = ()
     passes: tuple[str, ...] = ()
@@ -72,6 +73,7 @@ class CompiledGraph:
         data["choices"] = tuple(
             KernelChoice(c["local"], tuple(c["candidates"]), c["node"], c["target"]) for c in data.get("choices", ())
         )
+        data["fused"] = tuple(_fused(f) for f in data.get("fused", ()))
         return cls(**data, from_cache=True)
 
     @property
@@ -102,6 +104,7 @@ def compiled_graph(
         splits=program.splits,
         jit_kernels=program.jit_kernels,
         choices=program.choices,
+        fused=tuple(replace(f, lines=()) for f in program.fused),
         **facts,
     )
 
@@ -110,10 +113,35 @@ def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:
     def arg(value: Any) -> Any:
         return tuple(arg(v) for v in value) if isinstance(value, list) else value
 
-    configs = tuple(
-        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid))
-        for meta, warps, stages, grid in data["configs"]
-    )
+    configs = _configs(data["configs"])
     examples = tuple((kind, arg(value)) for kind, value in data["examples"])
     return JitKernelSpec(data["local"], data["kernel"], tuple(data["params"]), configs, tuple(data["mutates"]),
                          examples, data["node"], data["importable"])  # fmt: skip
+
+
+def _configs(data: Any) -> Any:
+    def arg(value: Any) -> Any:
+        return tuple(arg(v) for v in value) if isinstance(value, list) else value
+
+    return tuple(
+        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid)) for meta, warps, stages, grid in data
+    )
+
+
+def _fused(data: dict[str, Any]) -> FusedKernel:
+    def value(v: dict[str, Any]) -> Value:
+        m = v["meta"]
+        meta = TensorMeta(tuple(m["shape"]), tuple(m["stride"]), m["dtype"], m["device"], m["offset"])
+        return Value(v["name"], meta)
+
+    return FusedKernel(
+        local=data["local"],
+        name=data["name"],
+        source=data["source"],
+        inputs=tuple(data["inputs"]),
+        input_dtypes=tuple(data["input_dtypes"]),
+        outputs=tuple(value(v) for v in data["outputs"]),
+        configs=_configs(data["configs"]),
+        nodes=tuple(data["nodes"]),
+        describe=data["describe"],
+    )

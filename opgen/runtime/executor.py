@@ -84,6 +84,10 @@ def bind(
         from opgen.jit.graph import choices, launchers  # launchers start compiling in the background
 
         rt.jit = {**launchers(graph.jit_kernels, graph.inputs), **choices(graph.choices, kernel_ops)}
+    if graph.fused:
+        from opgen.jit.fused import bindings  # each fused kernel starts compiling in the background
+
+        rt.jit = {**rt.jit, **bindings(graph.fused)}
     symbols = {local: from_sym(Sym(kind, value)) for local, kind, value in graph.symbols}
     fn: Callable[..., Any] = namespace["make"](kernel_ops, ops, constants, symbols, rt)
     rt.set_check = _cell_setter(fn, "_check")

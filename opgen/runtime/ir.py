@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
+from opgen.runtime.ir_kernels import FusedKernel, JitKernelSpec, KernelChoice
+
 # Bytes per element of the dtypes the runtime plans memory for (others are never planned).
 ITEMSIZE = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -234,30 +236,6 @@ class Return:
     form: str = "tuple"  # "single" | "tuple" | "list" | "pytree" (rebuilt by the executor's unflatten)
 
 
-@dataclass(frozen=True, slots=True)
-class JitKernelSpec:
-    """A Triton kernel the program launches: what the executor needs to build its launcher."""
-
-    local: str  # the name generated code calls it by
-    kernel: str  # "module:qualname" of the @triton.jit function
-    params: tuple[str, ...]  # its runtime parameters, in order
-    configs: tuple[tuple[tuple[tuple[str, Arg], ...], int, int, tuple[int, ...]], ...]  # (meta, warps, stages, grid)
-    mutates: tuple[str, ...]  # parameters it writes
-    examples: tuple[tuple[str, Arg], ...] = ()  # per parameter: ("tensor", "float32@cuda:0") or ("value", 3)
-    node: str = ""  # the graph node it came from
-    importable: bool = True  # another process can import it by `kernel` (else the graph is not cached on disk)
-
-
-@dataclass(frozen=True, slots=True)
-class KernelChoice:
-    """A node with several kernels computing it: the first call times them and keeps the fastest."""
-
-    local: str  # the name generated code calls the choice by
-    candidates: tuple[str, ...]  # kernel_ops functions taking the same arguments
-    node: str
-    target: str  # the ATen overload
-
-
 Line = Union[KernelCall, Alloc, View, Free, Constant, SizeLet, Comment, Guard, Return]  # noqa: UP007
 
 
@@ -274,6 +252,7 @@ class Program:
     choices: tuple[KernelChoice, ...] = ()
     memo: tuple[Line, ...] = ()  # run in the call only when the size symbols they read change (passes.memo)
     splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): a pass chose per call by `symbol < n` (size_classes)
+    fused: tuple[FusedKernel, ...] = ()  # Triton kernels of fused node groups (passes.fusion)
 
 
 def program_lines(program: Program) -> tuple[Line, ...]:

@@ -25,7 +25,8 @@ from opgen.runtime.symbolic import SizeRange
 
 
 def default_pipeline() -> tuple[str, ...]:
-    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks cuDNN."""
+    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks
+    cuDNN, `fusion` where opgen's JIT cannot run (no CUDA build, GPU or triton)."""
     has_onednn = torch.backends.mkldnn.is_available()
     missing: set[str] = set()
     if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -34,7 +35,15 @@ def default_pipeline() -> tuple[str, ...]:
         missing.add("onednn")
     if not torch.backends.cudnn.is_available():
         missing.add("cudnn")
+    if not _jit_available():
+        missing.add("fusion")
     return tuple(p for p in DEFAULT_PIPELINE if p not in missing)
+
+
+def _jit_available() -> bool:
+    from opgen.jit.env import available
+
+    return bool(available())
 
 
 @dataclass(frozen=True, slots=True)

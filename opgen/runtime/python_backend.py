@@ -19,6 +19,7 @@ from opgen.runtime.ir import (
     Comment,
     Constant,
     Free,
+    FusedKernel,
     Guard,
     KernelCall,
     Line,
@@ -158,6 +159,19 @@ def line_text(line: Line) -> list[str]:
             assert_never(line)
 
 
+def fused_text(fused: FusedKernel) -> list[str]:
+    """The ATen calls a fused kernel replaces, as a function: the other candidate of its choice."""
+    outs = ", ".join(v.name for v in fused.outputs)
+    ret = outs if len(fused.outputs) == 1 else f"({outs})"
+    return [
+        f"    def {fused.local}_aten({', '.join(fused.inputs)}):  # the ATen kernels {fused.name} replaces",
+        *(f"        {call_text(line)}" for line in fused.lines),
+        f"        return {ret}",
+        "",
+        f'    {fused.local} = rt.jit["{fused.local}"]({fused.local}_aten)  # Triton or ATen, picked on the first call',
+    ]
+
+
 def input_text(meta: TensorMeta, size: SizeExpr | None) -> str:
     """`float32[s77, 16] on cpu` (sizes as their expressions), or `int size s77` for a size input."""
     if size is not None:
@@ -180,7 +194,7 @@ def _collect(program: Program) -> tuple[list[str], list[str], dict[str, Sym], li
     fallbacks: dict[str, None] = {}
     symbols: dict[str, Sym] = {}
     helpers: dict[str, None] = {}
-    for line in program_lines(program):
+    for line in (*program_lines(program), *(line for fused in program.fused for line in fused.lines)):
         match line:
             case KernelCall(kernel=kernel, fallback=fallback, jit=is_jit, args=args, kwargs=kwargs):
                 (jit if is_jit else fallbacks if fallback else kernels)[kernel] = None
@@ -272,7 +286,9 @@ def emit(program: Program, header: str = "") -> Source:
     out += [f'    {name} = symbols["{name}"]' for name in symbols]
     out += [f'    {c.name} = constants["{c.key}"]' for c in program.constants]
     out += [f"    {h} = rt.{h.lstrip('_')}" for h in helpers]
-    out += [f'    {k} = rt.jit["{k}"]' for k in jit]
+    fused = {f.local: f for f in program.fused}
+    out += [f'    {k} = rt.jit["{k}"]' for k in jit if k not in fused]
+    out += [t for f in program.fused for t in fused_text(f)]
     out += ["    " + t for line in program.setup for t in line_text(line)]
     out += [f"    {name} = None" for name in memo_names(program)]
     args = ", ".join(i.name for i in program.inputs)

@@ -21,7 +21,7 @@ class Report:
     cuda_graph: str | None = None  # how CUDA-graph mode runs this specialization, when asked for
     ranges: tuple[str, ...] = ()  # dynamic shapes: "s27: [1, 256]" per size symbol
     notes: tuple[str, ...] = ()  # what passes did differently for symbolic sizes
-    jit: tuple[str, ...] = ()  # per Triton kernel node: the kernel, and which variant runs and why
+    jit: tuple[str, ...] = ()  # per Triton kernel node and fused group: the kernel, and which runs and why
 
     @property
     def runs_eagerly(self) -> bool:
@@ -62,6 +62,10 @@ def jit_lines(graph: Any, launchers: Mapping[str, Any]) -> tuple[str, ...]:
         kernel = getattr(launchers.get(spec.local), "kernel", None)
         picks = "; ".join(kernel.picks.values()) if kernel is not None and kernel.picks else "not called yet"
         lines.append(f"node '{spec.node}': {spec.kernel}, {len(spec.configs)} config(s): {picks}")
+    for fused in getattr(graph, "fused", ()):
+        binding = launchers.get(fused.local)
+        told = binding.describe() if hasattr(binding, "describe") else f"{fused.local}: {fused.describe}: not bound"
+        lines.append(f"fused {told}")
     for choice_spec in graph.choices:
         choice = getattr(launchers.get(choice_spec.local), "choice", None)
         told = choice.describe() if choice is not None else f"node '{choice_spec.node}': not bound"

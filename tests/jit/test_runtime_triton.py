@@ -16,6 +16,13 @@ triton = pytest.importorskip("triton")
 import kernels_for_tests as K  # noqa: E402
 from torch.library import triton_op, wrap_triton  # noqa: E402
 
+from opgen.runtime.pipeline import default_pipeline  # noqa: E402
+
+
+def unfused() -> tuple[str, ...]:
+    """The default passes less fusion: these tests count the user's kernels and choices alone."""
+    return tuple(p for p in default_pipeline() if p != "fusion")
+
 
 @pytest.fixture(autouse=True)
 def fresh_cache(tmp_path, monkeypatch):
@@ -74,7 +81,7 @@ def test_opgen_compile_launches_triton_kernels(model, make, cuda_graphs):
     expected = m(*inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fn = opgen.compile(m, inputs, fallback=False, cuda_graphs=cuda_graphs)
+        fn = opgen.compile(m, inputs, fallback=False, cuda_graphs=cuda_graphs, passes=unfused())
         for _ in range(3):  # plain first call, capture, replays
             got = fn(*inputs)
             torch.testing.assert_close(got, expected)
@@ -98,7 +105,7 @@ def test_backend_launches_triton_kernels(model, make):
 def test_autotuned_kernel_reports_its_pick():
     m = Tuned()
     x = torch.randn(5000, device="cuda")
-    fn = opgen.compile(m, (x,))
+    fn = opgen.compile(m, (x,), passes=unfused())
     fn(x)
     report = str(fn.report())
     assert "2 config(s)" in report and "autotuned" in report, report
@@ -112,14 +119,13 @@ class Residual(torch.nn.Module):
 @pytest.mark.parametrize("force", [None, "triton_add", "add"])
 def test_kernel_choice_between_aten_and_triton(force, monkeypatch):
     from opgen.jit.cache import STATS
-    from opgen.runtime.pipeline import default_pipeline
 
     if force:
         monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
     STATS.reset()
     m = Residual()
     x, y = torch.randn(64, 1024, device="cuda"), torch.randn(64, 1024, device="cuda")
-    passes = default_pipeline()
+    passes = unfused()
     at = passes.index("memory")  # before memory planning turns adds into in-place ones
     fn = opgen.compile(m, (x, y), passes=(*passes[:at], "kernel_choice", *passes[at:]))
     torch.testing.assert_close(fn(x, y), m(x, y))

@@ -386,6 +386,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "constants",
         "prepack",
         "dead_code",
+        "fusion",
         "memory",
         "hoist_views",
         "memo",

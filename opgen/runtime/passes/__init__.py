@@ -11,10 +11,12 @@ setup; `hoist_views` then moves views of setup values out of the call; `memo` mo
 only on the size symbols of dynamic shapes (views of buffers and constants, calls on constants)
 into the size memo, recomputed only when the sizes change: before memory planning (calls on
 constants keep their own results) and after it (views of the buffers it made);
+`fusion` (CUDA, static sizes) turns groups of pointwise nodes and row reductions into generated
+Triton kernels once the graph is simplified, before memo and memory planning see the calls;
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
-oneDNN and `cudnn` cuDNN at run time, so
-`opgen.runtime.pipeline.default_pipeline()` leaves each out where torch lacks it. `kernel_choice`
+oneDNN, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
+so `opgen.runtime.pipeline.default_pipeline()` leaves each out where it is missing. `kernel_choice`
 is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
 turns functional calls into in-place ones that have no candidates.
 """
@@ -28,6 +30,7 @@ from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.fusion import fuse
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memo import memoize_sizes
@@ -52,6 +55,7 @@ PASSES: dict[str, Pass] = {
     "constants": fold_constants,
     "prepack": prepack_linear,
     "dead_code": eliminate_dead_code,
+    "fusion": fuse,
     "memory": plan_memory,
     "hoist_views": hoist_views,
     "memo": memoize_sizes,
@@ -72,6 +76,7 @@ DEFAULT_PIPELINE = (
     "constants",
     "prepack",
     "dead_code",
+    "fusion",
     "memo",
     "memory",
     "hoist_views",

@@ -1,0 +1,125 @@
+"""Running the fusion pass's kernels without a GPU: Triton's interpreter (TRITON_INTERPRET=1) on CPU.
+
+`compile_fused(model, inputs)` compiles on the CPU with a pass that relabels the program's values
+as CUDA, runs the fusion pass, and relabels them back; each fused kernel is then bound to
+`InterpretedBinding`, which runs the generated Triton source in Triton's interpreter with every one
+of its configs, checks each against the ATen calls it replaces, and returns the Triton results.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+import opgen
+from opgen.runtime.ir import FusedKernel, Program, TensorMeta, Value
+from opgen.runtime.passes.fusion import fuse
+from opgen.runtime.pipeline import default_pipeline
+from opgen.runtime.registry import KernelRegistry
+
+# Triton's interpreter must be on before triton is first imported: on a GPU machine the CUDA tests
+# import it first, and run the same kernels for real (test_fusion_cuda.py).
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton, run in its interpreter on a machine without a GPU",
+)
+
+
+def _relabel(program: Program, device: str) -> Program:
+    """Every meta of the program on `device` (CPU stands in for CUDA)."""
+
+    def meta(m: TensorMeta | None) -> TensorMeta | None:
+        return None if m is None else replace(m, device=device)
+
+    def value(v: Value | None) -> Value | None:
+        return None if v is None else replace(v, meta=meta(v.meta))
+
+    def line(x: Any) -> Any:
+        if hasattr(x, "outputs") and not isinstance(x, FusedKernel):
+            return replace(x, outputs=tuple(value(v) for v in x.outputs))
+        if hasattr(x, "value") and isinstance(getattr(x, "value", None), Value):
+            return replace(x, value=value(x.value))
+        return x
+
+    fused = tuple(
+        replace(f, outputs=tuple(value(v) for v in f.outputs), lines=tuple(line(x) for x in f.lines))  # type: ignore[misc]
+        for f in program.fused
+    )
+    return replace(
+        program,
+        inputs=tuple(replace(i, meta=meta(i.meta)) for i in program.inputs),
+        constants=tuple(replace(c, meta=meta(c.meta)) for c in program.constants),
+        setup=tuple(line(x) for x in program.setup),
+        body=tuple(line(x) for x in program.body),
+        fused=fused,
+    )
+
+
+def fuse_as_if_cuda(program: Program, registry: KernelRegistry) -> Program:
+    return _relabel(fuse(_relabel(program, "cuda:0"), registry), "cpu")
+
+
+class InterpretedBinding:
+    """Runs every config of the kernel in Triton's interpreter and checks it against the ATen calls."""
+
+    def __init__(self, spec: FusedKernel, checks: list[str], tolerance: dict[str, float]) -> None:
+        from opgen.jit.fused import load_function
+
+        self.spec = spec
+        self.fn = load_function(spec, prefix="opgen_interpreted")  # not the GPU's JITFunction of it
+        self.checks = checks
+        self.tolerance = tolerance
+
+    def __call__(self, aten: Callable[..., Any]) -> Callable[..., Any]:
+        spec = self.spec
+
+        def run(*inputs: torch.Tensor) -> Any:
+            expected = aten(*inputs)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            outs: Sequence[torch.Tensor] = ()
+            for meta, warps, _, grid in spec.configs:
+                outs = [torch.empty_strided(v.meta.shape, v.meta.stride, dtype=getattr(torch, v.meta.dtype))  # type: ignore[union-attr]
+                        for v in spec.outputs]  # fmt: skip
+                self.fn[grid](*inputs, *outs, **dict(meta), num_warps=warps)
+                for got, want in zip(outs, expected, strict=True):
+                    assert got.stride() == want.stride() or got.numel() <= 1, (spec.name, got.stride(), want.stride())
+                    torch.testing.assert_close(got, want, equal_nan=True, **self.tolerance)
+            self.checks.append(spec.name)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        return run
+
+
+def compile_fused(
+    monkeypatch: pytest.MonkeyPatch,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    tolerance: dict[str, float] | None = None,
+    run_triton: bool = True,
+) -> tuple[Any, list[str]]:
+    """(compiled function, names of the fused kernels it ran: filled in as it runs).
+
+    Without `run_triton` each fused kernel is bound to its ATen calls alone (no triton needed).
+    """
+    from opgen.jit import fused as fused_module
+    from opgen.runtime import passes
+
+    checks: list[str] = []
+    tol = tolerance or {}
+    monkeypatch.setitem(passes.PASSES, "fusion_on_cpu", lambda p, r: fuse_as_if_cuda(p, r))
+    if run_triton:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setattr(
+            fused_module, "bindings", lambda specs: {s.local: InterpretedBinding(s, checks, tol) for s in specs}
+        )
+    else:
+        monkeypatch.setattr(fused_module, "bindings", lambda specs: {s.local: (lambda aten: aten) for s in specs})
+    pipeline = [p for p in default_pipeline() if p != "fusion"]
+    pipeline.insert(pipeline.index("memo"), "fusion_on_cpu")
+    compiled = opgen.compile(model, inputs, passes=pipeline, cache=False)
+    return compiled, checks

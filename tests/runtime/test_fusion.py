@@ -1,0 +1,340 @@
+"""The fusion pass without a GPU: which nodes group, the Triton source, the artifact, the choice.
+
+The kernels themselves run in Triton's interpreter on the CPU where triton is installed
+(`fusion_interp`), every config checked against the ATen calls they replace; on a GPU,
+`test_fusion_cuda.py` runs them for real.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from fusion_interp import compile_fused, needs_triton
+from torch import nn
+
+from opgen.jit.choice import Choice
+from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.errors import OpgenWarning
+from opgen.runtime.fusion.groups import find_groups
+from opgen.runtime.fusion.ops import Operand as Op
+from opgen.runtime.fusion.ops import common_type, literal, pointwise
+from opgen.runtime.fusion.triton import kernel
+from opgen.runtime.ir import KernelCall, Program
+
+torch.manual_seed(0)
+
+
+# ---- models: each fusible pattern ----
+
+
+class Chain(nn.Module):
+    """Pointwise ops with broadcasting, scalars, int -> float promotion, a comparison and where."""
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        y = (x + bias) * 2.0 - n  # int64 n broadcasts and promotes to float
+        y = torch.where(y > 0.5, torch.sigmoid(y), torch.tanh(y) * 0.1)
+        return torch.relu(y) + y.exp() / (1.0 + y.abs())
+
+
+class HalfChain(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = (x * y + 1.0).float()  # half compute, then a cast
+        return torch.nn.functional.silu(z).half(), z.sqrt()
+
+
+class BiasGelu(nn.Module):
+    """bias + activation after a matmul: the matmul stays ATen's, add + gelu fuse."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32, 64) / 8)
+        self.b = nn.Parameter(torch.randn(64))
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x @ self.w + self.b, approximate=self.approximate) * 1.5
+
+
+class ResidualNorm(nn.Module):
+    """Residual add + layer norm: both results are read afterwards."""
+
+    def __init__(self, width: int = 48) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        x = x + self.proj(h)
+        return x + self.norm(x) * 2
+
+
+class MaskedSoftmax(nn.Module):
+    def forward(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = scores * 0.125
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int = 40) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + 1e-6) * self.weight
+
+
+class BufferWrite(nn.Module):
+    """A buffer written in place between pointwise ops (export makes the write functional, then copies
+    the new value into the buffer at the end: the chain around it fuses, the buffer advances)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(8, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = (x + self.state) * 2
+        self.state.add_(x)
+        return (a + self.state).relu()
+
+
+class AliasedOutput(nn.Module):
+    """An intermediate returned as a view: it is written, the view reads it."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = (x * 3).sigmoid()
+        return a.t(), (a + 1).relu()
+
+
+class RowReductions(nn.Module):
+    """Sums without keepdim (one value per row), keepdim means read back along the row, amax, log_softmax."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(x) + 1.0
+        centered = y - y.mean(-1, keepdim=True)
+        return y.sum(-1), centered * 2.0, torch.log_softmax(x * 3.0, dim=-1), (x.abs() * 2).amax(-1)
+
+
+class OneRow(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 0.5, dim=-1) + 1.0
+
+
+def _mask(t: int) -> torch.Tensor:
+    return torch.tril(torch.ones(t, t, dtype=torch.bool))
+
+
+CASES = {  # name -> (model factory, inputs factory)
+    "chain": (Chain, lambda: (torch.randn(4, 8, 16), torch.randn(16), torch.randint(-2, 3, (4, 1, 16)))),
+    "chain_strided": (Chain, lambda: (torch.randn(16, 8, 4).transpose(0, 2), torch.randn(16), torch.tensor(1))),
+    "half_chain": (HalfChain, lambda: (torch.rand(6, 33).half(), torch.rand(6, 33).half())),
+    "bias_gelu": (BiasGelu, lambda: (torch.randn(2, 5, 32),)),
+    "bias_gelu_tanh": (lambda: BiasGelu("tanh"), lambda: (torch.randn(2, 5, 32),)),
+    "residual_norm": (ResidualNorm, lambda: (torch.randn(3, 7, 48), torch.randn(3, 7, 48))),
+    "masked_softmax": (MaskedSoftmax, lambda: (torch.randn(2, 3, 9, 9), _mask(9))),
+    "rms_norm": (RMSNorm, lambda: (torch.randn(5, 40),)),
+    "buffer_write": (BufferWrite, lambda: (torch.randn(8, 16),)),
+    "aliased_output": (AliasedOutput, lambda: (torch.randn(8, 16),)),
+    "row_reductions": (RowReductions, lambda: (torch.randn(8, 300),)),
+    "one_row": (OneRow, lambda: (torch.randn(1, 37),)),
+}
+EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
+    "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
+    "residual_norm": 1, "masked_softmax": 1, "rms_norm": 1, "buffer_write": 1, "aliased_output": 2,
+    "row_reductions": 3, "one_row": 1,
+}  # fmt: skip
+
+
+@needs_triton
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_kernels_match_eager(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_model, make_inputs = CASES[name]
+    model, inputs = make_model(), make_inputs()
+    eager = copy.deepcopy(model)
+    tolerance = {"atol": 2e-3, "rtol": 2e-3} if name == "half_chain" else {"atol": 1e-5, "rtol": 1e-5}
+    with torch.no_grad():
+        compiled, ran = compile_fused(monkeypatch, model, inputs, tolerance)
+        expected, got = eager(*inputs), compiled(*inputs)
+    assert len(ran) == EXPECTED_KERNELS[name], compiled.report()
+    for g, e in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, expected)), strict=True):
+        torch.testing.assert_close(g, e, equal_nan=True, **tolerance)
+
+
+@needs_triton
+def test_buffer_write_runs_between_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = BufferWrite()
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        compiled, _ = compile_fused(monkeypatch, model, (x,))
+        eager = BufferWrite()
+        for _ in range(3):  # the buffer advances each call, in both
+            torch.testing.assert_close(compiled(x), eager(x))
+    torch.testing.assert_close(model.state, eager.state)
+
+
+# ---- without triton: decisions, source, artifact, choice ----
+
+
+def _fused_program(monkeypatch: pytest.MonkeyPatch, name: str) -> Program:
+    """The program the fusion pass leaves for a case (the kernels bound to their ATen calls)."""
+    import fusion_interp as interp
+
+    captured: list[Program] = []
+    original = interp.fuse_as_if_cuda
+
+    def spy(program: Program, registry: object) -> Program:
+        captured.append(original(program, registry))  # type: ignore[arg-type]
+        return captured[-1]
+
+    monkeypatch.setattr(interp, "fuse_as_if_cuda", spy)
+    make_model, make_inputs = CASES[name]
+    model, inputs = make_model(), make_inputs()
+    eager = copy.deepcopy(model)
+    with torch.no_grad():
+        compiled, _ = compile_fused(monkeypatch, model, inputs, run_triton=False)
+        expected, got = eager(*inputs), compiled(*inputs)  # the ATen side of each choice, as generated
+    for g, e in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, expected)), strict=True):
+        torch.testing.assert_close(g, e)
+    assert len(captured) == 1 and captured[0].fused, "no group was fused"
+    return captured[0]
+
+
+def test_groups_and_source_read_like_hand_written_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _fused_program(monkeypatch, "masked_softmax").fused[0]
+    assert "row kernel" in spec.describe
+    tree = ast.parse(spec.source)  # valid Python, one @triton.jit function
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert [f.name for f in functions] == [spec.name]
+    assert "# graph nodes: " in spec.source and "aten._softmax.default" in spec.source
+    assert "tl.max(" in spec.source and "tl.sum(" in spec.source
+    assert [n for n in spec.nodes][-1].startswith("_softmax")
+    for meta, warps, stages, grid in spec.configs:  # grids cover the rows
+        block_r = dict(meta)["BLOCK_R"]
+        assert grid[0] * block_r >= 2 * 3 * 9 and warps >= 1 and stages >= 1
+
+
+def test_artifact_round_trips_the_fused_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    import opgen.runtime.pipeline as pipeline
+
+    captured: list[CompiledGraph] = []
+    original = pipeline.compiled_graph
+
+    def spy(*args: object, **kwargs: object) -> CompiledGraph:
+        captured.append(original(*args, **kwargs))  # type: ignore[arg-type]
+        return captured[-1]
+
+    monkeypatch.setattr(pipeline, "compiled_graph", spy)
+    program = _fused_program(monkeypatch, "residual_norm")
+    (graph,) = captured
+    assert graph.fused and all(f.lines == () for f in graph.fused)
+    assert [f.lines != () for f in program.fused] == [True] * len(program.fused)
+    again = CompiledGraph.from_json(graph.to_json())
+    assert again.fused == graph.fused
+    assert "def fused0_aten(" in graph.source and 'rt.jit["fused0"](fused0_aten)' in graph.source
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_case_fuses_and_its_aten_side_matches(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    program = _fused_program(monkeypatch, name)
+    assert len(program.fused) == EXPECTED_KERNELS[name]
+    for fused in program.fused:
+        ast.parse(fused.source)
+        assert fused.name in fused.source and len(fused.nodes) >= 2
+
+
+def test_nothing_fuses_on_the_cpu_or_alone() -> None:
+    """The real pass leaves CPU programs alone (here through opgen.compile on the CPU)."""
+    import opgen
+
+    make_model, make_inputs = CASES["chain"]
+    model = make_model()
+    passes = [*(p for p in ("identity_views", "dead_code")), "fusion"]
+    with torch.no_grad():
+        compiled = opgen.compile(model, make_inputs(), passes=passes, cache=False)
+    assert "fused" not in str(compiled.report())
+
+
+def test_groups_close_at_writes_and_outside_readers(registry: object) -> None:
+    """Hand-built: a reader between two chain members closes the group; an in-place call closes all."""
+    from opgen.runtime.ir import Input, Ref, Return, TensorMeta, Value, contiguous_strides
+
+    def meta(*shape: int) -> TensorMeta:
+        return TensorMeta(shape, contiguous_strides(shape), "float32", "cuda:0")
+
+    def call(kernel: str, target: str, *args: object, out: str) -> KernelCall:
+        return KernelCall(kernel, tuple(args), (), (Value(out, meta(4, 4)),), out, target)
+
+    body = (
+        call("relu", "aten.relu.default", Ref("x"), out="a"),
+        call("sigmoid", "aten.sigmoid.default", Ref("a"), out="b"),
+        call("mm", "aten.mm.default", Ref("a"), Ref("x"), out="m"),  # reads a: closes {a, b}
+        call("exp", "aten.exp.default", Ref("b"), out="c"),
+        call("neg", "aten.neg.default", Ref("c"), out="d"),
+        KernelCall("add_", (Ref("m"), Ref("x")), (), (), "w", "aten.add_.Tensor", mutates=("m",)),
+        call("neg", "aten.neg.default", Ref("d"), out="e"),
+        call("tanh", "aten.tanh.default", Ref("e"), out="f"),
+        Return((Ref("f"), Ref("m"))),
+    )
+    program = Program("forward", (Input("x", meta(4, 4)),), (), (), body)
+    groups = [[s.node for s in f.group.steps] for f in find_groups(program, registry)]  # type: ignore[arg-type]
+    assert groups == [["a", "b"], ["c", "d"], ["e", "f"]]
+    first = find_groups(program, registry)[0].group  # type: ignore[arg-type]
+    assert [t.name for t in first.outputs] == ["a", "b"]  # a is read by mm, b by exp
+    assert math.prod(first.shape) == 16
+
+
+def test_expressions_promote_like_aten() -> None:
+    i64, f32, b = Op("n", "int64"), Op("x", "float32"), Op("m", "bool")
+    assert common_type(i64, 2.5) == "float32" and common_type(f32, 3) == "float32" and common_type(b, 1) == "int64"
+    assert (
+        pointwise("aten.add.Tensor", {"self": i64, "other": f32, "alpha": 2}, "float32") == "n.to(tl.float32) + 2.0 * x"
+    )
+    assert pointwise("aten.gt.Scalar", {"self": i64, "other": 0.5}, "bool") == "n.to(tl.float32) > 0.5"
+    assert pointwise("aten.div.Tensor_mode", {"self": i64, "other": i64, "rounding_mode": "floor"}, "int64") is None
+    assert pointwise("aten.pow.Tensor_Scalar", {"self": f32, "exponent": 2.7}, "float32") is None
+    assert literal(float("-inf"), "float32") == 'float("-inf")' and literal(0.5, "int64") is None
+
+
+def test_a_failing_candidate_falls_back_to_the_reliable_one_with_a_warning() -> None:
+    calls: list[str] = []
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        calls.append("broken")
+        raise RuntimeError("Triton could not compile fused0")
+
+    def aten(x: torch.Tensor) -> torch.Tensor:
+        calls.append("aten")
+        return x + 1
+
+    choice = Choice("fused0 (test)", {"triton": broken, "aten": aten}, reliable="aten", force="triton")
+    x = torch.zeros(3)
+    with pytest.warns(OpgenWarning, match="candidate 'triton' failed .*running 'aten' instead"):
+        torch.testing.assert_close(choice(x), x + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: later calls go straight to the reliable candidate
+        torch.testing.assert_close(choice(x), x + 1)
+    assert calls == ["broken", "aten", "aten"]
+    assert "failed" in choice.describe()
+
+
+def test_kernel_source_for_a_hand_built_group() -> None:
+    from opgen.runtime.fusion.groups import FusedGroup, Step, Tensor
+    from opgen.runtime.ir import Ref, TensorMeta
+
+    x = Tensor("x", TensorMeta((2, 3), (1, 2), "float16", "cuda:0"))  # column-major input
+    out = Tensor("y", TensorMeta((2, 3), (3, 1), "float16", "cuda:0"))
+    mid = Tensor("t", TensorMeta((2, 3), (3, 1), "float32", "cuda:0"))
+    steps = (
+        Step("t", "aten._to_copy.default", (("self", Ref("x")), ("dtype", None)), (mid,)),
+        Step("y", "aten.relu.default", (("self", Ref("t")),), (out,)),
+    )
+    source = kernel(FusedGroup("pointwise", (2, 3), (x,), (out,), steps), "fused0_t_y").source
+    assert "def fused0_t_y(x, y, BLOCK: tl.constexpr):" in source
+    assert "tl.load(x + offs // 3 + (offs % 3) * 2, mask=mask).to(tl.float32)" in source  # column-major
+    assert "v2 = " not in source.split("# y:")[0]  # the cast to float32 is the load's own
+    assert "tl.store(y + offs, " in source and ".to(tl.float16)" in source
