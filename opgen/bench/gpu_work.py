@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,8 @@ import torch
 
 from opgen.bench import models
 from opgen.bench.graphs import _max_err
-from opgen.bench.timing import format_table, interleaved
+from opgen.bench.graphs_cuda import ready
+from opgen.bench.timing import format_table, interleaved, target_line
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen_unfused", "opgen", "opgen_graphs_unfused", "opgen_graphs")
 LABELS = {
@@ -104,13 +104,8 @@ def run_case(case: models.Case, candidates: Sequence[str], calls: int, repeats: 
         # reduce-overhead model built before it, which later replays through freed memory.
         torch._dynamo.reset()
         for name in candidates:
-            sync()
-            start = time.perf_counter()
-            call = _build(name, model, inputs)
-            for _ in range(FIRST_CALLS.get(name, 1)):
-                out = call()
-            sync()
-            compile_s.append(time.perf_counter() - start)
+            call, out, seconds = ready(lambda name=name: _build(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
+            compile_s.append(seconds)
             errors.append(_max_err(out, reference))
             for _ in range(3):
                 call()
@@ -145,7 +140,7 @@ def target_lines(results: Sequence[Result]) -> list[str]:
     lines = []
 
     def check(what: str, value: float, limit: float) -> None:
-        lines.append(f"  {what}: {value:.3f} (target <= {limit:.3f}): {'met' if value <= limit else 'NOT met'}")
+        lines.append(target_line(what, value, limit))
 
     for case in CASES:
         ours, inductor = by.get((case, "opgen")), by.get((case, "inductor"))

@@ -24,7 +24,7 @@ import torch
 
 from opgen.bench import models
 from opgen.bench.graphs import _max_err
-from opgen.bench.timing import format_table, interleaved
+from opgen.bench.timing import format_table, interleaved, target_line
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
 LABELS = {
@@ -82,13 +82,8 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
         # reduce-overhead model built before it, which later replays through freed memory.
         torch._dynamo.reset()
         for name in candidates:
-            sync()
-            start = time.perf_counter()
-            call = _build(name, model, inputs)
-            for _ in range(FIRST_CALLS.get(name, 1)):
-                out = call()
-            sync()
-            compile_s.append(time.perf_counter() - start)
+            call, out, seconds = ready(lambda name=name: _build(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
+            compile_s.append(seconds)
             errors.append(_max_err(out, reference))
             calls.append(call)
             print(f"  {case.name}: {LABELS[name]} ready in {compile_s[-1]:.2f} s (max abs err {errors[-1]:.1e})",
@@ -101,6 +96,17 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
                s.ratio_to(synced[0]), e.ratio_to(enqueued[0]), compile_s[i], errors[i])
         for i, (name, s, e) in enumerate(zip(candidates, synced, enqueued, strict=True))
     ]  # fmt: skip
+
+
+def ready(build: Callable[[], Callable[[], Any]], first_calls: int) -> tuple[Callable[[], Any], Any, float]:
+    """Build a candidate and make its first calls: (the call, its last output, seconds, synchronized)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    call = build()
+    for _ in range(first_calls):
+        out = call()
+    torch.cuda.synchronize()
+    return call, out, time.perf_counter() - start
 
 
 def results_table(results: Sequence[Result]) -> str:
@@ -121,7 +127,7 @@ def target_lines(results: Sequence[Result]) -> list[str]:
     lines = []
 
     def check(what: str, value: float, limit: float) -> None:
-        lines.append(f"  {what}: {value:.3f} (target <= {limit:.3f}): {'met' if value <= limit else 'NOT met'}")
+        lines.append(target_line(what, value, limit))
 
     for case in ("resnet18_b1", "resnet18_b10"):
         ours, theirs = by.get((case, "opgen_graphs")), by.get((case, "reduce_overhead"))

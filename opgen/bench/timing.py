@@ -105,3 +105,8 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if value < 10 else f"{value:.1f}"
     return str(value)
+
+
+def target_line(what: str, value: float, limit: float) -> str:
+    """One line of an issue's definition of done, as measured: `  what: 0.830 (target <= 1.000): met`."""
+    return f"  {what}: {value:.3f} (target <= {limit:.3f}): {'met' if value <= limit else 'NOT met'}"
