@@ -33,7 +33,7 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
     fused: list[FusedKernel] = []
     for item in found:
         local = next(locals_)
-        name = _kernel_name(item.group.nodes, len(fused))
+        name = _kernel_name(local, item.group.nodes)
         try:
             generated = kernel(item.group, name)
         except CodegenError:
@@ -70,8 +70,8 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
     return replace(program, body=body, fused=(*program.fused, *fused))
 
 
-def _kernel_name(nodes: tuple[str, ...], index: int) -> str:
-    """`fused3_mul_softmax`: its number, then its first and last node, as a Python identifier."""
+def _kernel_name(local: str, nodes: tuple[str, ...]) -> str:
+    """`fused3_mul_softmax`: the call's local name, then its first and last node, as a Python identifier."""
     ends = (nodes[0], nodes[-1]) if len(nodes) > 1 else nodes[:1]
     words = "_".join("".join(c if c.isalnum() else "_" for c in n).strip("_") for n in ends)
-    return f"fused{index}_{words}"[:60]
+    return f"{local}_{words}"[:60]
