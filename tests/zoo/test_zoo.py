@@ -51,3 +51,28 @@ def test_attention_lowers_to_the_fused_kernel() -> None:
         calls = [line for line in source.splitlines() if " scaled_dot_product_attention(" in line]
         assert "= kernel_ops.scaled_dot_product_attention\n" in source and len(calls) == 2, f"{name}: {calls}"
         assert "_softmax" not in source, f"{name}: a softmax is left in the generated code"
+
+
+def _jit_ready() -> bool:
+    from opgen.jit.env import available
+
+    return torch.cuda.is_available() and bool(available())
+
+
+@pytest.mark.skipif(not _jit_ready(), reason="needs a CUDA GPU, a CUDA build of opgen and triton")
+@pytest.mark.usefixtures("cudnn_exact")
+@pytest.mark.parametrize("name", [m.name for m in ZOO])
+def test_zoo_model_on_cuda_with_fusion(name: str) -> None:
+    """Every zoo model on the GPU through the default pipeline (fusion included) matches eager, with the
+    fused kernels forced where the first call would pick; report() lists each fused group."""
+    model, inputs = BY_NAME[name].build()
+    model, inputs = model.cuda(), tuple(t.cuda() for t in inputs)
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPGEN_FORCE_KERNEL", "triton")
+        expected = model(*inputs)
+        compiled = opgen.compile(model, inputs, fallback=False)
+        actual = compiled(*inputs)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    report = str(compiled.report())
+    print(f"{name}: {report.count('fused fused')} fused kernels")
+    assert report.count("fused fused") == report.count("triton (forced)"), report
