@@ -26,6 +26,7 @@ import torch
 from opgen.jit.cache import jit_dir
 from opgen.jit.choice import Choice
 from opgen.jit.errors import JitError
+from opgen.jit.graph import fixed_grid_launcher
 from opgen.runtime.cache import write_atomic
 from opgen.runtime.errors import OpgenWarning
 from opgen.runtime.ir import FusedKernel
@@ -53,11 +54,10 @@ class FusedBinding:
                 stacklevel=2,
             )
             return aten
-        digest = hashlib.sha256(self.spec.source.encode()).hexdigest()[:16]
         self.choice = Choice(
             f"{self.spec.local} ({self.spec.describe})",
             {"triton": _allocating(self.launcher, self.spec), "aten": aten},
-            identity=(digest,),
+            identity=(_digest(self.spec),),
             fixed_sizes=True,
             reliable="aten",
         )
@@ -81,7 +81,7 @@ def bindings(specs: Sequence[FusedKernel]) -> dict[str, FusedBinding]:
 def load_function(spec: FusedKernel, prefix: str = "opgen_fused") -> Any:
     """The @triton.jit function of the spec's source, imported from its file in the JIT cache (once per
     process and `prefix`: Triton's interpreter, for one, wants its own import of the same source)."""
-    digest = hashlib.sha256(spec.source.encode()).hexdigest()[:16]
+    digest = _digest(spec)
     module_name = f"{prefix}_{spec.name}_{digest}"
     if module_name in sys.modules:
         return getattr(sys.modules[module_name], spec.name)
@@ -92,6 +92,10 @@ def load_function(spec: FusedKernel, prefix: str = "opgen_fused") -> Any:
     found.loader.exec_module(module)
     sys.modules[module_name] = module
     return getattr(module, spec.name)
+
+
+def _digest(spec: FusedKernel) -> str:
+    return hashlib.sha256(spec.source.encode()).hexdigest()[:16]
 
 
 def _write(filename: str, source: str) -> Path:
@@ -108,29 +112,12 @@ def _write(filename: str, source: str) -> Path:
 
 
 def _launcher(spec: FusedKernel) -> Any:
-    from opgen.jit.kernels import Config, JitKernel
-
-    fn = load_function(spec)
+    device = spec.outputs[0].meta.device  # type: ignore[union-attr]
+    dtypes = (*spec.input_dtypes, *(v.meta.dtype for v in spec.outputs))  # type: ignore[union-attr]
+    examples = [torch.empty(16, dtype=getattr(torch, d), device=device) for d in dtypes]  # aligned stand-ins
     params = (*spec.inputs, *(v.name for v in spec.outputs))
-    grids = {tuple(sorted(meta)): grid for meta, _, _, grid in spec.configs}
-
-    def grid(meta: dict[str, Any]) -> Any:
-        return grids[tuple(sorted((k, v) for k, v in meta.items() if k not in params))]
-
-    configs = [Config(dict(meta), warps, stages) for meta, warps, stages, _ in spec.configs]
-    kernel = JitKernel(fn, grid, configs, mutates=[v.name for v in spec.outputs], name=spec.name)
-    examples = [torch.empty(16, dtype=getattr(torch, v.meta.dtype), device=v.meta.device) for v in spec.outputs]
-    try:
-        kernel.warmup(*(_example(spec, n) for n in spec.inputs), *examples)
-    except (JitError, TypeError, ValueError, RuntimeError):
-        pass  # the first call compiles, and says what is wrong there
-    return kernel.launcher
-
-
-def _example(spec: FusedKernel, name: str) -> torch.Tensor:
-    """An aligned stand-in for an input: its dtype and device are all the specialization needs."""
-    dtype = spec.input_dtypes[spec.inputs.index(name)]
-    return torch.empty(16, dtype=getattr(torch, dtype), device=spec.outputs[0].meta.device)  # type: ignore[union-attr]
+    mutates = [v.name for v in spec.outputs]
+    return fixed_grid_launcher(load_function(spec), spec.configs, params, mutates, spec.name, examples)
 
 
 def _allocating(launch: Any, spec: FusedKernel) -> Callable[..., Any]:

@@ -36,23 +36,32 @@ def load(reference: str) -> Any:
 
 
 def launchers(specs: Sequence[Any], inputs: Sequence[Any] = ()) -> dict[str, Any]:
-    out = {}
-    for spec in specs:
-        fn = load(spec.kernel)
-        grids = {meta: grid for meta, _, _, grid in spec.configs}
-        configs = [Config(dict(meta), warps, stages) for meta, warps, stages, _ in spec.configs]
+    return {
+        spec.local: fixed_grid_launcher(
+            load(spec.kernel), spec.configs, spec.params, spec.mutates, spec.local,
+            [_example(kind, value) for kind, value in spec.examples],
+        )
+        for spec in specs
+    }  # fmt: skip
 
-        def grid(meta: dict[str, Any], grids: dict[Any, Any] = grids, names: tuple[str, ...] = spec.params) -> Any:
-            key = tuple(sorted((k, v) for k, v in meta.items() if k not in names))
-            return grids[key]
 
-        kernel = JitKernel(fn, grid, configs, mutates=spec.mutates, name=spec.local)
-        try:
-            kernel.warmup(*(_example(kind, value) for kind, value in spec.examples))
-        except (JitError, TypeError, ValueError, RuntimeError):
-            pass  # the first call compiles, and raises what is wrong there
-        out[spec.local] = kernel.launcher
-    return out
+def fixed_grid_launcher(
+    fn: Any, configs: Sequence[Any], params: Sequence[str], mutates: Sequence[str], name: str, examples: Sequence[Any]
+) -> Any:
+    """The launcher of a kernel whose grid each config fixed at compile time ((meta, warps, stages, grid)
+    per config); it starts compiling for `examples` now, so the first call usually finds it ready."""
+    grids = {tuple(sorted(meta)): grid for meta, _, _, grid in configs}
+
+    def grid(meta: dict[str, Any]) -> Any:
+        return grids[tuple(sorted((k, v) for k, v in meta.items() if k not in params))]
+
+    chosen = [Config(dict(meta), warps, stages) for meta, warps, stages, _ in configs]
+    kernel = JitKernel(fn, grid, chosen, mutates=mutates, name=name)
+    try:
+        kernel.warmup(*examples)
+    except (JitError, TypeError, ValueError, RuntimeError):
+        pass  # the first call compiles, and raises what is wrong there
+    return kernel.launcher
 
 
 def choices(specs: Sequence[Any], kernel_ops: Any) -> dict[str, Any]:

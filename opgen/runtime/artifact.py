@@ -110,21 +110,20 @@ def compiled_graph(
 
 
 def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:
-    def arg(value: Any) -> Any:
-        return tuple(arg(v) for v in value) if isinstance(value, list) else value
-
     configs = _configs(data["configs"])
-    examples = tuple((kind, arg(value)) for kind, value in data["examples"])
+    examples = tuple((kind, _tuples(value)) for kind, value in data["examples"])
     return JitKernelSpec(data["local"], data["kernel"], tuple(data["params"]), configs, tuple(data["mutates"]),
                          examples, data["node"], data["importable"])  # fmt: skip
 
 
-def _configs(data: Any) -> Any:
-    def arg(value: Any) -> Any:
-        return tuple(arg(v) for v in value) if isinstance(value, list) else value
+def _tuples(value: Any) -> Any:
+    """JSON lists back to the tuples the IR holds."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
+
+def _configs(data: Any) -> Any:
     return tuple(
-        (tuple((k, arg(v)) for k, v in meta), warps, stages, tuple(grid)) for meta, warps, stages, grid in data
+        (tuple((k, _tuples(v)) for k, v in meta), warps, stages, tuple(grid)) for meta, warps, stages, grid in data
     )
 
 

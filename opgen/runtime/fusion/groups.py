@@ -16,11 +16,11 @@ keepdim is an output only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opgen.runtime.fusion.ops import DTYPES, POINTWISE, ROW_OPS
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, uses
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
 MAX_ROW = 8192  # longest row a row kernel holds in registers (float32)
@@ -234,7 +234,7 @@ def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMet
         return None
     outputs = tuple(None if v is None or v.meta is None else Tensor(v.name, v.meta) for v in line.outputs)
     tensors = [t.meta for t in outputs if t is not None]
-    for value in _refs(values.values()):
+    for value in refs(tuple(values.values())):
         meta = metas.get(value)
         if meta is None:
             return None  # a non-tensor value by name (a folded shape list): not ours
@@ -250,14 +250,6 @@ def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMet
     if line.target in ROW_OPS and not _row_op_fits(step, metas):
         return None
     return step
-
-
-def _refs(values: Iterator[Arg] | Sequence[Arg] | object) -> Iterator[str]:
-    for value in values:  # type: ignore[attr-defined]
-        if isinstance(value, Ref):
-            yield value.name
-        elif isinstance(value, tuple):
-            yield from _refs(value)
 
 
 def _row_op_fits(step: Step, metas: dict[str, TensorMeta]) -> bool:

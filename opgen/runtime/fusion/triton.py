@@ -35,7 +35,6 @@ class CodegenError(Exception):
 class Kernel:
     name: str
     source: str
-    params: tuple[str, ...]  # inputs then outputs
     configs: tuple[Config, ...]
 
 
@@ -60,7 +59,7 @@ def kernel(group: FusedGroup, name: str) -> Kernel:
         *(f"    {line}" for line in (*_prologue(group), *body.lines)),
         "",
     ]
-    return Kernel(name, "\n".join(lines), params, _configs(group))
+    return Kernel(name, "\n".join(lines), _configs(group))
 
 
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
@@ -96,6 +95,11 @@ class _Body:
     lines: list[str] = field(default_factory=list)
     values: dict[str, Operand] = field(default_factory=dict)
     count: int = 0
+    dtypes: dict[str, str] = field(init=False)  # every tensor the group reads or defines -> its dtype
+
+    def __post_init__(self) -> None:
+        tensors = [*self.group.inputs, *(t for s in self.group.steps for t in s.outputs if t is not None)]
+        self.dtypes = {t.name: t.meta.dtype for t in tensors}
 
     def fresh(self) -> str:
         self.count += 1
@@ -113,7 +117,8 @@ class _Body:
             mask = f", mask={where}" if where else ""
             ctype = compute_type(tensor.meta.dtype)
             load = f"tl.load({name} + {address}{mask})" if address else f"tl.load({name})"
-            self.values[name] = self.let(load if ctype == _register(tensor) else f"{load}.to({TL[ctype]})", ctype)
+            same = ctype == tensor.meta.dtype  # bool loads as int1, which compute_type also calls bool
+            self.values[name] = self.let(load if same else f"{load}.to({TL[ctype]})", ctype)
         return self.values[name]
 
     def arguments(self, step: Step) -> dict[str, Any]:
@@ -143,7 +148,7 @@ class _Body:
         """An explicit cast rounds: a half value held in float32 to its own dtype first, then to `dtype`."""
         source = dict(step.values)["self"]
         assert isinstance(source, Ref)
-        value, held = self.values[source.name], self.dtype_of(source.name)
+        value, held = self.values[source.name], self.dtypes[source.name]
         text = value.text
         loaded = any(t.name == source.name for t in self.group.inputs)  # a load holds its dtype exactly
         if held in ("float16", "bfloat16") and dtype != held and not loaded:
@@ -151,10 +156,6 @@ class _Body:
         if dtype in ("float16", "bfloat16"):
             return f"{text}.to({TL[dtype]}).to(tl.float32)"
         return cast(Operand(text, value.ctype), compute_type(dtype))
-
-    def dtype_of(self, name: str) -> str:
-        tensors = [*self.group.inputs, *(t for s in self.group.steps for t in s.outputs if t is not None)]
-        return next(t.meta.dtype for t in tensors if t.name == name)
 
     def store(self, tensor: Tensor) -> None:
         value = self.values[tensor.name]
@@ -166,11 +167,6 @@ class _Body:
             stored = cast(value, dtype) if value.ctype != dtype else value.text
         mask = f", mask={where}" if where else ""
         self.lines.append(f"tl.store({tensor.name} + {address}, {stored}{mask})")
-
-
-def _register(tensor: Tensor) -> str:
-    """The type a load of the tensor gives (bool loads as int1, which `compute_type` calls bool)."""
-    return tensor.meta.dtype
 
 
 def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[str, str]:
@@ -222,7 +218,7 @@ def _linear(shape: tuple[int, ...], strides: list[int], index: str) -> str:
 # ---- row reductions: each returns the Operands of the node's outputs ----
 
 
-def _full(body: _Body, x: Operand, identity: str) -> str:
+def _full(x: Operand, identity: str) -> str:
     return f"tl.where(mask, {x.text}, {identity})"
 
 
@@ -231,7 +227,7 @@ def _softmax(body: _Body, values: Mapping[str, Any], step: Step, log: bool = Fal
     ctype = compute_type(next(t for t in step.outputs if t is not None).meta.dtype)
     x = Operand(cast(x, ctype), ctype)
     minus_inf = 'float("-inf")'
-    m = body.let(f"tl.max({_full(body, x, minus_inf)}, axis=1, keep_dims=True)", ctype)
+    m = body.let(f"tl.max({_full(x, minus_inf)}, axis=1, keep_dims=True)", ctype)
     shifted = body.let(f"{x.text} - {m.text}", ctype)
     e = body.let(f"tl.exp({shifted.text})", ctype)
     s = body.let(f"tl.sum(tl.where(mask, {e.text}, 0.0), axis=1, keep_dims=True)", ctype)
@@ -245,7 +241,7 @@ def _layer_norm(body: _Body, values: Mapping[str, Any], step: Step) -> list[Oper
     x = values["input"]
     x = Operand(cast(x, "float32"), "float32") if x.ctype != "float64" else x
     ctype = x.ctype
-    mean = body.let(f"tl.sum({_full(body, x, '0.0')}, axis=1, keep_dims=True) / {n}", ctype)
+    mean = body.let(f"tl.sum({_full(x, '0.0')}, axis=1, keep_dims=True) / {n}", ctype)
     centered = body.let(f"tl.where(mask, {x.text} - {mean.text}, 0.0)", ctype)
     var = body.let(f"tl.sum({centered.text} * {centered.text}, axis=1, keep_dims=True) / {n}", ctype)
     rstd = body.let(f"tl.rsqrt({var.text} + {float(values['eps'])!r})", ctype)
@@ -266,8 +262,8 @@ def _reduce(kind: str) -> Any:
             if ctype not in ("float32", "float64"):
                 raise CodegenError(f"node '{step.node}': amax/amin of {out.meta.dtype} is left to ATen")
             identity = 'float("-inf")' if kind == "max" else 'float("inf")'
-            return [body.let(f"tl.{kind}({_full(body, x, identity)}, axis=1, keep_dims=True)", ctype)]
-        total = f"tl.sum({_full(body, x, '0')}, axis=1, keep_dims=True)"
+            return [body.let(f"tl.{kind}({_full(x, identity)}, axis=1, keep_dims=True)", ctype)]
+        total = f"tl.sum({_full(x, '0')}, axis=1, keep_dims=True)"
         if kind == "mean":
             total = f"{total} / {body.group.shape[-1]}"
         return [body.let(total, ctype)]
