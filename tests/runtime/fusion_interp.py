@@ -9,6 +9,9 @@ of its configs, checks each against the ATen calls it replaces, and returns the 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -58,6 +61,28 @@ def _relabel(program: Program, device: str) -> Program:
         body=tuple(line(x) for x in program.body),
         fused=fused,
     )
+
+
+def ran_in_fresh_interpreter(request: pytest.FixtureRequest) -> bool:
+    """Triton reads TRITON_INTERPRET when it is first imported: where an earlier test imported it for
+    real, run this test again in a child process with the interpreter on from the start, and say so
+    (True: the child ran it, and passed)."""
+    if "triton.language" not in sys.modules:
+        return False  # compile_fused turns the interpreter on before the first import
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(sys.modules["triton.language"].sigmoid, InterpretedFunction):
+        return False  # triton.language was made for the interpreter: its @jit helpers run there
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
+        cwd=request.config.rootpath,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    return True
 
 
 def fuse_as_if_cuda(program: Program, registry: KernelRegistry) -> Program:
