@@ -112,12 +112,16 @@ def _write(filename: str, source: str) -> Path:
 
 
 def _launcher(spec: FusedKernel) -> Any:
-    device = spec.outputs[0].meta.device  # type: ignore[union-attr]
-    dtypes = (*spec.input_dtypes, *(v.meta.dtype for v in spec.outputs))  # type: ignore[union-attr]
-    examples = [torch.empty(16, dtype=getattr(torch, d), device=device) for d in dtypes]  # aligned stand-ins
     params = (*spec.inputs, *(v.name for v in spec.outputs))
     mutates = [v.name for v in spec.outputs]
-    return fixed_grid_launcher(load_function(spec), spec.configs, params, mutates, spec.name, examples)
+    return fixed_grid_launcher(load_function(spec), spec.configs, params, mutates, spec.name, lambda: _examples(spec))
+
+
+def _examples(spec: FusedKernel) -> list[torch.Tensor]:
+    """Aligned stand-ins for the arguments: their dtypes and device are all the specialization needs."""
+    device = spec.outputs[0].meta.device  # type: ignore[union-attr]
+    dtypes = (*spec.input_dtypes, *(v.meta.dtype for v in spec.outputs))  # type: ignore[union-attr]
+    return [torch.empty(16, dtype=getattr(torch, d), device=device) for d in dtypes]
 
 
 def _allocating(launch: Any, spec: FusedKernel) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ several configs) happens on that first call, with the real tensors."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,17 +39,23 @@ def launchers(specs: Sequence[Any], inputs: Sequence[Any] = ()) -> dict[str, Any
     return {
         spec.local: fixed_grid_launcher(
             load(spec.kernel), spec.configs, spec.params, spec.mutates, spec.local,
-            [_example(kind, value) for kind, value in spec.examples],
+            lambda spec=spec: [_example(kind, value) for kind, value in spec.examples],
         )
         for spec in specs
     }  # fmt: skip
 
 
 def fixed_grid_launcher(
-    fn: Any, configs: Sequence[Any], params: Sequence[str], mutates: Sequence[str], name: str, examples: Sequence[Any]
+    fn: Any,
+    configs: Sequence[Any],
+    params: Sequence[str],
+    mutates: Sequence[str],
+    name: str,
+    examples: Callable[[], Sequence[Any]],
 ) -> Any:
     """The launcher of a kernel whose grid each config fixed at compile time ((meta, warps, stages, grid)
-    per config); it starts compiling for `examples` now, so the first call usually finds it ready."""
+    per config); it starts compiling for the arguments `examples()` makes, so the first call usually
+    finds it ready (where they cannot be made or compiled, the first call says why)."""
     grids = {tuple(sorted(meta)): grid for meta, _, _, grid in configs}
 
     def grid(meta: dict[str, Any]) -> Any:
@@ -58,7 +64,7 @@ def fixed_grid_launcher(
     chosen = [Config(dict(meta), warps, stages) for meta, warps, stages, _ in configs]
     kernel = JitKernel(fn, grid, chosen, mutates=mutates, name=name)
     try:
-        kernel.warmup(*examples)
+        kernel.warmup(*examples())
     except (JitError, TypeError, ValueError, RuntimeError):
         pass  # the first call compiles, and raises what is wrong there
     return kernel.launcher

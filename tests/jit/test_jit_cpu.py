@@ -139,3 +139,31 @@ def test_jit_entry_points_say_what_is_missing():
         opgen.jit.kernel(object(), (1,))
     with pytest.raises(opgen.jit.JitUnavailableError):
         opgen.jit.launch(type("F", (), {})(), (1,))
+
+
+def test_fixed_grid_launchers_map_each_config_to_its_grid(monkeypatch):
+    """Graph kernels and fused kernels build launchers through one helper: each config's fixed grid is
+    found from the meta-parameters alone, and examples that cannot be made leave it to the first call."""
+    from opgen.jit import graph
+
+    made = {}
+
+    class Recorded:
+        def __init__(self, fn, grid, configs, mutates, name):
+            made.update(fn=fn, grid=grid, configs=configs, mutates=mutates, name=name)
+            self.launcher = f"launcher of {name}"
+
+        def warmup(self, *args):
+            made["warmup"] = args
+
+    def no_examples():
+        raise RuntimeError("no CUDA device here")
+
+    monkeypatch.setattr(graph, "JitKernel", Recorded)
+    configs = (((("BLOCK", 256),), 2, 1, (16, 1, 1)), ((("BLOCK", 1024),), 4, 1, (4, 1, 1)))
+    launcher = graph.fixed_grid_launcher("fn", configs, ("x", "out"), ["out"], "fused0_add_relu", no_examples)
+    assert launcher == "launcher of fused0_add_relu" and "warmup" not in made
+    assert made["grid"]({"x": object(), "out": object(), "BLOCK": 1024}) == (4, 1, 1)
+    assert made["grid"]({"x": object(), "out": object(), "BLOCK": 256}) == (16, 1, 1)
+    assert [(c.meta, c.num_warps) for c in made["configs"]] == [({"BLOCK": 256}, 2), ({"BLOCK": 1024}, 4)]
+    assert made["mutates"] == ["out"]
