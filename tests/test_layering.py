@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "opgen"
@@ -54,25 +56,145 @@ def test_runtime_reads_ops_only_through_the_registry() -> None:
 
 
 RUNTIME = ROOT / "runtime"
-TORCH_FREE = [
-    "ir.py",
-    "ir_kernels.py",
-    "python_backend.py",
-    "registry.py",
-    "report.py",
-    *(f"passes/{p.name}" for p in (RUNTIME / "passes").glob("*.py")),
-    *(f"fusion/{p.name}" for p in (RUNTIME / "fusion").glob("*.py")),
-]
+# The rooms of the runtime, in data-flow order, and the rooms each may import (besides itself, torch and
+# the standard library). Entry points (api, dynamo_backend, pipeline) tie the rooms together and may
+# import any of them; no room imports an entry point.
+ROOM_IMPORTS: dict[str, set[str]] = {
+    "opgen.errors": set(),
+    "opgen.disk": set(),
+    "opgen.jit": {"opgen.errors", "opgen.disk"},
+    "opgen.runtime.errors": {"opgen.errors"},
+    "opgen.runtime.report": set(),
+    "opgen.runtime.ir": set(),
+    "opgen.runtime.registry": {"opgen.runtime.ir"},
+    "opgen.runtime.passes": {"opgen.runtime.ir", "opgen.runtime.registry"},
+    "opgen.runtime.codegen": {"opgen.runtime.ir"},
+    "opgen.runtime.lowering": {
+        "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors", "opgen.runtime.codegen", "opgen.jit",
+    },
+    "opgen.runtime.capture": {"opgen.runtime.lowering", "opgen.runtime.registry", "opgen.runtime.errors"},
+    "opgen.runtime.artifact": {"opgen.runtime.ir", "opgen.runtime.codegen", "opgen.disk"},
+    "opgen.runtime.execution": {
+        "opgen", "opgen.jit", "opgen.disk", "opgen.runtime.errors", "opgen.runtime.ir", "opgen.runtime.registry",
+        "opgen.runtime.lowering", "opgen.runtime.artifact",
+    },
+}  # fmt: skip
+ENTRY_POINTS = {"opgen.runtime", "opgen.runtime.api", "opgen.runtime.dynamo_backend", "opgen.runtime.pipeline"}
+TORCH_FREE = (
+    *("opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.report", "opgen.runtime.passes"),
+    *("opgen.runtime.codegen", "opgen.runtime.artifact", "opgen.jit.errors", "opgen.errors", "opgen.disk"),
+)
 
 
-def test_ir_passes_and_backend_do_not_import_torch() -> None:
-    """The IR, its passes and the Python backend are plain data and text: no torch, no graph."""
-    for rel in TORCH_FREE:
-        for name in imported_modules(RUNTIME / rel):
-            assert name.split(".")[0] != "torch", f"{rel} imports {name}"
-            assert not name.startswith(("opgen.runtime.lower", "opgen.runtime.export", "opgen.runtime.executor")), (
-                f"{rel} imports {name}"
-            )
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The opgen modules `path` imports when it runs (lazy imports too; `if TYPE_CHECKING:` ones not):
+    `from opgen.runtime import executor` counts as importing the submodule, not the package."""
+    name = module_name(path)
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.dump(block.test)
+        for n in ast.walk(block)
+    }  # fmt: skip
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                package = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{package}.{base}" if base else package
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names)
+    return {m for m in found if m in MODULES and m != name}
+
+
+def room(module: str) -> str:
+    """The longest key of ROOM_IMPORTS (or entry point) that `module` lies in."""
+    for length in range(module.count(".") + 1, 0, -1):
+        prefix = ".".join(module.split(".")[:length])
+        if prefix in ROOM_IMPORTS or prefix in ENTRY_POINTS:
+            return prefix
+    return module
+
+
+def test_every_runtime_module_lies_in_a_room() -> None:
+    for name in MODULES:
+        if name.startswith(("opgen.runtime", "opgen.jit")):
+            assert room(name) in ROOM_IMPORTS or name in ENTRY_POINTS, f"{name} is in no room of ROOM_IMPORTS"
+
+
+def test_rooms_import_only_the_rooms_below_them() -> None:
+    for name, path in MODULES.items():
+        here = room(name)
+        if here not in ROOM_IMPORTS:
+            continue
+        for imported in runtime_imports(path):
+            there = room(imported)
+            assert there == here or there in ROOM_IMPORTS[here], f"{name} ({here}) imports {imported} ({there})"
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No import cycle in opgen, however long (Tarjan's strongly connected components)."""
+    graph = {name: runtime_imports(path) for name, path in MODULES.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_jit_does_not_load_the_runtime_or_torch_for_its_errors() -> None:
+    code = "import sys, opgen.jit.errors; print(sorted(m for m in sys.modules if m.startswith(('opgen', 'torch'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(["opgen", "opgen.errors", "opgen.jit", "opgen.jit.errors"])
+
+
+def test_ir_passes_and_backends_do_not_import_torch() -> None:
+    """The IR, its passes, the backends and the artifact are plain data and text: no torch, no graph."""
+    for name, path in MODULES.items():
+        if room(name) in TORCH_FREE or name in TORCH_FREE:
+            for imported in imported_modules(path):
+                assert imported.split(".")[0] != "torch", f"{name} imports {imported}"
+
+
+def test_backends_implement_every_line_kind() -> None:
+    """Each backend is a sibling implementing the whole `Backend` interface, never a subclass of another."""
+    from opgen.runtime.codegen.backend import Backend
+    from opgen.runtime.codegen.python import PythonBackend
+
+    for backend in (PythonBackend,):
+        assert backend.__bases__ == (Backend,), backend
+        assert not backend.__abstractmethods__, backend.__abstractmethods__
 
 
 def test_modules_stay_small() -> None:

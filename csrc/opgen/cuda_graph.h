@@ -1,4 +1,4 @@
-// GraphRunner: replays a captured CUDA graph for opgen's CUDA-graph mode (opgen.runtime.cuda_graphs).
+// GraphRunner: replays a captured CUDA graph for opgen's CUDA-graph mode (opgen.runtime.execution.cuda_graphs).
 // Compiled only into CUDA builds (OPGEN_WITH_CUDA).
 #pragma once
 

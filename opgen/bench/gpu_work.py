@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from opgen.bench import models
-from opgen.bench.graphs import _max_err
 from opgen.bench.graphs_cuda import ready
-from opgen.bench.timing import format_table, interleaved, target_line
+from opgen.bench.timing import format_table, interleaved, max_error, target_line
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen_unfused", "opgen", "opgen_graphs_unfused", "opgen_graphs")
 LABELS = {
@@ -106,7 +105,7 @@ def run_case(case: models.Case, candidates: Sequence[str], calls: int, repeats: 
         for name in candidates:
             call, out, seconds = ready(lambda name=name: _build(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
             compile_s.append(seconds)
-            errors.append(_max_err(out, reference))
+            errors.append(max_error(out, reference))
             for _ in range(3):
                 call()
             work.append(gpu_work(call, calls))

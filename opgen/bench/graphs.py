@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from opgen.bench import models
-from opgen.bench.timing import Timing, format_table, interleaved
+from opgen.bench.timing import Timing, format_table, interleaved, max_error
 
 CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_backend")
 LABELS = {
@@ -90,11 +90,6 @@ BUILDERS = {
 }
 
 
-def _max_err(out: Any, ref: Any) -> float:
-    outs, refs = torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(ref)
-    return max((float((o - r).abs().max()) for o, r in zip(outs, refs, strict=True) if o.numel()), default=0.0)
-
-
 def build(
     case: models.Case, candidates: Sequence[str]
 ) -> tuple[list[Callable[[], Any]], list[float], list[float | None], list[float]]:
@@ -109,7 +104,7 @@ def build(
         compile_s.append(time.perf_counter() - start)
         report = getattr(getattr(call, "func", None), "report", None)  # opgen.compile's result reports export time
         codegen_s.append(compile_s[-1] - report().export_seconds if name == "opgen" and report else None)
-        errors.append(_max_err(out, reference))
+        errors.append(max_error(out, reference))
         calls.append(call)
         print(
             f"  {case.name}: {LABELS[name]} ready in {compile_s[-1]:.2f} s (max abs err {errors[-1]:.2e})", flush=True

@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from opgen.bench import models
-from opgen.bench.graphs import _max_err
-from opgen.bench.timing import format_table, interleaved, target_line
+from opgen.bench.timing import format_table, interleaved, max_error, target_line
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
 LABELS = {
@@ -84,7 +83,7 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
         for name in candidates:
             call, out, seconds = ready(lambda name=name: _build(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
             compile_s.append(seconds)
-            errors.append(_max_err(out, reference))
+            errors.append(max_error(out, reference))
             calls.append(call)
             print(f"  {case.name}: {LABELS[name]} ready in {compile_s[-1]:.2f} s (max abs err {errors[-1]:.1e})",
                   flush=True)  # fmt: skip

@@ -6,6 +6,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +111,11 @@ def _cell(value: object) -> str:
 def target_line(what: str, value: float, limit: float) -> str:
     """One line of an issue's definition of done, as measured: `  what: 0.830 (target <= 1.000): met`."""
     return f"  {what}: {value:.3f} (target <= {limit:.3f}): {'met' if value <= limit else 'NOT met'}"
+
+
+def max_error(out: Any, ref: Any) -> float:
+    """The largest absolute difference between two outputs (pytrees of tensors)."""
+    from torch.utils import _pytree  # timing itself needs no torch
+
+    outs, refs = _pytree.tree_leaves(out), _pytree.tree_leaves(ref)
+    return max((float((o - r).abs().max()) for o, r in zip(outs, refs, strict=True) if o.numel()), default=0.0)

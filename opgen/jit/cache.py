@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from opgen.disk import cache_dir, write_atomic
 from opgen.jit.binary import KernelBinary
-from opgen.runtime.cache import cache_dir, write_atomic
 
 
 @dataclass

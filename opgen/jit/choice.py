@@ -19,9 +19,9 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opgen.errors import OpgenWarning
 from opgen.jit import cache, env
 from opgen.jit.autotune import median_us, size_key
-from opgen.runtime.errors import OpgenWarning
 
 Candidate = Callable[..., Any]
 

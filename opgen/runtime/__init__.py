@@ -1,10 +1,12 @@
-"""The opgen runtime: FX graph -> wrapper IR -> passes -> generated Python calling kernel_ops.
+"""The opgen runtime: FX graph -> wrapper IR -> passes -> generated code calling kernel_ops.
 
-Entry points: `opgen.compile(model, example_inputs)` (torch.export, no Dynamo on the call path) and
-the torch.compile backend `opgen` (`opgen.runtime.backend.opgen_backend`). Modules, in pipeline
-order: export (capture), lower (graph -> IR), ir, registry, passes/, python_backend (IR -> source),
-artifact + cache (the compiled graph as data, on disk), executor (data -> callable), guards (the
-input check), api and backend (the two entry points).
+Entry points: `opgen.compile(model, example_inputs)` (`api`: torch.export, no Dynamo on the call
+path) and the torch.compile backend `opgen` (`dynamo_backend`); `pipeline` takes one graph through
+the rooms, each a package in data-flow order: `capture` (graph and signature), `lowering` (graph ->
+IR), `ir` (the IR) with `registry` (what kernel_ops binds), `passes` (IR -> IR, fusion inside),
+`codegen` (IR -> source, one backend per language), `artifact` (the compiled graph as data, and its
+disk cache), `execution` (artifact -> callable: executor, input checks, CUDA graphs). Which room may
+import which is `tests/test_layering.py`.
 """
 
 from __future__ import annotations

@@ -26,18 +26,19 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from opgen.runtime import executor
-from opgen.runtime.artifact import CompiledGraph
-from opgen.runtime.automatic import Dynamic as _Dynamic
-from opgen.runtime.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
-from opgen.runtime.dynamic_guards import explain, input_check, is_dynamic
+from opgen.runtime.artifact.compiled import CompiledGraph
+from opgen.runtime.capture.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
-from opgen.runtime.export import as_module, constants_of, export_program, model_name, signature_of
-from opgen.runtime.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
+from opgen.runtime.execution import executor
+from opgen.runtime.execution.automatic import Dynamic as _Dynamic
+from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
+from opgen.runtime.execution.dynamic_guards import explain, input_check, is_dynamic
+from opgen.runtime.execution.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
+from opgen.runtime.execution.size_classes import sub_ranges
+from opgen.runtime.ir.sizes import SizeRange
+from opgen.runtime.lowering.symbolic import graph_symbols, ranges_of
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
 from opgen.runtime.report import Report, jit_lines
-from opgen.runtime.size_classes import sub_ranges
-from opgen.runtime.symbolic import SizeRange, graph_symbols, ranges_of
 
 Compiled = Callable[..., Any]
 
@@ -63,7 +64,7 @@ def compile(
     passes: IR passes to run (default: `opgen.runtime.pipeline.default_pipeline()`; see `passes.PASSES`).
     cache: read and write compiled graphs under OPGEN_CACHE_DIR (default ~/.cache/opgen).
     cuda_graphs: capture each specialization into a CUDA graph on its first call and replay it
-        afterwards (see `opgen.runtime.cuda_graphs`); graphs that cannot be captured run plain, with
+        afterwards (see `opgen.runtime.execution.cuda_graphs`); graphs that cannot be captured run plain, with
         a warning and a line in `report()`.
     static_outputs: with cuda_graphs, return the graph's own output buffers instead of fresh
         tensors: no copy, but the next call overwrites them.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from opgen.errors import OpgenError, OpgenWarning
 
-class OpgenError(RuntimeError):
-    """Base class of the runtime's own errors."""
+__all__ = ["OpgenError", "OpgenWarning"]  # re-exported: the runtime's errors derive from them
 
 
 class UnsupportedOpError(OpgenError):
@@ -38,7 +38,3 @@ class InputMismatchError(ValueError):
 
 class InputTypeError(TypeError):
     """An input has the wrong type or dtype."""
-
-
-class OpgenWarning(UserWarning):
-    """The category of every warning opgen itself gives; each says what to do about it."""

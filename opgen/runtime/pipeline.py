@@ -13,15 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from opgen.runtime import cache
-from opgen.runtime.artifact import CompiledGraph, compiled_graph
-from opgen.runtime.export import graph_fingerprint
-from opgen.runtime.lower import GraphSignature, LowerOptions, lower
+from opgen.runtime.artifact import cache
+from opgen.runtime.artifact.compiled import CompiledGraph, compiled_graph
+from opgen.runtime.capture.export import graph_fingerprint
+from opgen.runtime.codegen.python import emit
+from opgen.runtime.ir.sizes import SizeRange
+from opgen.runtime.lowering.lower import LowerOptions, lower
+from opgen.runtime.lowering.signature import GraphSignature
 from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
 from opgen.runtime.passes.analysis import written_names
-from opgen.runtime.python_backend import emit
 from opgen.runtime.registry import KernelRegistry, load_registry
-from opgen.runtime.symbolic import SizeRange
 
 
 def default_pipeline() -> tuple[str, ...]:

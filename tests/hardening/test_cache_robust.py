@@ -14,13 +14,13 @@ import torch
 
 import opgen
 from opgen.bench.models import ReshapeAdd
-from opgen.runtime import cache
+from opgen.runtime.artifact import cache
 
 WRITER = """
 import sys
 from pathlib import Path
-from opgen.runtime import cache
-from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.artifact import cache
+from opgen.runtime.artifact.compiled import CompiledGraph
 graph = CompiledGraph.from_json(Path(sys.argv[1]).read_text())
 role, rounds = sys.argv[2], int(sys.argv[3])
 torn = 0

@@ -21,7 +21,7 @@ import torch
 
 import opgen
 from opgen.runtime.ir import FusedKernel, Program, TensorMeta, Value
-from opgen.runtime.passes.fusion import fuse
+from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.pipeline import default_pipeline
 from opgen.runtime.registry import KernelRegistry
 
@@ -93,7 +93,7 @@ class InterpretedBinding:
     """Runs every config of the kernel in Triton's interpreter and checks it against the ATen calls."""
 
     def __init__(self, spec: FusedKernel, checks: list[str], tolerance: dict[str, float]) -> None:
-        from opgen.jit.fused import load_function
+        from opgen.runtime.execution.fused import load_function
 
         self.spec = spec
         self.fn = load_function(spec, prefix="opgen_interpreted")  # not the GPU's JITFunction of it
@@ -131,8 +131,8 @@ def compile_fused(
 
     Without `run_triton` each fused kernel is bound to its ATen calls alone (no triton needed).
     """
-    from opgen.jit import fused as fused_module
     from opgen.runtime import passes
+    from opgen.runtime.execution import fused as fused_module
 
     checks: list[str] = []
     tol = tolerance or {}

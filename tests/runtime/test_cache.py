@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from opgen.runtime import cache
-from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.artifact import cache
+from opgen.runtime.artifact.compiled import CompiledGraph
 
 SCRIPT = """
 import json, torch, opgen

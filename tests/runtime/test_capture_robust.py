@@ -14,10 +14,10 @@ import dataclasses
 import pytest
 import torch
 
-from opgen.runtime import export
-from opgen.runtime.decompositions import KEEP_FUSED, decomposition_table, kept_ops
+from opgen.runtime.capture import export
+from opgen.runtime.capture.decompositions import KEEP_FUSED, decomposition_table, kept_ops
 from opgen.runtime.errors import UnsupportedOpError
-from opgen.runtime.lower import LowerOptions, lower
+from opgen.runtime.lowering.lower import LowerOptions, lower
 
 
 class Pad(torch.nn.Module):

@@ -7,7 +7,7 @@ import torch
 
 import opgen
 from opgen.bench import models
-from opgen.runtime.cuda_graphs import CaptureRefused, output_plans
+from opgen.runtime.execution.cuda_graphs import CaptureRefused, output_plans
 
 
 def test_graph_mode_on_a_cpu_model_runs_plain_and_says_why() -> None:

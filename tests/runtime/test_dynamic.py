@@ -11,7 +11,7 @@ from torch.export import Dim
 
 import opgen
 from opgen.bench.models import GPTBlock
-from opgen.runtime.backend import opgen_backend
+from opgen.runtime.dynamo_backend import opgen_backend
 from opgen.runtime.errors import InputMismatchError
 
 
@@ -198,9 +198,9 @@ def test_inputs_sharing_a_size_must_agree() -> None:
 def test_the_ranged_check_in_cpp_agrees_with_the_generated_one() -> None:
     from opgen._C import RangedInputCheck
 
-    from opgen.runtime.dynamic_guards import dynamic_check, input_check
-    from opgen.runtime.guards import InputSpec
-    from opgen.runtime.symbolic import SizeRange
+    from opgen.runtime.execution.dynamic_guards import dynamic_check, input_check
+    from opgen.runtime.execution.guards import InputSpec
+    from opgen.runtime.ir.sizes import SizeRange
 
     specs = (
         InputSpec("x", (1, "s0", 4), ("4*s0", 4, 1), "float32", "cpu"),

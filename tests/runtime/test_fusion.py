@@ -18,13 +18,13 @@ from fusion_interp import compile_fused, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 from opgen.jit.choice import Choice
-from opgen.runtime.artifact import CompiledGraph
+from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.errors import OpgenWarning
-from opgen.runtime.fusion.groups import find_groups
-from opgen.runtime.fusion.ops import Operand as Op
-from opgen.runtime.fusion.ops import common_type, literal, pointwise
-from opgen.runtime.fusion.triton import kernel
 from opgen.runtime.ir import KernelCall, Program
+from opgen.runtime.passes.fusion.groups import find_groups
+from opgen.runtime.passes.fusion.ops import Operand as Op
+from opgen.runtime.passes.fusion.ops import common_type, literal, pointwise
+from opgen.runtime.passes.fusion.triton import kernel
 
 torch.manual_seed(0)
 
@@ -327,8 +327,8 @@ def test_a_failing_candidate_falls_back_to_the_reliable_one_with_a_warning() -> 
 
 
 def test_kernel_source_for_a_hand_built_group() -> None:
-    from opgen.runtime.fusion.groups import FusedGroup, Step, Tensor
     from opgen.runtime.ir import Ref, TensorMeta
+    from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor
 
     x = Tensor("x", TensorMeta((2, 3), (1, 2), "float16", "cuda:0"))  # column-major input
     out = Tensor("y", TensorMeta((2, 3), (3, 1), "float16", "cuda:0"))

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from opgen import kernel_ops
-from opgen.runtime import executor
-from opgen.runtime.artifact import compiled_graph
+from opgen.runtime.artifact.compiled import compiled_graph
+from opgen.runtime.codegen.python import emit
+from opgen.runtime.execution import executor
 from opgen.runtime.ir import (
     Alloc,
     Free,
@@ -34,7 +35,6 @@ from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
-from opgen.runtime.python_backend import emit
 
 
 def meta(*shape: int, dtype: str = "float32") -> TensorMeta:

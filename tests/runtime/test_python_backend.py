@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from opgen import kernel_ops
-from opgen.runtime import executor
-from opgen.runtime.artifact import compiled_graph
-from opgen.runtime.guards import PROCEED
+from opgen.runtime.artifact.compiled import compiled_graph
+from opgen.runtime.codegen.python import emit, fallback_local, literal
+from opgen.runtime.execution import executor
+from opgen.runtime.execution.guards import PROCEED
 from opgen.runtime.ir import (
     Alloc,
     Comment,
@@ -28,7 +29,6 @@ from opgen.runtime.ir import (
     Value,
     View,
 )
-from opgen.runtime.python_backend import emit, fallback_local, literal
 
 F32 = TensorMeta((2, 3), (3, 1), "float32", "cpu")
 

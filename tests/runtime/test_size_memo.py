@@ -11,6 +11,8 @@ from torch.export import Dim
 
 import opgen
 from opgen.bench.models import GPTBlock
+from opgen.runtime.codegen.python import emit
+from opgen.runtime.execution.size_classes import sub_ranges
 from opgen.runtime.ir import (
     Alloc,
     Input,
@@ -25,10 +27,8 @@ from opgen.runtime.ir import (
     Value,
     View,
 )
+from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.passes.memo import memoize_sizes
-from opgen.runtime.python_backend import emit
-from opgen.runtime.size_classes import sub_ranges
-from opgen.runtime.symbolic import SizeRange
 
 S = SizeExpr("s0", ("s0",))
 SEQ = Dim("seq", min=1, max=64)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import opgen
-from opgen.runtime import source_lines
+from opgen.runtime.execution import source_lines
 
 
 class Owner:

@@ -30,7 +30,7 @@ from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
-from opgen.runtime.passes.fusion import fuse
+from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memo import memoize_sizes

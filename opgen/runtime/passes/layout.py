@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, Size, Sym, TensorMeta, Value, meta_table, uses
+from opgen.runtime.ir.sizes import product
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.registry import KernelRegistry
-from opgen.runtime.sizes import product
 
 POOL = "max_pool2d_with_indices"
 MIN_CHANNELS = 8

@@ -50,6 +50,7 @@ from opgen.runtime.ir import (
     refs,
     substitute_line,
 )
+from opgen.runtime.ir.sizes import product, upper_bound
 from opgen.runtime.passes.analysis import (
     Groups,
     alias_groups,
@@ -60,7 +61,6 @@ from opgen.runtime.passes.analysis import (
     setup_names,
 )
 from opgen.runtime.registry import KernelRegistry, OpInfo
-from opgen.runtime.sizes import product, upper_bound
 
 COMMUTATIVE = frozenset({"aten::add.Tensor", "aten::mul.Tensor", "aten::maximum", "aten::minimum"})
 FREE_BYTES = 64 * 1024

@@ -6,11 +6,11 @@ weight become `kernel_ops.mkldnn_linear_pointwise(x, packed, b, "none", (), "")`
 sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
 single-row products stay as they are. A symbolic row count (dynamic shapes) is packed for the
 largest row count its range allows (packing for 8 rows runs 256 rows 1.7x slower than packing for
-256; for small counts the largest costs nothing) and calls `opgen.runtime.linear_rows.linear`,
+256; for small counts the largest costs nothing) and calls `opgen.runtime.execution.linear_rows.linear`,
 which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call (its post-ops
 are relu and gelu only); where the rows are one size symbol, the program records the split
 (`Program.splits`) and `opgen.compile` compiles the range below MIN_ROWS and the rest apart
-(`opgen.runtime.size_classes`), so that each decides here: a range below MIN_ROWS keeps the
+(`opgen.runtime.execution.size_classes`), so that each decides here: a range below MIN_ROWS keeps the
 product (planned into persistent buffers like a static one), a range from MIN_ROWS up calls oneDNN
 directly. An activation (relu, gelu, silu, sigmoid, tanh, hardswish,
 hardsigmoid, leaky_relu, hardtanh) that is the only reader of the result becomes the call's post-op
@@ -26,17 +26,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, SizeExpr, TensorMeta, Value, meta_table, uses
+from opgen.runtime.ir.sizes import lower_bound, upper_bound
 from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
 from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
-from opgen.runtime.sizes import lower_bound, upper_bound
 
 Ranges = tuple[tuple[str, int, int | None], ...]
 
 PACK = "mkldnn._reorder_linear_weight.default"
 LINEAR = "mkldnn_linear_pointwise"  # kernel_ops functions (ops.yaml)
 BINARY = "mkldnn_linear_pointwise_binary"
-LINEAR_ROWS = "py:opgen.runtime.linear_rows.linear"  # the same arguments + the transposed weight
+LINEAR_ROWS = "py:opgen.runtime.execution.linear_rows.linear"  # the same arguments + the transposed weight
 ROWS_POST_OPS = ("relu", "gelu")  # what linear_rows applies itself below MIN_ROWS
 MIN_ROWS = 8
 

@@ -1,0 +1,162 @@
+"""The compiled artifact: generated source plus what binding it needs. It knows nothing of execution.
+
+A `CompiledGraph` is plain data: the source text, the input specs its check compares against, the
+kernels, ATen ops, symbols and constant keys the source binds, how outputs are rebuilt, and the
+report facts. It round-trips through JSON, which is how the disk cache stores it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from opgen.runtime.codegen.backend import Source
+from opgen.runtime.ir import FusedKernel, Input, JitKernelSpec, KernelChoice, Program, TensorMeta, Value
+from opgen.runtime.ir.sizes import SizeRange
+
+FORMAT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """What an input must be; with dynamic shapes, sizes and strides may be size texts (`s27`, `16*s27`)."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    stride: tuple[int | str, ...]
+    dtype: str
+    device: str
+
+    @classmethod
+    def of(cls, i: Input) -> InputSpec:
+        shape = tuple(n if isinstance(n, int) else n.text for n in i.meta.shape)
+        stride = tuple(n if isinstance(n, int) else n.text for n in i.meta.stride)
+        return cls(i.name, shape, stride, i.meta.dtype, i.meta.device)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGraph:
+    key: str
+    name: str  # the generated function
+    source: str
+    inputs: tuple[InputSpec, ...]
+    kernels: tuple[str, ...]
+    fallbacks: tuple[str, ...]  # ATen ops the source calls (`aten.sort.default`)
+    symbols: tuple[tuple[str, str, str], ...]  # (local, kind, value)
+    constants: tuple[tuple[str, str], ...]  # (local, key into the constants mapping)
+    written_inputs: tuple[int, ...] = ()  # positions of inputs the graph writes
+    written_constants: tuple[str, ...] = ()  # keys of constants (buffers) the graph writes
+    jit_kernels: tuple[JitKernelSpec, ...] = ()  # Triton kernels it launches (see opgen/jit)
+    choices: tuple[KernelChoice, ...] = ()  # nodes whose kernel is picked on the first call
+    fused: tuple[FusedKernel, ...] = ()  # generated Triton kernels of fused node groups (their `lines` dropped)
+    direct_nodes: int = 0
+    fallback_nodes: tuple[tuple[str, str], ...] = ()
+    passes: tuple[str, ...] = ()
+    codegen_seconds: float = 0.0
+    ranges: tuple[tuple[str, int, int | None], ...] = ()  # dynamic shapes: (size symbol, low, high or None)
+    notes: tuple[str, ...] = ()  # what passes said about symbolic sizes, for report()
+    splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): worth compiling below n and from n apart
+    from_cache: bool = field(default=False, compare=False)
+
+    @property
+    def size_ranges(self) -> tuple[SizeRange, ...]:
+        return tuple(SizeRange(*r) for r in self.ranges)
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.ranges)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.pop("from_cache")
+        return json.dumps({"format": FORMAT, **data}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CompiledGraph:
+        data: dict[str, Any] = json.loads(text)
+        if data.pop("format", None) != FORMAT:
+            raise ValueError("compiled graph written by another opgen format version")
+        data["inputs"] = tuple(
+            InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"]) for s in data["inputs"]
+        )
+        for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants", "notes"):
+            data[name] = tuple(data[name])
+        for name in ("symbols", "constants", "fallback_nodes", "ranges", "splits"):
+            data[name] = tuple(tuple(item) for item in data[name])
+        data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
+        data["choices"] = tuple(
+            KernelChoice(c["local"], tuple(c["candidates"]), c["node"], c["target"]) for c in data.get("choices", ())
+        )
+        data["fused"] = tuple(_fused(f) for f in data.get("fused", ()))
+        return cls(**data, from_cache=True)
+
+    @property
+    def cacheable(self) -> bool:
+        """Can another process rebuild it from disk? (Every Triton kernel importable by name.)"""
+        return all(k.importable for k in self.jit_kernels)
+
+    def cached(self) -> CompiledGraph:
+        return replace(self, from_cache=True)
+
+
+def compiled_graph(
+    key: str, program: Program, source: Source, written: Collection[str] = frozenset(), **facts: Any
+) -> CompiledGraph:
+    """The artifact of a program; `written` names the inputs and constants its body writes."""
+    return CompiledGraph(
+        key=key,
+        name=program.name,
+        source=source.text,
+        inputs=tuple(InputSpec.of(i) for i in program.inputs),
+        kernels=source.manifest.kernels,
+        fallbacks=source.manifest.fallbacks,
+        symbols=tuple((local, sym.kind, sym.value) for local, sym in source.manifest.symbols),
+        constants=source.manifest.constants,
+        written_inputs=tuple(i for i, spec in enumerate(program.inputs) if spec.name in written),
+        written_constants=tuple(c.key for c in program.constants if c.name in written),
+        notes=program.notes,
+        splits=program.splits,
+        jit_kernels=program.jit_kernels,
+        choices=program.choices,
+        fused=tuple(replace(f, lines=()) for f in program.fused),
+        **facts,
+    )
+
+
+def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:
+    configs = _configs(data["configs"])
+    examples = tuple((kind, _tuples(value)) for kind, value in data["examples"])
+    return JitKernelSpec(data["local"], data["kernel"], tuple(data["params"]), configs, tuple(data["mutates"]),
+                         examples, data["node"], data["importable"])  # fmt: skip
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back to the tuples the IR holds."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _configs(data: Any) -> Any:
+    return tuple(
+        (tuple((k, _tuples(v)) for k, v in meta), warps, stages, tuple(grid)) for meta, warps, stages, grid in data
+    )
+
+
+def _fused(data: dict[str, Any]) -> FusedKernel:
+    def value(v: dict[str, Any]) -> Value:
+        m = v["meta"]
+        meta = TensorMeta(tuple(m["shape"]), tuple(m["stride"]), m["dtype"], m["device"], m["offset"])
+        return Value(v["name"], meta)
+
+    return FusedKernel(
+        local=data["local"],
+        name=data["name"],
+        source=data["source"],
+        inputs=tuple(data["inputs"]),
+        input_dtypes=tuple(data["input_dtypes"]),
+        outputs=tuple(value(v) for v in data["outputs"]),
+        configs=_configs(data["configs"]),
+        nodes=tuple(data["nodes"]),
+        describe=data["describe"],
+    )

@@ -1,0 +1,333 @@
+"""CUDA-graph mode: each specialization of a compiled function is captured once, then replayed from C++.
+
+What is captured is the plain generated function (`executor.bind`). The function handed out is an
+`opgen._C.GraphRunner`, a C++ callable. Its first call with inputs it was compiled for runs the plain
+function and returns that result; then the function is warmed up once on a side stream, captured
+into a CUDA graph from the memory pool all graphs of the compiled model share, and the runner is
+armed with it. From the second call on, the runner checks the inputs in C++ (inputs it was not
+captured for go to the plain function and its slow path), copies them into the static input
+buffers (copy nodes of the graph itself, switched off for a tensor that already is its static
+buffer: `compiled.static_inputs`), launches the graph on the caller's current stream and returns
+the outputs. Inputs the graph writes are copied back. A fresh output the caller has dropped (no
+reference, no view) backs the next call's output instead of a new allocation.
+
+Outputs: by default fresh tensors the caller owns (one more copy node per output). With
+`static_outputs=True` the graph's own output buffers are returned: no copy, but the next call
+overwrites them, so a caller keeping a result across calls must clone it. Outputs that are inputs
+or views of inputs are views of the caller's tensors, as in plain mode; constants are returned as
+they are.
+
+The plain function runs instead, with one warning and a line in `report()`, where a replay could
+not be faithful: no CUDA tensor, several devices, random ops (a replay repeats their numbers),
+outputs that share memory in a way copies cannot reproduce, a graph compiled for dynamic shapes
+(its sizes change per call; static specializations are still captured), or a failed capture (an
+op that synchronizes with the host, a CPU tensor copied in).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from opgen.runtime.artifact.compiled import CompiledGraph
+from opgen.runtime.errors import OpgenWarning
+from opgen.runtime.execution.executor import resolve_op
+from opgen.runtime.execution.guards import fast_check
+from opgen.runtime.registry import KernelRegistry
+
+Compiled = Callable[..., Any]
+
+
+class CaptureRefused(Exception):
+    """This graph cannot be replayed faithfully; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphOptions:
+    static_outputs: bool = False  # return the graph's own output buffers (overwritten by the next call)
+    warmup: int = 1  # plain runs on the capture stream before capturing (lazy initialisation)
+
+
+@dataclass
+class GraphStatus:
+    """How one specialization runs: replayed from a captured graph, or plain (and why)."""
+
+    captured: bool = False
+    reason: str | None = None  # why it runs plain
+    capture_seconds: float = 0.0
+
+    def line(self) -> str:
+        if self.captured:
+            return f"CUDA graph: captured on the first call ({self.capture_seconds:.2f} s), replayed since"
+        if self.reason is not None:
+            return f"CUDA graph: not used, running the plain generated code: {self.reason}"
+        return "CUDA graph: not captured yet (the first call with fitting inputs captures it)"
+
+
+@dataclass
+class _Pool:
+    """The memory pool, capture stream and stream fence the graphs of one model share on a device."""
+
+    device: torch.device
+    handle: Any = field(init=False)
+    stream: torch.cuda.Stream = field(init=False)
+    fence: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        from opgen._C import StreamFence
+
+        self.handle = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(self.device)
+        self.fence = StreamFence()
+
+
+class CudaGraphs:
+    """The CUDA-graph mode of one compiled model: its options, pools, and the one warning it gives."""
+
+    def __init__(self, options: GraphOptions, model: str, registry: KernelRegistry) -> None:
+        self.options = options
+        self.model = model
+        self.registry = registry
+        self.pools: dict[torch.device, _Pool] = {}
+        self.warned = False
+
+    def wrap(
+        self,
+        plain: Compiled,
+        graph: CompiledGraph,
+        constants: Mapping[str, torch.Tensor],
+        fixed: Sequence[int] = (),
+    ) -> Compiled:
+        """The function to hand out: captures on its first fitting call, then replays.
+
+        `fixed` are inputs always passed at one address (parameters under torch.compile): they are
+        not copied, and a call passing another tensor for one of them runs the plain function.
+        """
+        status = GraphStatus()
+        try:
+            if graph.dynamic:
+                raise CaptureRefused("dynamic shapes (a graph is captured for fixed sizes; compile with static shapes)")
+            device = graph_device(graph, constants)
+            refuse_random_ops(graph, self.registry)
+        except CaptureRefused as exc:
+            self.refuse(status, str(exc), stacklevel=4)  # wrap <- build <- compile <- caller
+            plain.graph_status = status  # type: ignore[attr-defined]
+            return plain
+        capture = _Capture(self, plain, graph, constants, self.pool(device), frozenset(fixed), status)
+        return capture.forward()
+
+    def pool(self, device: torch.device) -> _Pool:
+        if device not in self.pools:
+            self.pools[device] = _Pool(device)
+        return self.pools[device]
+
+    def refuse(self, status: GraphStatus, reason: str, stacklevel: int) -> None:
+        """Record why `status`'s graph runs plain; warn (pointing at the caller's line) once per model."""
+        status.reason = reason
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"opgen: CUDA graphs not used for {self.model}: {reason}; it runs as plain generated code "
+                "(compile with cuda_graphs=False to say so and silence this)",
+                OpgenWarning,
+                stacklevel=stacklevel + 1,
+            )
+
+
+def graph_device(graph: CompiledGraph, constants: Mapping[str, torch.Tensor]) -> torch.device:
+    """The one CUDA device the graph runs on."""
+    devices = {torch.device(spec.device) for spec in graph.inputs}
+    devices |= {constants[key].device for _, key in graph.constants if key in constants}
+    cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+    if not cuda:
+        raise CaptureRefused("the graph has no CUDA tensors (it runs on the CPU)")
+    if len(cuda) > 1:
+        raise CaptureRefused(f"the graph spans several devices ({', '.join(map(str, cuda))})")
+    return cuda[0] if cuda[0].index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def _aten_op(aten: str) -> Any:
+    """`aten::add.Tensor` -> torch.ops.aten.add.Tensor; `aten::relu` -> torch.ops.aten.relu.default."""
+    target = aten.replace("::", ".")
+    return resolve_op(target if target.count(".") > 1 else target + ".default")
+
+
+def refuse_random_ops(graph: CompiledGraph, registry: KernelRegistry) -> None:
+    atens = [registry.by_name[k].aten for k in graph.kernels if k in registry.by_name]
+    ops = [_aten_op(a) for a in atens if a.startswith("aten::")]  # not opgen::<Triton op>
+    ops += [resolve_op(target) for target in graph.fallbacks]
+    seeded = sorted(str(op) for op in ops if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()))
+    if seeded:
+        raise CaptureRefused(f"random ops ({', '.join(seeded)}) would replay the same numbers every call")
+
+
+@dataclass
+class _Capture:
+    """The first call of one specialization: run it plain, capture it, arm the runner the caller holds."""
+
+    graphs: CudaGraphs
+    plain: Compiled
+    graph: CompiledGraph
+    constants: Mapping[str, torch.Tensor]
+    pool: _Pool
+    fixed: frozenset[int]
+    status: GraphStatus
+    runner: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one capture, even from several threads
+
+    def forward(self) -> Compiled:
+        """The function handed out: the C++ runner, which calls `first_call` until it holds a graph."""
+        from opgen._C import GraphRunner
+
+        self.runner = GraphRunner(self.first_call)
+        self.runner.graph_status = self.status
+        self.runner.static_inputs = ()
+        return self.runner  # type: ignore[no-any-return]
+
+    def first_call(self, *args: Any) -> Any:
+        result = self.plain(*args)  # checks the inputs; others go to their own specialization
+        if not fast_check(self.graph.inputs)(*args):
+            return result
+        with self.lock:
+            if self.runner.fallback is not self.plain:  # not captured (or refused) by another thread meanwhile
+                self.runner.fallback = self.plain  # from now on, inputs that do not fit run plain
+                self.capture_or_refuse(args)
+        return result
+
+    def capture_or_refuse(self, args: tuple[Any, ...]) -> None:
+        start = time.perf_counter()
+        try:
+            self.capture(args)
+        except CaptureRefused as exc:
+            self.graphs.refuse(self.status, str(exc), stacklevel=3)  # capture_or_refuse <- first_call <- caller
+        except Exception as exc:  # a capture that fails for any reason: never the caller's problem
+            torch.cuda.synchronize(self.pool.device)
+            reason = f"capture failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+            self.graphs.refuse(self.status, reason, stacklevel=3)
+        else:
+            self.status.captured = True
+            self.status.capture_seconds = time.perf_counter() - start
+
+    def capture(self, args: tuple[Any, ...]) -> None:
+        from opgen._C import arm_graph_runner
+
+        statics = [
+            a if i in self.fixed else torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            for i, a in enumerate(args)
+        ]
+        caller = torch.cuda.current_stream(self.pool.device)
+        written = [self.constants[key] for key in self.graph.written_constants]
+        with torch.cuda.device(self.pool.device):
+            self.pool.stream.wait_stream(caller)
+            with torch.cuda.stream(self.pool.stream):
+                saved = [t.clone() for t in written]  # warm-up runs must not advance buffers
+                for static, arg in zip(statics, args, strict=True):
+                    if static is not arg:
+                        static.copy_(arg)
+                for _ in range(self.graphs.options.warmup):
+                    self.plain(*statics)
+                for t, value in zip(written, saved, strict=True):
+                    t.copy_(value)
+            cuda_graph = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(cuda_graph, pool=self.pool.handle, stream=self.pool.stream,
+                                  capture_error_mode="thread_local"):  # fmt: skip
+                out = self.plain(*statics)
+            caller.wait_stream(self.pool.stream)
+        single = isinstance(out, torch.Tensor)
+        leaves, spec = pytree.tree_flatten(out)
+        plans = output_plans(leaves, statics, self.fixed, pool_ranges(self.pool), self.graphs.options.static_outputs)
+        inputs = [
+            ((a.dtype, a.device, tuple(a.shape), a.stride()), s, i in self.fixed, i in self.graph.written_inputs)
+            for i, (a, s) in enumerate(zip(args, statics, strict=True))
+        ]
+        if not single and not (type(out) is tuple and all(isinstance(x, torch.Tensor) for x in out)):
+            self.runner.rebuild = lambda flat: pytree.tree_unflatten(list(flat), spec)
+        arm_graph_runner(
+            self.runner, cuda_graph.raw_cuda_graph(), inputs, plans, single, self.pool.device.index, self.pool.fence,
+            list(args), (cuda_graph, statics, leaves),
+        )  # fmt: skip
+        self.runner.static_inputs = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
+
+
+def pool_ranges(pool: _Pool) -> list[tuple[int, int]]:
+    """Address ranges of the segments of the pool's memory (what the captured graph allocated)."""
+    wanted = tuple(pool.handle)
+    return [
+        (s["address"], s["address"] + s["total_size"])
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s.get("segment_pool_id", ())) == wanted
+    ]
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether the elements fill a range of memory exactly once (some permutation of contiguous)."""
+    expected = 1
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """Element offsets [first, last + 1) a tensor reaches in its storage."""
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) if t.numel() else -1
+    return t.storage_offset(), t.storage_offset() + last + 1
+
+
+def output_plans(
+    leaves: Sequence[Any],
+    statics: Sequence[torch.Tensor],
+    fixed: frozenset[int],
+    ranges: Sequence[tuple[int, int]],
+    static_outputs: bool,
+) -> list[tuple[Any, ...]]:
+    """How the runner produces each output leaf (see GraphRunner in csrc/opgen/cuda_graph.cpp)."""
+    by_storage = {s.untyped_storage().data_ptr(): i for i, s in enumerate(statics) if i not in fixed}
+    in_pool = [
+        isinstance(x, torch.Tensor) and any(lo <= x.untyped_storage().data_ptr() < hi for lo, hi in ranges)
+        for x in leaves
+    ]
+    plans: list[tuple[Any, ...]] = []
+    bases: dict[int, int] = {}  # storage -> the fresh output that copies it
+    for i, leaf in enumerate(leaves):
+        storage = leaf.untyped_storage().data_ptr() if isinstance(leaf, torch.Tensor) else None
+        if storage is not None and storage in by_storage:
+            base = statics[by_storage[storage]]
+            if leaf.dtype != base.dtype:
+                raise CaptureRefused("an output views an input as another dtype")
+            offset = leaf.storage_offset() - base.storage_offset()
+            plans.append(("input_view", by_storage[storage], tuple(leaf.shape), leaf.stride(), offset))
+        elif storage is None or static_outputs or not in_pool[i]:
+            plans.append(("object", leaf))
+        else:
+            plans.append(_fresh_plan(i, leaves, in_pool, bases))
+    return plans
+
+
+def _fresh_plan(i: int, leaves: Sequence[Any], in_pool: Sequence[bool], bases: dict[int, int]) -> tuple[Any, ...]:
+    """A copied output, or a view of the copy of another output whose memory covers it."""
+    leaf = leaves[i]
+    storage = leaf.untyped_storage().data_ptr()
+    sharing = [j for j, x in enumerate(leaves) if in_pool[j] and x.untyped_storage().data_ptr() == storage]
+    if storage not in bases:
+        covering = [j for j in sharing if _dense(leaves[j]) and _covers(leaves[j], [leaves[k] for k in sharing])]
+        if not covering:
+            raise CaptureRefused("outputs share memory in a way per-output copies cannot reproduce")
+        bases[storage] = covering[0]
+    base = bases[storage]
+    if base == i:
+        return ("fresh", leaf)
+    return ("fresh_view", base, tuple(leaf.shape), leaf.stride(), leaf.storage_offset() - leaves[base].storage_offset())
+
+
+def _covers(base: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
+    lo, hi = _extent(base)
+    return all(t.dtype == base.dtype and lo <= _extent(t)[0] and _extent(t)[1] <= hi for t in others)

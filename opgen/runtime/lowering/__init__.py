@@ -1,0 +1,1 @@
+"""Lowering: an ATen-level FX graph -> a wrapper IR `Program` (values, sizes, user Triton kernels)."""

@@ -1,0 +1,273 @@
+"""Which nodes of a program fuse: maximal groups of pointwise nodes, and row reductions joining them.
+
+One walk over the body, in order. A fusible node (`opgen.runtime.passes.fusion.ops`: a functional CUDA
+call with static sizes) joins the open group that defines one of its operands when the shapes fit,
+else it starts a group. A group runs where its last member was, so it closes (takes no more
+members) when anything outside it reads one of its values, and every group closes at a call that
+writes memory (in-place and out= calls, ATen fallbacks, Triton kernels): moving a read across a
+write could change what it reads. Nothing is fused across such a call, a matmul or a convolution,
+since those are never members.
+
+Shapes: a pointwise group iterates over one shape `S` (its members' output shape; operands
+broadcast to it). A row group also holds reductions over the last dimension of `S`: its values
+are full (`S`) or reduced (`S[:-1] + (1,)`, broadcast back along the row); a reduction without
+keepdim is an output only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
+from opgen.runtime.passes.fusion.ops import DTYPES, POINTWISE, ROW_OPS
+from opgen.runtime.registry import BindError, KernelRegistry, bind
+
+MAX_ROW = 8192  # longest row a row kernel holds in registers (float32)
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor a fused kernel reads or writes; `name` is its IR value and the kernel's parameter."""
+
+    name: str
+    meta: TensorMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One graph node inside a fused kernel."""
+
+    node: str
+    target: str  # "aten.mul.Tensor"
+    values: tuple[tuple[str, Arg], ...]  # its arguments by schema name; tensors as `Ref`s
+    outputs: tuple[Tensor | None, ...]  # the values it defines (None: unused)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedGroup:
+    kind: str  # "pointwise" | "row"
+    shape: tuple[int, ...]  # the iteration space S
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]  # the values read after the kernel, in definition order
+    steps: tuple[Step, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.steps)
+
+    def describe(self) -> str:
+        dims = "x".join(map(str, self.shape))
+        if self.kind == "row":
+            rows = 1
+            for n in self.shape[:-1]:
+                rows *= n
+            return f"row kernel, {rows} rows of {self.shape[-1]} ({dims})"
+        return f"pointwise kernel over {dims}"
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A group and where it was: the body indices of its members (it runs at the last)."""
+
+    group: FusedGroup
+    members: tuple[int, ...]
+    lines: tuple[KernelCall, ...]
+
+
+def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
+    metas = meta_table(program)
+    read_later = _readers(program.body)
+    walk = _Walk(metas)
+    for index, line in enumerate(program.body):
+        step = _step(line, registry, metas) if isinstance(line, KernelCall) else None
+        if step is None:
+            walk.outside(line)
+        else:
+            assert isinstance(line, KernelCall)
+            walk.add(index, line, step)
+    walk.close_all()
+    return [found for b in walk.done if (found := b.finish(read_later)) is not None]
+
+
+def _readers(body: Sequence[Line]) -> dict[str, set[int]]:
+    """Value name -> indices of the lines reading it (the Return included)."""
+    readers: dict[str, set[int]] = {}
+    for index, line in enumerate(body):
+        for name in uses(line):
+            readers.setdefault(name, set()).add(index)
+    return readers
+
+
+@dataclass
+class _Building:
+    kind: str
+    shape: tuple[int, ...]
+    device: str
+    members: list[int] = field(default_factory=list)
+    lines: list[KernelCall] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    defined: dict[str, Tensor] = field(default_factory=dict)
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    open: bool = True
+
+    def fits(self, step: Step, metas: dict[str, TensorMeta]) -> bool:
+        if _device(step) != self.device:
+            return False
+        reduced = (*self.shape[:-1], 1)
+        for _, value in step.values:  # values of the group it reads must be full rows or reduced ones
+            if isinstance(value, Ref) and value.name in self.defined:
+                if self.defined[value.name].meta.shape not in (self.shape, reduced):
+                    return False
+        if step.target in ROW_OPS:
+            return _reduced_input(step, metas).shape == self.shape
+        shape = _out_shape(step)
+        return shape == self.shape or (self.kind == "row" and shape == reduced)
+
+    def take(self, index: int, line: KernelCall, step: Step) -> None:
+        if step.target in ROW_OPS:
+            self.kind = "row"
+        self.members.append(index)
+        self.lines.append(line)
+        self.steps.append(step)
+        self.defined.update((t.name, t) for t in step.outputs if t is not None)
+
+    def finish(self, read_later: dict[str, set[int]]) -> Found | None:
+        if len(self.steps) < 2:
+            return None  # one node gains nothing: ATen's own kernel runs it
+        members = set(self.members)
+        outputs = tuple(t for name, t in self.defined.items() if read_later.get(name, set()) - members)
+        if not outputs:
+            return None
+        group = FusedGroup(self.kind, self.shape, tuple(self.inputs.values()), outputs, tuple(self.steps))
+        return Found(group, tuple(self.members), tuple(self.lines))
+
+
+class _Walk:
+    def __init__(self, metas: dict[str, TensorMeta]) -> None:
+        self.metas = metas
+        self.owner: dict[str, _Building] = {}
+        self.open: list[_Building] = []
+        self.done: list[_Building] = []
+
+    def outside(self, line: Line) -> None:
+        """A line that stays: it closes the groups it reads from, or all of them if it writes memory."""
+        if isinstance(line, KernelCall) and (line.mutates or line.fallback or line.jit):
+            self.close_all()
+        elif isinstance(line, Return):
+            self.close_all()
+        for name in uses(line):
+            self._close(self.owner.get(name))
+
+    def add(self, index: int, line: KernelCall, step: Step) -> None:
+        operands = [v.name for _, v in step.values if isinstance(v, Ref)]
+        joined = next(
+            (g for n in operands if (g := self.owner.get(n)) is not None and g.open and g.fits(step, self.metas)),
+            None,
+        )
+        for name in operands:
+            group = self.owner.get(name)
+            if group is not joined:
+                self._close(group)
+        if joined is None:
+            joined = self._start(step)
+            if joined is None:
+                return
+        for name in operands:
+            if name not in joined.defined:
+                joined.inputs.setdefault(name, Tensor(name, self.metas[name]))
+        joined.take(index, line, step)
+        for t in step.outputs:
+            if t is not None:
+                self.owner[t.name] = joined
+
+    def _start(self, step: Step) -> _Building | None:
+        if step.target in ROW_OPS:
+            shape = _reduced_input(step, self.metas).shape
+            kind = "row"
+        else:
+            shape, kind = _out_shape(step), "pointwise"
+        if not shape or any(n == 0 for n in shape):
+            return None
+        group = _Building(kind, shape, _device(step))  # type: ignore[arg-type]
+        self.open.append(group)
+        return group
+
+    def _close(self, group: _Building | None) -> None:
+        if group is not None and group.open:
+            group.open = False
+            self.open.remove(group)
+            self.done.append(group)
+
+    def close_all(self) -> None:
+        for group in list(self.open):
+            self._close(group)
+
+
+def _device(step: Step) -> str:
+    return next(t.meta.device for t in step.outputs if t is not None)
+
+
+def _out_shape(step: Step) -> tuple[int, ...]:
+    first = next(t for t in step.outputs if t is not None)
+    return first.meta.shape  # type: ignore[return-value]
+
+
+def _reduced_input(step: Step, metas: dict[str, TensorMeta]) -> TensorMeta:
+    source = dict(step.values)["input" if step.target == "aten.native_layer_norm.default" else "self"]
+    assert isinstance(source, Ref)
+    return metas[source.name]
+
+
+def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> Step | None:
+    """The node as a fusible step, or None where it must stay an ATen kernel."""
+    if line.fallback or line.jit or line.mutates or not line.outputs:
+        return None
+    if line.target not in POINTWISE and line.target not in ROW_OPS:
+        return None
+    info = registry.by_name.get(line.kernel)
+    if info is None or info.variant != "functional":
+        return None
+    try:
+        values = bind(info, line.args, dict(line.kwargs))
+    except BindError:
+        return None
+    outputs = tuple(None if v is None or v.meta is None else Tensor(v.name, v.meta) for v in line.outputs)
+    tensors = [t.meta for t in outputs if t is not None]
+    for value in refs(tuple(values.values())):
+        meta = metas.get(value)
+        if meta is None:
+            return None  # a non-tensor value by name (a folded shape list): not ours
+        tensors.append(meta)
+    if not tensors or any(t is None for t in outputs[:1]):
+        return None
+    devices = {m.device for m in tensors}
+    if len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
+        return None
+    if any(not m.is_static or m.dtype not in DTYPES or m.span >= 2**31 for m in tensors):
+        return None  # symbolic sizes, odd dtypes, or offsets past int32 indexing
+    step = Step(line.node, line.target, tuple(values.items()), outputs)
+    if line.target in ROW_OPS and not _row_op_fits(step, metas):
+        return None
+    return step
+
+
+def _row_op_fits(step: Step, metas: dict[str, TensorMeta]) -> bool:
+    """A reduction over exactly the last dimension, of a row short enough for registers."""
+    values = dict(step.values)
+    source = _reduced_input(step, metas)
+    rank = len(source.shape)
+    if rank == 0 or not 1 <= source.shape[-1] <= MAX_ROW:  # type: ignore[operator]
+        return False
+    if step.target == "aten.native_layer_norm.default":
+        shape = values["normalized_shape"]
+        return isinstance(shape, tuple) and list(shape) == [source.shape[-1]]
+    dims = values[ROW_OPS[step.target]]
+    dims = dims if isinstance(dims, tuple) else (dims,)
+    if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] not in (-1, rank - 1):
+        return False
+    if step.target in ("aten.sum.dim_IntList", "aten.mean.dim") and values.get("dtype") is not None:
+        return False
+    if step.target in ("aten._softmax.default", "aten._log_softmax.default") and values.get("half_to_float"):
+        return False
+    return True

@@ -1,0 +1,77 @@
+"""GPU fusion: groups of pointwise nodes (and the row reductions that end or join them) become one
+generated Triton kernel each.
+
+`opgen.runtime.passes.fusion.groups` decides the groups, `opgen.runtime.passes.fusion.triton` writes each
+kernel. Here each group's calls leave the body and one call of a `FusedKernel` takes the place of
+the last: it reads the group's inputs and returns the values anything after it reads; values only
+the group reads are never written to memory. At load time the call is bound to a choice between
+the Triton kernel and the ATen calls it replaced, timed on the first call (`opgen.runtime.execution.fused`), so
+fusion never makes a graph slower than its ATen kernels, and a kernel that fails to compile leaves
+the ATen calls running, with a warning.
+
+CUDA values with static sizes only: CPU programs pass through unchanged. Optional, like every pass;
+the default pipeline has it where opgen's JIT can run (`opgen.runtime.pipeline.default_pipeline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref, Value
+from opgen.runtime.passes.analysis import fresh_namer
+from opgen.runtime.passes.fusion.groups import find_groups
+from opgen.runtime.passes.fusion.triton import CodegenError, kernel
+from opgen.runtime.registry import KernelRegistry
+
+
+def fuse(program: Program, registry: KernelRegistry) -> Program:
+    found = find_groups(program, registry)
+    if not found:
+        return program
+    locals_ = fresh_namer(program, "fused")
+    replaced: dict[int, Line | None] = {}
+    fused: list[FusedKernel] = []
+    for item in found:
+        local = next(locals_)
+        name = _kernel_name(local, item.group.nodes)
+        try:
+            generated = kernel(item.group, name)
+        except CodegenError:
+            continue
+        group = item.group
+        spec = FusedKernel(
+            local=local,
+            name=name,
+            source=generated.source,
+            inputs=tuple(t.name for t in group.inputs),
+            input_dtypes=tuple(t.meta.dtype for t in group.inputs),
+            outputs=tuple(Value(t.name, t.meta) for t in group.outputs),
+            configs=generated.configs,
+            nodes=group.nodes,
+            describe=group.describe(),
+            lines=item.lines,
+        )
+        fused.append(spec)
+        for index in item.members:
+            replaced[index] = None
+        replaced[item.members[-1]] = KernelCall(
+            local,
+            tuple(Ref(n) for n in spec.inputs),
+            (),
+            spec.outputs,
+            node=", ".join(group.nodes),
+            target=f"fused Triton kernel {name}",
+            unpack=len(spec.outputs) > 1,
+            jit=True,
+        )
+    if not fused:
+        return program
+    body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
+    return replace(program, body=body, fused=(*program.fused, *fused))
+
+
+def _kernel_name(local: str, nodes: tuple[str, ...]) -> str:
+    """`fused3_mul_softmax`: the call's local name, then its first and last node, as a Python identifier."""
+    ends = (nodes[0], nodes[-1]) if len(nodes) > 1 else nodes[:1]
+    words = "_".join("".join(c if c.isalnum() else "_" for c in n).strip("_") for n in ends)
+    return f"{local}_{words}"[:60]

@@ -1,0 +1,308 @@
+"""The Triton backend of fusion: one `FusedGroup` -> the source of one @triton.jit kernel.
+
+Sizes and strides are fixed (fusion runs on static shapes), so they are literals in the source and
+Triton folds the index arithmetic; tensors are the only parameters, named after the graph's values.
+
+- A pointwise kernel walks the flattened iteration space in blocks of BLOCK elements.
+- A row kernel takes BLOCK_R rows of the iteration space per program, each whole (BLOCK_N >= the
+  row length), so reductions over the last dimension are a `tl.sum`/`tl.max` over axis 1, and
+  their results, one per row ([BLOCK_R, 1]), broadcast back along the row.
+
+Every load computes an address from the tensor's own strides against the iteration space (a
+broadcast dimension has stride 0 there), so strided, expanded and channels-last operands need no
+copy; an operand that is contiguous in the iteration order is read with the running offset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opgen.runtime.ir import Ref, contiguous_strides
+from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor
+from opgen.runtime.passes.fusion.ops import TL, Operand, cast, compute_type, pointwise
+
+Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
+
+
+class CodegenError(Exception):
+    """A node the Triton backend cannot express (the pass leaves its group to ATen)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    name: str
+    source: str
+    configs: tuple[Config, ...]
+
+
+def kernel(group: FusedGroup, name: str) -> Kernel:
+    body = _Body(group)
+    for step in group.steps:
+        body.step(step)
+    for out in group.outputs:
+        body.store(out)
+    params = tuple(t.name for t in (*group.inputs, *group.outputs))
+    meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
+    nodes = ", ".join(f"{s.node} ({s.target})" for s in group.steps)
+    lines = [
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+        "@triton.jit",
+        f"def {name}({', '.join(params)}, {meta}):",
+        *_wrap(f"# graph nodes: {nodes}", "    # "),
+        f"    # {group.describe()}",
+        *(f"    {line}" for line in (*_prologue(group), *body.lines)),
+        "",
+    ]
+    return Kernel(name, "\n".join(lines), _configs(group))
+
+
+def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
+    words, lines, line = text.removeprefix("# ").split(" "), [], ""
+    for word in words:
+        if line and len(indent) + len(line) + len(word) + 1 > width:
+            lines.append(indent + line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, indent + line]
+
+
+def _prologue(group: FusedGroup) -> list[str]:
+    if group.kind == "row":
+        rows, n = math.prod(group.shape[:-1]), group.shape[-1]
+        return [
+            "rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+            "cols = tl.arange(0, BLOCK_N)[None, :]",
+            f"rmask = rows < {rows}",
+            f"cmask = cols < {n}",
+            "mask = rmask & cmask",
+        ]
+    return [
+        "offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        f"mask = offs < {math.prod(group.shape)}",
+    ]
+
+
+@dataclass
+class _Body:
+    group: FusedGroup
+    lines: list[str] = field(default_factory=list)
+    values: dict[str, Operand] = field(default_factory=dict)
+    count: int = 0
+    dtypes: dict[str, str] = field(init=False)  # every tensor the group reads or defines -> its dtype
+
+    def __post_init__(self) -> None:
+        tensors = [*self.group.inputs, *(t for s in self.group.steps for t in s.outputs if t is not None)]
+        self.dtypes = {t.name: t.meta.dtype for t in tensors}
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"v{self.count}"
+
+    def let(self, text: str, ctype: str) -> Operand:
+        name = self.fresh()
+        self.lines.append(f"{name} = {text}")
+        return Operand(name, ctype)
+
+    def operand(self, name: str) -> Operand:
+        if name not in self.values:  # an input: loaded on first use
+            tensor = next(t for t in self.group.inputs if t.name == name)
+            address, where = _address(self.group, tensor)
+            mask = f", mask={where}" if where else ""
+            ctype = compute_type(tensor.meta.dtype)
+            load = f"tl.load({name} + {address}{mask})" if address else f"tl.load({name})"
+            same = ctype == tensor.meta.dtype  # bool loads as int1, which compute_type also calls bool
+            self.values[name] = self.let(load if same else f"{load}.to({TL[ctype]})", ctype)
+        return self.values[name]
+
+    def arguments(self, step: Step) -> dict[str, Any]:
+        return {k: self.operand(v.name) if isinstance(v, Ref) else v for k, v in step.values}
+
+    def step(self, step: Step) -> None:
+        self.lines.append(f"# {step.node}: {step.target}")
+        values = self.arguments(step)
+        outs = [t for t in step.outputs if t is not None]
+        if step.target in _ROWS:
+            results = _ROWS[step.target](self, values, step)
+            for t, value in zip(step.outputs, results, strict=False):
+                if t is not None:
+                    self.values[t.name] = value
+            return
+        out = outs[0]
+        text = pointwise(step.target, values, out.meta.dtype)
+        if text is None:
+            raise CodegenError(f"node '{step.node}' ({step.target}): no Triton expression for these arguments")
+        ctype = compute_type(out.meta.dtype)
+        if step.target == "aten._to_copy.default":
+            text = self.cast_text(step, out.meta.dtype)
+        same = next((v for v in self.values.values() if v.text == text and v.ctype == ctype), None)
+        self.values[out.name] = same or self.let(text, ctype)  # a no-op (clone, same-type cast) names no new value
+
+    def cast_text(self, step: Step, dtype: str) -> str:
+        """An explicit cast rounds: a half value held in float32 to its own dtype first, then to `dtype`."""
+        source = dict(step.values)["self"]
+        assert isinstance(source, Ref)
+        value, held = self.values[source.name], self.dtypes[source.name]
+        text = value.text
+        loaded = any(t.name == source.name for t in self.group.inputs)  # a load holds its dtype exactly
+        if held in ("float16", "bfloat16") and dtype != held and not loaded:
+            text = f"{text}.to({TL[held]}).to(tl.float32)"
+        if dtype in ("float16", "bfloat16"):
+            return f"{text}.to({TL[dtype]}).to(tl.float32)"
+        return cast(Operand(text, value.ctype), compute_type(dtype))
+
+    def store(self, tensor: Tensor) -> None:
+        value = self.values[tensor.name]
+        address, where = _address(self.group, tensor, output=True)
+        dtype = tensor.meta.dtype
+        if dtype in ("float16", "bfloat16"):
+            stored = f"{value.text}.to({TL[dtype]})"
+        else:
+            stored = cast(value, dtype) if value.ctype != dtype else value.text
+        mask = f", mask={where}" if where else ""
+        self.lines.append(f"tl.store({tensor.name} + {address}, {stored}{mask})")
+
+
+def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[str, str]:
+    """(offset expression, mask) of the tensor's element at the current index; "" for none."""
+    shape = group.shape
+    meta = tensor.meta
+    # Right-align the tensor's dims with the iteration space; a broadcast dim reads stride 0. A row
+    # kernel's reduction without keepdim (shape S[:-1]) is the exception: one value per row.
+    own = [0 if n == 1 else s for n, s in zip(meta.shape, meta.stride, strict=True)]
+    if group.kind == "row" and output and meta.shape == shape[:-1]:
+        own.append(0)
+    strides = [0] * (len(shape) - len(own)) + own
+    offset = int(meta.offset)  # type: ignore[call-overload]
+    if group.kind == "row":
+        lead = _linear(shape[:-1], strides[:-1], "rows")
+        col = "cols" if strides[-1] == 1 else f"cols * {strides[-1]}" if strides[-1] else ""
+        if output:  # a store's address has its value's shape: full rows, or one value per row
+            full = meta.shape == shape
+            lead, col = lead or "rows * 0", (col or "cols * 0") if full else ""
+        parts = [p for p in (lead, col) if p]
+        where = {(True, True): "mask", (True, False): "rmask", (False, True): "cmask"}.get((bool(lead), bool(col)), "")
+    else:
+        parts = [p for p in (_linear(shape, strides, "offs") or ("offs * 0" if output else ""),) if p]
+        where = "mask" if parts else ""
+    if offset:
+        parts.append(str(offset))
+    return " + ".join(parts), where
+
+
+def _linear(shape: tuple[int, ...], strides: list[int], index: str) -> str:
+    """sum(i_d * stride_d) for the row-major index `index` over `shape`; "" if every stride is 0."""
+    live = [(d, s) for d, (n, s) in enumerate(zip(shape, strides, strict=True)) if n != 1 and s != 0]
+    if not live:
+        return ""
+    dense = contiguous_strides(shape)
+    scale = live[0][1] // dense[live[0][0]] if live[0][1] % dense[live[0][0]] == 0 else 0
+    if scale and len(live) == sum(1 for n in shape if n != 1) and all(s == scale * dense[d] for d, s in live):
+        return index if scale == 1 else f"{index} * {scale}"  # dense in iteration order (times a step)
+    terms = []
+    for d, s in live:
+        inner = math.prod(shape[d + 1 :])
+        i = index if inner == 1 else f"{index} // {inner}"
+        if any(n != 1 for n in shape[:d]):  # an outer dim exists: wrap around this one
+            i = f"{i} % {shape[d]}" if inner == 1 else f"({i}) % {shape[d]}"
+        terms.append(i if s == 1 else f"({i}) * {s}" if " " in i else f"{i} * {s}")
+    return " + ".join(terms)
+
+
+# ---- row reductions: each returns the Operands of the node's outputs ----
+
+
+def _full(x: Operand, identity: str) -> str:
+    return f"tl.where(mask, {x.text}, {identity})"
+
+
+def _softmax(body: _Body, values: Mapping[str, Any], step: Step, log: bool = False) -> list[Operand]:
+    x = values["self"]
+    ctype = compute_type(next(t for t in step.outputs if t is not None).meta.dtype)
+    x = Operand(cast(x, ctype), ctype)
+    minus_inf = 'float("-inf")'
+    m = body.let(f"tl.max({_full(x, minus_inf)}, axis=1, keep_dims=True)", ctype)
+    shifted = body.let(f"{x.text} - {m.text}", ctype)
+    e = body.let(f"tl.exp({shifted.text})", ctype)
+    s = body.let(f"tl.sum(tl.where(mask, {e.text}, 0.0), axis=1, keep_dims=True)", ctype)
+    if log:
+        return [body.let(f"{shifted.text} - tl.log({s.text})", ctype)]
+    return [body.let(f"{e.text} / {s.text}", ctype)]
+
+
+def _layer_norm(body: _Body, values: Mapping[str, Any], step: Step) -> list[Operand]:
+    n = body.group.shape[-1]
+    x = values["input"]
+    x = Operand(cast(x, "float32"), "float32") if x.ctype != "float64" else x
+    ctype = x.ctype
+    mean = body.let(f"tl.sum({_full(x, '0.0')}, axis=1, keep_dims=True) / {n}", ctype)
+    centered = body.let(f"tl.where(mask, {x.text} - {mean.text}, 0.0)", ctype)
+    var = body.let(f"tl.sum({centered.text} * {centered.text}, axis=1, keep_dims=True) / {n}", ctype)
+    rstd = body.let(f"tl.rsqrt({var.text} + {float(values['eps'])!r})", ctype)
+    y = f"{centered.text} * {rstd.text}"
+    if isinstance(values.get("weight"), Operand):
+        y = f"{y} * {cast(values['weight'], ctype)}"
+    if isinstance(values.get("bias"), Operand):
+        y = f"{y} + {cast(values['bias'], ctype)}"
+    return [body.let(y, ctype), mean, rstd]
+
+
+def _reduce(kind: str) -> Any:
+    def emit(body: _Body, values: Mapping[str, Any], step: Step) -> list[Operand]:
+        out = next(t for t in step.outputs if t is not None)
+        ctype = compute_type(out.meta.dtype)
+        x = Operand(cast(values["self"], ctype), ctype)
+        if kind in ("max", "min"):
+            if ctype not in ("float32", "float64"):
+                raise CodegenError(f"node '{step.node}': amax/amin of {out.meta.dtype} is left to ATen")
+            identity = 'float("-inf")' if kind == "max" else 'float("inf")'
+            return [body.let(f"tl.{kind}({_full(x, identity)}, axis=1, keep_dims=True)", ctype)]
+        total = f"tl.sum({_full(x, '0')}, axis=1, keep_dims=True)"
+        if kind == "mean":
+            total = f"{total} / {body.group.shape[-1]}"
+        return [body.let(total, ctype)]
+
+    return emit
+
+
+_ROWS = {
+    "aten._softmax.default": _softmax,
+    "aten._log_softmax.default": lambda body, values, step: _softmax(body, values, step, log=True),
+    "aten.native_layer_norm.default": _layer_norm,
+    "aten.sum.dim_IntList": _reduce("sum"),
+    "aten.mean.dim": _reduce("mean"),
+    "aten.amax.default": _reduce("max"),
+    "aten.amin.default": _reduce("min"),
+}
+
+
+def _configs(group: FusedGroup) -> tuple[Config, ...]:
+    """Candidates the first call autotunes over, with their (fixed) grids."""
+    if group.kind == "row":
+        rows, n = math.prod(group.shape[:-1]), group.shape[-1]
+        block_n = max(triton_next_power_of_2(n), 16)
+        configs = []
+        for block_r in (1, 2, 4, 8, 16, 32):
+            tile = block_r * block_n
+            if block_r > 1 and (tile > 8192 or block_r > triton_next_power_of_2(rows)):
+                continue
+            warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
+            configs.append(((("BLOCK_N", block_n), ("BLOCK_R", block_r)), warps, 1, (-(-rows // block_r), 1, 1)))
+        return tuple(configs[-3:])  # the largest tiles that fit: small rows want several per program
+    numel = math.prod(group.shape)
+    configs = []
+    for block, warps in ((256, 2), (1024, 4), (2048, 8)):
+        if block > 256 and block // 2 >= numel:
+            continue
+        configs.append(((("BLOCK", block),), warps, 1, (-(-numel // block), 1, 1)))
+    return tuple(configs)
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
