@@ -1,6 +1,7 @@
 #include "opgen/cuda_graph.h"
 
 #include "opgen/input_check.h"
+#include "opgen/vectorcall_type.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/EmptyTensor.h>
@@ -280,25 +281,10 @@ PyGetSetDef getset[] = {{"__dict__", PyObject_GenericGetDict, PyObject_GenericSe
 
 
 PyTypeObject* runner_type() {
-  static PyTypeObject type = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-    t.tp_name = "opgen._C.GraphRunner";
-    t.tp_doc = "A compiled function in CUDA-graph mode: replays its captured graph, else calls its fallback.";
-    t.tp_basicsize = sizeof(GraphRunner);
-    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
-    t.tp_vectorcall_offset = offsetof(GraphRunner, vectorcall);
-    t.tp_call = PyVectorcall_Call;
-    t.tp_dealloc = dealloc;
-    t.tp_free = PyObject_GC_Del;
-    t.tp_traverse = traverse;
-    t.tp_clear = clear;
-    t.tp_members = members;
-    t.tp_getset = getset;
-    t.tp_dictoffset = offsetof(GraphRunner, dict);
-    t.tp_getattro = PyObject_GenericGetAttr;
-    t.tp_setattro = PyObject_GenericSetAttr;
-    return t;
-  }();
+  static PyTypeObject type = vectorcall_type<GraphRunner>(
+      "opgen._C.GraphRunner",
+      "A compiled function in CUDA-graph mode: replays its captured graph, else calls its fallback.",
+      {dealloc, traverse, clear, members, getset, offsetof(GraphRunner, dict)});
   return &type;
 }
 
@@ -418,7 +404,7 @@ void add_cuda_graph(py::module_& m) {
         "GraphRunner(fallback): a callable that calls `fallback` until arm_graph_runner() gives it a graph.");
   m.def("arm_graph_runner", &arm, py::arg("runner"), py::arg("graph"), py::arg("inputs"), py::arg("outputs"),
         py::arg("single"), py::arg("device"), py::arg("fence"), py::arg("first"), py::arg("keep_alive"),
-        "Gives a GraphRunner its captured graph (see opgen/runtime/cuda_graphs.py).");
+        "Gives a GraphRunner its captured graph (see opgen/runtime/execution/cuda_graphs.py).");
 }
 
 }  // namespace opgen

@@ -1,4 +1,5 @@
 #include "opgen/input_check.h"
+#include "opgen/vectorcall_type.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/Device.h>
@@ -55,17 +56,10 @@ void dealloc(PyObject* self) {
 }
 
 PyTypeObject* input_check_type() {
-  static PyTypeObject type = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-    t.tp_name = "opgen._C.InputCheck";
-    t.tp_doc = "Compares tensors' dtype, device, sizes, strides and requires_grad with a spec.";
-    t.tp_basicsize = sizeof(InputCheck);
-    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-    t.tp_vectorcall_offset = offsetof(InputCheck, vectorcall);
-    t.tp_call = PyVectorcall_Call;
-    t.tp_dealloc = dealloc;
-    return t;
-  }();
+  static PyTypeObject type = vectorcall_type<InputCheck>(
+      "opgen._C.InputCheck",
+      "Compares tensors' dtype, device, sizes, strides and requires_grad with a spec.",
+      {dealloc});
   return &type;
 }
 

@@ -4,6 +4,7 @@
 
 #include "opgen/binding.h"
 #include "opgen/jit_binding.h"
+#include "opgen/vectorcall_type.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -580,25 +581,10 @@ PyGetSetDef getset[] = {{"__dict__", PyObject_GenericGetDict, PyObject_GenericSe
                         {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject* launcher_type() {
-  static PyTypeObject type = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-    t.tp_name = "opgen._C.JitLauncher";
-    t.tp_doc = "A Triton kernel's launcher: launcher(*args) launches the first compiled variant that fits.";
-    t.tp_basicsize = sizeof(Launcher);
-    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
-    t.tp_vectorcall_offset = offsetof(Launcher, vectorcall);
-    t.tp_call = PyVectorcall_Call;
-    t.tp_dealloc = dealloc;
-    t.tp_free = PyObject_GC_Del;
-    t.tp_traverse = traverse;
-    t.tp_clear = clear;
-    t.tp_members = members;
-    t.tp_getset = getset;
-    t.tp_dictoffset = offsetof(Launcher, dict);
-    t.tp_getattro = PyObject_GenericGetAttr;
-    t.tp_setattro = PyObject_GenericSetAttr;
-    return t;
-  }();
+  static PyTypeObject type = vectorcall_type<Launcher>(
+      "opgen._C.JitLauncher",
+      "A Triton kernel's launcher: launcher(*args) launches the first compiled variant that fits.",
+      {dealloc, traverse, clear, members, getset, offsetof(Launcher, dict)});
   return &type;
 }
 
@@ -663,24 +649,10 @@ PyGetSetDef switch_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject* switch_type() {
-  static PyTypeObject type = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-    t.tp_name = "opgen._C.Switch";
-    t.tp_doc = "Switch(target): calls go to `target`, which can be replaced.";
-    t.tp_basicsize = sizeof(Switch);
-    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
-    t.tp_vectorcall_offset = offsetof(Switch, vectorcall);
-    t.tp_call = PyVectorcall_Call;
-    t.tp_dealloc = switch_dealloc;
-    t.tp_free = PyObject_GC_Del;
-    t.tp_traverse = switch_traverse;
-    t.tp_clear = switch_clear;
-    t.tp_getset = switch_getset;
-    t.tp_dictoffset = offsetof(Switch, dict);
-    t.tp_getattro = PyObject_GenericGetAttr;
-    t.tp_setattro = PyObject_GenericSetAttr;
-    return t;
-  }();
+  static PyTypeObject type = vectorcall_type<Switch>(
+      "opgen._C.Switch",
+      "Switch(target): calls go to `target`, which can be replaced.",
+      {switch_dealloc, switch_traverse, switch_clear, nullptr, switch_getset, offsetof(Switch, dict)});
   return &type;
 }
 

@@ -1,4 +1,4 @@
-// RangedInputCheck: InputCheck for functions compiled with dynamic shapes (opgen.runtime.dynamic_guards).
+// RangedInputCheck: InputCheck for functions compiled with dynamic shapes (opgen.runtime.execution.dynamic_guards).
 //
 // A size entry >= 0 is a fixed size; -(k + 1) is size symbol k: its first occurrence binds it, the
 // others must equal it, and it must lie in range k. A stride entry >= 0 is fixed; kContiguous is the
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "opgen/input_check.h"
+#include "opgen/vectorcall_type.h"
 
 namespace py = pybind11;
 
@@ -83,17 +84,10 @@ void dealloc(PyObject* self) {
 }
 
 PyTypeObject* ranged_check_type() {
-  static PyTypeObject type = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-    t.tp_name = "opgen._C.RangedInputCheck";
-    t.tp_doc = "InputCheck with size symbols: ranges, equal occurrences, row-major strides at the call's sizes.";
-    t.tp_basicsize = sizeof(RangedCheck);
-    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-    t.tp_vectorcall_offset = offsetof(RangedCheck, vectorcall);
-    t.tp_call = PyVectorcall_Call;
-    t.tp_dealloc = dealloc;
-    return t;
-  }();
+  static PyTypeObject type = vectorcall_type<RangedCheck>(
+      "opgen._C.RangedInputCheck",
+      "InputCheck with size symbols: ranges, equal occurrences, row-major strides at the call's sizes.",
+      {dealloc});
   return &type;
 }
 
