@@ -1,0 +1,92 @@
+"""`python -m opgen.bench decode` plumbing on the CPU, tiny models (no timed assertions: numbers go in the table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import opgen
+from opgen.bench import decode
+from opgen.bench import decode_models as dm
+
+
+def test_the_command_prints_its_table_and_opgen_matches_eager(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "decode.json"
+    argv = ["--device", "cpu", "--tiny", "--steps", "3", "--repeats", "2", "--check", "4"]
+    argv += ["--candidates", "opgen", "opgen_graphs", "--json", str(out)]
+    assert decode.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| gpt_fast" in text and "| hf_llama" in text and "tokens == eager" in text
+    rows = {(r["model"], r["candidate"]): r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {(m, c) for m in dm.FAMILIES for c in ("eager", "opgen", "opgen_graphs")}
+    for model in dm.FAMILIES:
+        eager = rows[model, "eager"]
+        assert eager["argmax_equal"] == 4 and eager["max_logit_err"] == 0.0 and eager["ms_per_token"] > 0
+        assert rows[model, "opgen_graphs"]["error"] == "skipped: CUDA-graph mode needs CUDA"
+    ours = rows["gpt_fast", "opgen"]  # our own gpt-fast-style model compiles through opgen.compile
+    assert ours["error"] == "" and ours["argmax_equal"] == 4 and ours["agrees"] and ours["ms_per_token"] > 0
+    hf = rows["hf_llama", "opgen"]  # either it runs and agrees, or the row carries the error: never a crash
+    assert hf["agrees"] if not hf["error"] else hf["ms_per_token"] is None
+    # weights, plus the KV cache's 1024 bytes per position up to the timed steps' mean position + 1 (8..10: 10)
+    assert rows["gpt_fast", "eager"]["bytes_per_token"] == decode.estimated_bytes(dm.SHAPES["tiny"]) + 1024 * 10
+
+
+def test_generate_agrees_between_eager_and_a_compiled_step() -> None:
+    model = dm.gpt_fast(dm.SHAPES["tiny"], 16, torch.device("cpu"))
+    prompt = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        eager = decode.generate(model, prompt, 6)
+        for layer in model.layers:  # the compiled step must write the model's own cache
+            layer.attention.kv_cache.k_cache.zero_()
+        compiled = opgen.compile(model, (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)))
+        free = decode.generate(compiled, prompt, 6)  # greedy on its own tokens
+        forced = decode.generate(compiled, prompt, 6, forced=eager.tokens)
+    assert len(eager.tokens) == len(eager.logits) == 6
+    assert free.tokens == eager.tokens == forced.tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(forced.logits, eager.logits, strict=True)) < 1e-4
+    assert int(model.layers[0].attention.kv_cache.k_cache[0, 0, 7].abs().sum()) != 0  # the compiled step wrote it
+
+
+def test_a_failing_candidate_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = decode.make_step
+
+    def broken(name: str, *args: object) -> decode.Step:
+        if name == "opgen":
+            raise AssertionError("expected compiled_fn to be GraphModule\nmore lines")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decode, "make_step", broken)
+    plan = decode.Plan(prompt=2, check=2, steps=2, repeats=1)
+    with torch.no_grad():
+        results = decode.run_model("gpt_fast", dm.SHAPES["tiny"], ["eager", "opgen"], plan, torch.device("cpu"), 1e10)
+    assert [r.candidate for r in results] == ["eager", "opgen"]
+    assert results[0].ms_per_token and results[0].error == ""
+    assert results[1].error == "AssertionError: expected compiled_fn to be GraphModule"
+    assert "AssertionError" in decode.results_table(results, cuda=False)
+
+
+def test_sizes_and_bytes() -> None:
+    assert abs(decode.estimated_bytes(dm.SHAPES["1b"]) - 2.47e9) < 0.01e9  # Llama-3.2-1B in bf16
+    assert abs(decode.estimated_bytes(dm.SHAPES["8b"]) - 16.06e9) < 0.05e9  # Llama-3.1-8B in bf16
+    tiny = dm.SHAPES["tiny"]
+    model = dm.gpt_fast(tiny, 8, torch.device("cpu"))
+    assert dm.weight_bytes(model) == decode.estimated_bytes(tiny)  # tied: the table is read once, by lm_head
+    assert dm.kv_bytes_per_position(model) == tiny.layers * 2 * tiny.kv_heads * tiny.head_dim * 4
+    untied = dm.Shape("untied", 64, 1, 4, 2, 128, 512, False, torch.float32)
+    model = dm.gpt_fast(untied, 8, torch.device("cpu"))
+    assert dm.weight_bytes(model) == decode.estimated_bytes(untied) - (512 - 1) * 64 * 4  # one embedding row
+
+
+def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        decode.main(["--help"])
+    text = capsys.readouterr().out
+    for option in ("--device", "--sizes", "--tiny", "--models", "--candidates", "--steps", "--repeats", "--check",
+                   "--prompt", "--threads", "--json"):  # fmt: skip
+        assert option in text
