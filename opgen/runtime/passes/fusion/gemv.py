@@ -1,0 +1,183 @@
+"""Matrix-vector products: one-row `mm`/`addmm` calls on constant weights, siblings together, as one
+generated Triton kernel.
+
+A decode step multiplies one row (one token) by every weight matrix of the model: each product reads
+the whole matrix once, so it is bound by memory, and cuBLAS, tuned for matrices, leaves bandwidth
+unused on small ones. Here the one-row products that read the same input (the query, key and value
+projections; the gate and up projections) become one kernel that reads the input once and writes
+each product to its own output, and a lone one-row product becomes a kernel of its own. The weights
+must be constants (or computed from them in setup: `permute(W, (1, 0))`), their rows contiguous
+along K, as a linear layer's are.
+
+Each kernel is a `FusedKernel`, so it is bound like the fusion pass's kernels: a multi-kernel choice
+between the Triton kernel and the `mm`/`addmm` calls it replaced, timed on the first call, so this
+pass never makes a product slower than cuBLAS. CUDA, static sizes, float16/bfloat16/float32 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from opgen.runtime.ir import (
+    FusedKernel,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    TensorMeta,
+    View,
+    defs,
+    meta_table,
+    substitute_line,
+)
+from opgen.runtime.passes.analysis import fresh_namer
+from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.fusion.gemv_triton import configs, source
+from opgen.runtime.registry import KernelRegistry
+
+PRODUCTS = ("aten.mm.default", "aten.addmm.default")
+VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default")
+DTYPES = ("float16", "bfloat16", "float32")
+MAX_PRODUCTS = 8  # siblings in one kernel
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """One `out = x @ w (+ bias)` with x of one row: where it was and what it reads."""
+
+    index: int  # in the body
+    line: KernelCall
+    x: str
+    w: str  # [K, N], stride (1, K): a constant matrix W [N, K] transposed
+    bias: str | None  # [N]
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Siblings:
+    x: str
+    k: int
+    x_meta: TensorMeta
+    products: tuple[Product, ...]
+
+
+def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
+    found = list(find_siblings(program))
+    if not found:
+        return program
+    metas = meta_table(program)
+    locals_ = fresh_namer(program, "gemv")
+    replaced: dict[int, Line | None] = {}
+    fused: list[FusedKernel] = []
+    for group in found:
+        spec = fused_kernel(group, next(locals_), metas)
+        fused.append(spec)
+        for product in group.products:
+            replaced[product.index] = None
+        replaced[group.products[0].index] = KernelCall(
+            spec.local,
+            tuple(Ref(n) for n in spec.inputs),
+            (),
+            spec.outputs,
+            node=", ".join(spec.nodes),
+            target=f"fused Triton kernel {spec.name}",
+            unpack=len(spec.outputs) > 1,
+            jit=True,
+        )
+    body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
+    return eliminate_dead_code(replace(program, body=body, fused=(*program.fused, *fused)), registry)
+
+
+def find_siblings(program: Program) -> Iterator[Siblings]:
+    """Groups of one-row products over the same input, in body order; a write to memory ends them all
+    (a product after it could read what the write changed)."""
+    metas = meta_table(program)
+    constant = {c.name for c in program.constants} | {v.name for line in program.setup for v in defs(line)}
+    roots = _view_roots(program)
+    open_: dict[tuple[str, TensorMeta], list[Product]] = {}
+    for index, line in enumerate(program.body):
+        product = _product(index, line, metas, constant) if isinstance(line, KernelCall) else None
+        if product is not None:
+            group = open_.setdefault((roots.get(product.x, product.x), metas[product.x]), [])
+            group.append(product)
+            if len(group) == MAX_PRODUCTS:
+                yield _siblings(open_.pop((roots.get(product.x, product.x), metas[product.x])), metas)
+        elif isinstance(line, KernelCall) and (line.mutates or line.fallback or line.jit):
+            yield from (_siblings(g, metas) for g in open_.values())
+            open_.clear()
+    yield from (_siblings(g, metas) for g in open_.values())
+
+
+def _siblings(products: list[Product], metas: dict[str, TensorMeta]) -> Siblings:
+    x = products[0].x
+    return Siblings(x, metas[x].shape[1], metas[x], tuple(products))  # type: ignore[arg-type]
+
+
+def _view_roots(program: Program) -> dict[str, str]:
+    """Value -> the value it views (followed to the end), for views of the body: two views of one
+    root with one layout read the same elements."""
+    roots: dict[str, str] = {}
+    for line in program.body:
+        source = None
+        if isinstance(line, View):
+            source = line.source
+        elif isinstance(line, KernelCall) and line.target in VIEWS and line.args and isinstance(line.args[0], Ref):
+            source = line.args[0].name
+        if source is not None:
+            for value in defs(line):
+                roots[value.name] = roots.get(source, source)
+    return roots
+
+
+def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constant: set[str]) -> Product | None:
+    if line.target not in PRODUCTS or line.kwargs or line.mutates or line.fallback or line.jit:
+        return None
+    if len(line.outputs) != 1 or line.outputs[0] is None or not all(isinstance(a, Ref) for a in line.args):
+        return None
+    names = [a.name for a in line.args]  # type: ignore[union-attr]
+    bias, x, w = (names[0], names[1], names[2]) if line.target == "aten.addmm.default" else (None, *names)
+    out = line.outputs[0].meta
+    xm, wm = metas.get(x), metas.get(w)
+    if out is None or xm is None or wm is None or not all(m.is_static for m in (out, xm, wm)):
+        return None
+    if not out.device.startswith("cuda") or xm.shape[0] != 1 or len(xm.shape) != 2 or len(wm.shape) != 2:
+        return None
+    k, n = wm.shape
+    if xm.shape[1] != k:
+        return None
+    if w not in constant or wm.stride[0] != 1 or out.dtype not in DTYPES or {xm.dtype, wm.dtype} != {out.dtype}:
+        return None
+    if out.shape != (1, n) or out.stride[1] != 1 or xm.device != out.device or wm.device != out.device:
+        return None
+    if bias is not None:
+        bm = metas.get(bias)
+        if bias not in constant or bm is None or bm.shape != (n,) or bm.stride != (1,) or bm.dtype != out.dtype:
+            return None
+    return Product(index, line, x, w, bias, n)  # type: ignore[arg-type]
+
+
+def fused_kernel(group: Siblings, local: str, metas: dict[str, TensorMeta]) -> FusedKernel:
+    products = group.products
+    nodes = tuple(p.line.node for p in products)
+    name = f"{local}_{_identifier(nodes[0])}" + (f"_{_identifier(nodes[-1])}" if len(nodes) > 1 else "")
+    inputs = tuple(dict.fromkeys((group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))))
+    outputs = tuple(p.line.outputs[0] for p in products)
+    same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
+    rows = " + ".join(str(p.n) for p in products)
+    return FusedKernel(
+        local=local,
+        name=name[:60],
+        source=source(name[:60], group, metas),
+        inputs=inputs,
+        input_dtypes=tuple(metas[i].dtype for i in inputs),
+        outputs=outputs,  # type: ignore[arg-type]
+        configs=configs(group),
+        nodes=nodes,
+        describe=f"matrix-vector kernel, {len(products)} product(s) of one row of {group.k}: {rows} rows",
+        lines=tuple(substitute_line(p.line, same_x) for p in products),  # type: ignore[misc]
+    )
+
+
+def _identifier(node: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in node).strip("_")

@@ -1,0 +1,146 @@
+"""The matrix-vector pass without a GPU: which products group, the Triton source, the ATen side.
+
+The programs are relabelled as CUDA around the pass (as `fusion_interp` does for the fusion pass),
+and each kernel is bound to the ATen calls it replaced, so the results check that the pass kept
+the graph's meaning; `test_gemv_cuda.py` runs the Triton kernels themselves on a GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+
+import pytest
+import torch
+from fusion_interp import _relabel
+from torch import nn
+
+import opgen
+from opgen.runtime import passes
+from opgen.runtime.execution import fused as fused_module
+from opgen.runtime.ir import (
+    FusedKernel,
+    Input,
+    KernelCall,
+    Program,
+    Ref,
+    Return,
+    TensorConstant,
+    TensorMeta,
+    Value,
+    contiguous_strides,
+)
+from opgen.runtime.passes.fusion.gemv import find_siblings, fuse_gemv
+from opgen.runtime.pipeline import default_pipeline
+from opgen.runtime.registry import KernelRegistry
+
+torch.manual_seed(0)
+
+
+class Block(nn.Module):
+    """The products of a decoder layer: q/k/v over one input, o alone, gate/up over one input, down alone."""
+
+    def __init__(self, d: int = 64, kv: int = 32, hidden: int = 96, bias: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d, bias=bias), nn.Linear(d, kv, bias=bias), nn.Linear(d, kv, bias=bias)
+        self.o = nn.Linear(d, d, bias=bias)
+        self.gate, self.up = nn.Linear(d, hidden, bias=bias), nn.Linear(d, hidden, bias=bias)
+        self.down = nn.Linear(hidden, d, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        y = x + self.o(q * torch.cat([k, v], dim=-1))
+        return y + self.down(nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+def compile_gemv(
+    monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> tuple[object, list[FusedKernel]]:
+    """Compiled with the pass (as if on CUDA) in place of the GPU passes; kernels bound to their ATen side."""
+    specs: list[FusedKernel] = []
+
+    def gemv_on_cpu(program: Program, registry: KernelRegistry) -> Program:
+        out = _relabel(fuse_gemv(_relabel(program, "cuda:0"), registry), "cpu")
+        specs.extend(out.fused)
+        return out
+
+    monkeypatch.setitem(passes.PASSES, "gemv_on_cpu", gemv_on_cpu)
+    monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
+    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion", "prepack", "onednn")]
+    pipeline.insert(pipeline.index("memo"), "gemv_on_cpu")
+    with torch.no_grad():
+        return opgen.compile(model.eval(), inputs, passes=pipeline, cache=False), specs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_siblings_share_one_kernel_and_the_aten_side_matches_eager(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, bias: bool, rank: int
+) -> None:
+    model = Block(bias=bias).to(dtype)
+    x = torch.randn(*([1] * (rank - 1)), 64, dtype=dtype)
+    compiled, specs = compile_gemv(monkeypatch, model, (x,))
+    rows = sorted(s.describe.split(": ")[1] for s in specs)
+    assert rows == ["64 + 32 + 32 rows", "64 rows", "64 rows", "96 + 96 rows"], [s.describe for s in specs]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))  # type: ignore[operator]
+    source = compiled.artifact.source  # type: ignore[attr-defined]
+    assert 'rt.jit["gemv0"](gemv0_aten)' in source
+
+
+def test_kernel_source_and_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, specs = compile_gemv(monkeypatch, Block(), (torch.randn(1, 64),))
+    qkv = next(s for s in specs if len(s.outputs) == 3)
+    tree = ast.parse(qkv.source)
+    names = [f.name for f in tree.body if isinstance(f, ast.FunctionDef)]
+    assert names == ["_rows", qkv.name]
+    assert qkv.source.count("_rows(") == 4 and "elif pid < " in qkv.source and "else:" in qkv.source
+    assert "# graph nodes: mm (aten.mm.default)" in qkv.source or "aten.mm.default" in qkv.source
+    for meta, _, _, grid in qkv.configs:  # the grid covers every product's rows
+        block_n, block_k = dict(meta)["BLOCK_N"], dict(meta)["BLOCK_K"]
+        assert grid == (sum(-(-n // block_n) for n in (64, 32, 32)),)
+        assert block_k <= 64
+    assert all(isinstance(line, KernelCall) and line.target == "aten.mm.default" for line in qkv.lines)
+    assert len({line.args[0] for line in qkv.lines}) == 1  # the ATen side reads the one input the kernel reads
+
+
+def test_nothing_changes_on_the_cpu_or_for_several_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, specs = compile_gemv(monkeypatch, Block(), (torch.randn(2, 64),))
+    assert specs == []  # two rows: a matrix product, cuBLAS's
+    with torch.no_grad():
+        plain = opgen.compile(Block().eval(), (torch.randn(1, 64),), passes=("gemv",), cache=False)
+    assert plain.artifact.fused == ()  # type: ignore[attr-defined]  # CPU values: untouched
+
+
+class WeightAsInput(nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w.t()
+
+
+def test_a_weight_that_is_not_a_constant_stays_with_aten(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, specs = compile_gemv(monkeypatch, WeightAsInput(), (torch.randn(1, 64), torch.randn(32, 64)))
+    assert specs == []
+
+
+def test_a_write_between_siblings_splits_them() -> None:
+    """q and k read x, and a call writes x between them: they cannot share a kernel (hand-built IR)."""
+
+    def meta(*shape: int, stride: tuple[int, ...] | None = None) -> TensorMeta:
+        return TensorMeta(shape, stride or contiguous_strides(shape), "bfloat16", "cuda:0")
+
+    def mm(x: str, w: str, out: str) -> KernelCall:
+        return KernelCall("mm", (Ref(x), Ref(w)), (), (Value(out, meta(1, 16)),), out, "aten.mm.default")
+
+    def transpose(w: str) -> KernelCall:
+        out = Value(f"{w}_t", meta(16, 16, stride=(1, 16)))
+        return KernelCall("permute", (Ref(w), (1, 0)), (), (out,), "t", "aten.permute.default")
+
+    setup = (transpose("wq"), transpose("wk"))
+    write = KernelCall("add_", (Ref("x"), 1.0), (), (), "bump", "aten.add_.Scalar", mutates=("x",))
+    body = (mm("x", "wq_t", "q"), write, mm("x", "wk_t", "k"), Return((Ref("q"), Ref("k"))))
+    constants = tuple(TensorConstant(w, w, meta(16, 16)) for w in ("wq", "wk"))
+    program = Program("forward", (Input("x", meta(1, 16)),), constants, setup, body)
+    assert [len(s.products) for s in find_siblings(program)] == [1, 1]
+    together = replace(program, body=(body[0], body[2], write, body[3]))
+    assert [len(s.products) for s in find_siblings(together)] == [2]
