@@ -2429,6 +2429,24 @@ def _scaled_dot_product_flash_attention_for_cpu(query: Tensor, key: Tensor, valu
     Flash attention on CPU; also returns the log-sum-exp of each row.
     """
 
+def _scaled_dot_product_flash_attention(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False, *, scale: float | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, Tensor, Tensor, Tensor]:
+    """_scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
+
+    Flash attention on CUDA (fp16/bf16, no mask; GQA when key has fewer heads); also the log-sum-exp and RNG state.
+    """
+
+def _scaled_dot_product_efficient_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor | None, compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False, *, scale: float | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)
+
+    Memory-efficient attention on CUDA, with an optional additive attn_bias; also the log-sum-exp and RNG state.
+    """
+
+def _scaled_dot_product_cudnn_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor | None, compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False, *, scale: float | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, Tensor, Tensor, Tensor]:
+    """_scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)
+
+    cuDNN attention on CUDA, with an optional additive attn_bias; also the log-sum-exp and RNG state.
+    """
+
 def mish(self: Tensor) -> Tensor:
     """mish(Tensor self) -> Tensor
 

@@ -2772,7 +2772,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1139: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1157: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2797,7 +2797,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1141: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1159: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2824,7 +2824,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1142: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1160: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -2855,7 +2855,7 @@ PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1163: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1181: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_linear_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_linear_pointwise", {"X", "W", "B", "attr", "scalars", "algorithm"}, 6, 0x3f);
   OPGEN_TRY
@@ -2878,7 +2878,7 @@ PyObject* kernel_ops_mkldnn_linear_pointwise(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1169: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
+// ops.yaml:1187: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
 PyObject* kernel_ops_mkldnn_linear_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_linear_pointwise_binary", {"X", "other", "W", "B", "attr"}, 5, 0x1f);
   OPGEN_TRY

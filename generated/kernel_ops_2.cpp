@@ -76,6 +76,8 @@
 #include <ATen/ops/_cdist_forward_cuda_dispatch.h>
 #include <ATen/ops/_native_batch_norm_legit_cuda_dispatch.h>
 #include <ATen/ops/_pdist_forward_cuda_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_cuda_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_cuda_dispatch.h>
 #include <ATen/ops/abs_cuda_dispatch.h>
 #include <ATen/ops/argmax_cuda_dispatch.h>
 #include <ATen/ops/as_strided_cuda_dispatch.h>
@@ -2807,7 +2809,62 @@ PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1133: mish(Tensor self) -> Tensor
+// ops.yaml:1136: _scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
+PyObject* kernel_ops__scaled_dot_product_flash_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_scaled_dot_product_flash_attention", {"query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale"}, 6, 0x7);
+  OPGEN_TRY
+  PyObject* slots[7];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& query = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& key = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& value = opgen::tensor(slots[2], sig, 2);
+  const double dropout_p = slots[3] ? opgen::convert<double>(slots[3], sig, 3) : double(0.0);
+  const bool is_causal = slots[4] ? opgen::convert<bool>(slots[4], sig, 4) : bool(false);
+  const bool return_debug_mask = slots[5] ? opgen::convert<bool>(slots[5], sig, 5) : bool(false);
+  const std::optional<double> scale = slots[6] ? opgen::convert_optional<double>(slots[6], sig, 6) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(query, 0).add(key, 1).add(value, 2);
+  opgen::checks::attention_inputs(sig, query, key, value);
+  switch (devices.type()) {
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask, scale));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1141: _scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)
+PyObject* kernel_ops__scaled_dot_product_efficient_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_scaled_dot_product_efficient_attention", {"query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "scale"}, 7, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[8];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& query = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& key = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& value = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Tensor> attn_bias = opgen::convert_optional<at::Tensor>(slots[3], sig, 3);
+  const bool compute_log_sumexp = opgen::convert<bool>(slots[4], sig, 4);
+  const double dropout_p = slots[5] ? opgen::convert<double>(slots[5], sig, 5) : double(0.0);
+  const bool is_causal = slots[6] ? opgen::convert<bool>(slots[6], sig, 6) : bool(false);
+  const std::optional<double> scale = slots[7] ? opgen::convert_optional<double>(slots[7], sig, 7) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(query, 0).add(key, 1).add(value, 2).add(attn_bias, 3);
+  opgen::checks::attention_inputs(sig, query, key, value);
+  switch (devices.type()) {
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_scaled_dot_product_efficient_attention(query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:1151: mish(Tensor self) -> Tensor
 PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2829,7 +2886,7 @@ PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1135: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1153: mish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2853,7 +2910,7 @@ PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1136: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1154: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2879,7 +2936,7 @@ PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1176: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1194: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_convolution_pointwise", {"X", "W", "B", "padding", "stride", "dilation", "groups", "attr", "scalars", "algorithm"}, 10, 0x3ff);
   OPGEN_TRY
@@ -2906,7 +2963,7 @@ PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1182: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+// ops.yaml:1200: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_convolution_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_convolution_pointwise_binary", {"X", "other", "W", "B", "padding", "stride", "dilation", "groups", "binary_attr", "alpha", "unary_attr", "unary_scalars", "unary_algorithm"}, 13, 0x1fff);
   OPGEN_TRY
@@ -3054,6 +3111,8 @@ PyMethodDef opgen_methods_2[] = {
 {"adaptive_avg_pool1d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool1d)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool1d($module, self, output_size)\n--\n\nadaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor"},
 {"adaptive_avg_pool1d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_adaptive_avg_pool1d_out)), METH_FASTCALL | METH_KEYWORDS, "adaptive_avg_pool1d_out($module, self, output_size, *, out)\n--\n\nadaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)"},
 {"resize_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_resize_)), METH_FASTCALL | METH_KEYWORDS, "resize_($module, self, size, *, memory_format=None)\n--\n\nresize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)\n\nResizes self in place (new elements are uninitialized)."},
+{"_scaled_dot_product_flash_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__scaled_dot_product_flash_attention)), METH_FASTCALL | METH_KEYWORDS, "_scaled_dot_product_flash_attention($module, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)\n--\n\n_scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)\n\nFlash attention on CUDA (fp16/bf16, no mask; GQA when key has fewer heads); also the log-sum-exp and RNG state."},
+{"_scaled_dot_product_efficient_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__scaled_dot_product_efficient_attention)), METH_FASTCALL | METH_KEYWORDS, "_scaled_dot_product_efficient_attention($module, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None)\n--\n\n_scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)\n\nMemory-efficient attention on CUDA, with an optional additive attn_bias; also the log-sum-exp and RNG state."},
 {"mish", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish)), METH_FASTCALL | METH_KEYWORDS, "mish($module, self)\n--\n\nmish(Tensor self) -> Tensor\n\nx * tanh(softplus(x)), element-wise."},
 {"mish_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_)), METH_FASTCALL | METH_KEYWORDS, "mish_($module, self)\n--\n\nmish_(Tensor(a!) self) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},
 {"mish_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mish_out)), METH_FASTCALL | METH_KEYWORDS, "mish_out($module, self, *, out)\n--\n\nmish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)\n\nx * tanh(softplus(x)), element-wise."},

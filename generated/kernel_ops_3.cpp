@@ -56,6 +56,7 @@
 #include <ATen/ops/zeros_like_compositeexplicitautograd_dispatch.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_log_softmax_cuda_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_cuda_dispatch.h>
 #include <ATen/ops/_softmax_cuda_dispatch.h>
 #include <ATen/ops/acosh_cuda_dispatch.h>
 #include <ATen/ops/add_cuda_dispatch.h>
@@ -2751,6 +2752,36 @@ PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:1146: _scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)
+PyObject* kernel_ops__scaled_dot_product_cudnn_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("_scaled_dot_product_cudnn_attention", {"query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask", "scale"}, 8, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[9];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& query = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& key = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& value = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Tensor> attn_bias = opgen::convert_optional<at::Tensor>(slots[3], sig, 3);
+  const bool compute_log_sumexp = opgen::convert<bool>(slots[4], sig, 4);
+  const double dropout_p = slots[5] ? opgen::convert<double>(slots[5], sig, 5) : double(0.0);
+  const bool is_causal = slots[6] ? opgen::convert<bool>(slots[6], sig, 6) : bool(false);
+  const bool return_debug_mask = slots[7] ? opgen::convert<bool>(slots[7], sig, 7) : bool(false);
+  const std::optional<double> scale = slots[8] ? opgen::convert_optional<double>(slots[8], sig, 8) : std::nullopt;
+  opgen::Devices devices(sig);
+  devices.add(query, 0).add(key, 1).add(value, 2).add(attn_bias, 3);
+  opgen::checks::attention_inputs(sig, query, key, value);
+  opgen::checks::cudnn_attention_head_dim(sig, query);
+  switch (devices.type()) {
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::_scaled_dot_product_cudnn_attention(query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask, scale));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_3[] = {
@@ -2863,5 +2894,6 @@ PyMethodDef opgen_methods_3[] = {
 {"tan_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_tan_)), METH_FASTCALL | METH_KEYWORDS, "tan_($module, self)\n--\n\ntan_(Tensor(a!) self) -> Tensor(a!)"},
 {"tan_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_tan_out)), METH_FASTCALL | METH_KEYWORDS, "tan_out($module, self, *, out)\n--\n\ntan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},
 {"scaled_dot_product_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_scaled_dot_product_attention)), METH_FASTCALL | METH_KEYWORDS, "scaled_dot_product_attention($module, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)\n--\n\nscaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor\n\nAttention through the fused kernel eager picks for these inputs (flash attention on CPU; flash, efficient, cuDNN or math on CUDA)."},
+{"_scaled_dot_product_cudnn_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops__scaled_dot_product_cudnn_attention)), METH_FASTCALL | METH_KEYWORDS, "_scaled_dot_product_cudnn_attention($module, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)\n--\n\n_scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)\n\ncuDNN attention on CUDA, with an optional additive attn_bias; also the log-sum-exp and RNG state."},
 {nullptr, nullptr, 0, nullptr},
 };

@@ -356,6 +356,12 @@ PyObject* wrap(std::vector<at::Tensor> ts) {
   return out;
 }
 
+PyObject* wrap(int64_t v) {
+  PyObject* out = PyLong_FromLongLong(v);
+  if (out == nullptr) throw PythonError{};
+  return out;
+}
+
 PyObject* same_tuple(std::initializer_list<PyObject*> objects) {
   PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(objects.size()));
   if (out == nullptr) throw PythonError{};

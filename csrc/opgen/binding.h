@@ -115,6 +115,9 @@ class Devices {
 
 inline PyObject* wrap(at::Tensor t) { return THPVariable_Wrap(std::move(t)); }
 PyObject* wrap(std::vector<at::Tensor> ts);
+// `int`/`SymInt` results beside tensors (fused attention's max_q): a kernel's SymInt is concrete.
+PyObject* wrap(int64_t v);
+inline PyObject* wrap(const c10::SymInt& v) { return wrap(v.expect_int()); }
 template <class... T>
 PyObject* wrap(std::tuple<T...> ts) {
   PyObject* out = PyTuple_New(sizeof...(T));

@@ -61,6 +61,23 @@ void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<in
   }
 }
 
+void attention_inputs(const Signature& sig, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
+  if (key.scalar_type() != query.scalar_type() || value.scalar_type() != query.scalar_type()) {
+    raise(PyExc_TypeError, sig,
+          std::string("arguments 'query', 'key' and 'value' must share one dtype, got ") +
+              c10::toString(query.scalar_type()) + ", " + c10::toString(key.scalar_type()) + " and " +
+              c10::toString(value.scalar_type()));
+  }
+}
+
+void cudnn_attention_head_dim(const Signature& sig, const at::Tensor& query) {
+  if (query.dim() >= 1 && query.size(-1) > 256) {
+    raise(PyExc_ValueError, sig,
+          "argument 'query': cuDNN attention takes a head dimension of at most 256, got " +
+              std::to_string(query.size(-1)));
+  }
+}
+
 void batch_norm_out_contiguous(const Signature& sig, const at::Tensor& input, bool training) {
   if (training && input.device().is_cpu() && !input.is_contiguous()) {
     raise(PyExc_ValueError, sig,

@@ -23,6 +23,13 @@ void batch_norm_channels(const Signature& sig, const at::Tensor& input, const st
 // repeated one reads past the end of their plan): `dim` must be non-empty, in range and distinct.
 void fft_dims(const Signature& sig, const at::Tensor& self, const std::vector<int64_t>& dim);
 
+// The fused attention kernels read key and value as query's dtype: all three must share it (a TypeError).
+void attention_inputs(const Signature& sig, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value);
+
+// cuDNN's attention takes a head dimension of at most 256; a direct call with a larger one returned
+// without an error: refused with a ValueError.
+void cudnn_attention_head_dim(const Signature& sig, const at::Tensor& query);
+
 // `_native_batch_norm_legit.out` in training mode on the CPU reads a strided or channels-last input
 // as if it were contiguous (wrong statistics, and uninitialized memory in save_mean, in eager torch
 // too): such an input is refused with a ValueError. The functional kernel handles it.

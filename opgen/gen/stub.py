@@ -32,7 +32,7 @@ def py_type(type_: Type) -> str:
 
 
 def py_return(spec: OpSpec) -> str:
-    types = ["list[Tensor]" if r.type.is_list else "Tensor" for r in spec.schema.returns]
+    types = ["list[Tensor]" if r.type.is_list else _SCALAR_PY[r.type.base] for r in spec.schema.returns]
     if spec.schema.returns_tuple or len(types) > 1:
         return f"tuple[{', '.join(types)}]"
     return types[0]

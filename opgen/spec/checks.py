@@ -72,6 +72,18 @@ CHECKS = {
             ),
             "other has the convolution's result shape and is dense",
         ),
+        Check(
+            "attention_inputs",
+            (("query", "Tensor"), ("key", "Tensor"), ("value", "Tensor")),
+            "query, key and value share one dtype (a TypeError otherwise): the fused attention kernels read key "
+            "and value as query's dtype",
+        ),
+        Check(
+            "cudnn_attention_head_dim",
+            (("query", "Tensor"),),
+            "query's head dimension (its last size) is at most 256 (a ValueError otherwise): cuDNN's attention "
+            "kernels take no larger one, and a direct call does not refuse it",
+        ),
     )
 }
 

@@ -113,7 +113,9 @@ def _check_schema(ctx: _Ctx) -> bool:
     """Triton ops return tensors they allocate, or written arguments; never views or lists."""
     before = len(ctx.found)
     for ret in ctx.schema.returns:
-        if ret.type.is_list:
+        if ret.type.base != "Tensor":
+            ctx.problem("", f"a Triton op returns tensors only, not '{ret.type}'")
+        elif ret.type.is_list:
             ctx.problem("", "a Triton op cannot return a Tensor[]")
         elif ret.alias is not None and not ret.alias.is_write:
             ctx.problem("", f"a Triton op cannot return a view ('Tensor{ret.alias}')")

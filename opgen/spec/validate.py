@@ -217,9 +217,13 @@ def _check_returns(schema: Schema, line: int, problems: Problems) -> None:
     arg_sets = {a.alias.alias_set: a for a in schema.args if a.alias is not None}
     if not schema.returns:
         problems.add(line, op, "an op must return at least one Tensor")
+    has_tensor = any(r.type.base == "Tensor" for r in schema.returns)
     for ret in schema.returns:
+        if _is_int_return(ret) and len(schema.returns) > 1 and has_tensor:
+            continue  # an int beside tensors (fused attention's max_q): returned as a Python int
         if ret.type.base != "Tensor" or ret.type.optional or ret.type.elem_optional:
-            problems.add(line, op, f"return type '{ret.type}' is not supported (allowed: Tensor, Tensor[])")
+            allowed = "Tensor, Tensor[]" + ("; int and SymInt beside a Tensor" if len(schema.returns) > 1 else "")
+            problems.add(line, op, f"return type '{ret.type}' is not supported (allowed: {allowed})")
         if ret.type.is_list and len(schema.returns) > 1:
             problems.add(line, op, "a Tensor[] return must be the only return")
         if ret.alias is None:
@@ -229,6 +233,10 @@ def _check_returns(schema: Schema, line: int, problems: Problems) -> None:
             problems.add(line, op, f"return alias '{ret.alias}' refers to no argument")
         elif ret.alias.is_write != source.alias.is_write:  # type: ignore[union-attr]
             problems.add(line, op, f"return alias '{ret.alias}' and arg '{source.name}' disagree on '!'")
+
+
+def _is_int_return(ret: Return) -> bool:
+    return ret.type.base in ("int", "SymInt") and not ret.type.optional and not ret.type.is_list and ret.alias is None
 
 
 def _kernels(raw: Any, line: int, op: str, problems: Problems) -> tuple[Kernel, ...] | None:

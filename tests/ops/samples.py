@@ -108,11 +108,16 @@ Builder = Callable[[Maker], list[Sample]]
 
 @dataclass(frozen=True, slots=True)
 class OpSamples:
-    """The samples of one op group and the dtypes they run in; `values=False`: meta only."""
+    """The samples of one op group and the dtypes they run in; `values=False`: meta only.
+
+    `values_of`: for ops returning a tuple, the results whose values are compared; the others are
+    compared as metadata only (fused attention's RNG state is uninitialized memory without dropout).
+    """
 
     dtypes: tuple[torch.dtype, ...]
     builder: Builder
     values: bool = True
+    values_of: tuple[int, ...] | None = None
 
     def build(self, dtype: torch.dtype) -> list[Sample]:
         return self.builder(Maker(dtype))

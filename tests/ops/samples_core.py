@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from samples import BOOL, F32, F64, FLOAT, FLOAT_INT, I64, LOGICAL, Builder, Maker, OpSamples, S, Sample
+from samples import BOOL, F16, F32, F64, FLOAT, FLOAT_INT, I64, LOGICAL, Builder, Maker, OpSamples, S, Sample
 
 aten = torch.ops.aten
 INT_BOOL = (I64, BOOL)
+HALF = (F16, torch.bfloat16)
 
 
 def _unary(low: float = -3, high: float = 3) -> Builder:
@@ -66,6 +67,58 @@ def _sdpa(m: Maker) -> list[Sample]:
 
 def _flash_cpu(m: Maker) -> list[Sample]:
     return [S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8)), S(m(1, 2, 5, 8), m(1, 2, 5, 8), m(1, 2, 5, 8), 0.0, True)]
+
+
+# The fused CUDA attention kernels, called directly as torch.compile's graphs call them: they check
+# less than scaled_dot_product_attention, so each sample fits its kernel (head_dim a multiple of 8;
+# an attn_bias of query's dtype, as the composite makes it from a bool or float mask, with rows of
+# 16 keys: aligned; broadcast over the heads by a stride-0 view for the memory-efficient kernel, by
+# a head dimension of 1 for cuDNN, as the composite passes them). `_hf` makes the layout Hugging
+# Face's attention makes ([B, S, H, D] transposed). GQA (fewer key/value heads) where the kernel
+# supports it: flash and cuDNN (torch 2.11's memory-efficient kernel does not). Their other results
+# are uninitialized without dropout or when not asked for: `values_of` compares only what they compute.
+def _hf(m: Maker, b: int, h: int, s: int, d: int) -> torch.Tensor:
+    return m(b, s, h, d).transpose(1, 2)
+
+
+def _flash_cuda(m: Maker) -> list[Sample]:
+    return [
+        S(m(1, 2, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16)),
+        S(m(1, 2, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), 0.0, True),
+        S(m(2, 4, 5, 16), m(2, 4, 7, 16), m(2, 4, 7, 16), scale=0.5),
+        S(m(1, 4, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), is_causal=True),  # GQA
+        S(_hf(m, 1, 4, 5, 16), _hf(m, 1, 4, 5, 16), _hf(m, 1, 4, 5, 16), 0.0, True),
+        S(m(1, 32, 1, 64), m(1, 32, 33, 64), m(1, 32, 33, 64)),  # decode: one query token
+        S(m(1, 32, 1, 64), m(1, 8, 33, 64), m(1, 8, 33, 64)),  # decode, GQA
+    ]
+
+
+def _bias(m: Maker, b: int, h: int, s: int, n: int) -> torch.Tensor:
+    """An additive mask broadcast over the heads, as the composite passes it to the fused kernels."""
+    return m(b, 1, s, n).expand(b, h, s, n)
+
+
+def _efficient_cuda(m: Maker) -> list[Sample]:
+    return [
+        S(m(1, 2, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), None, False),
+        S(m(1, 2, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), None, True, 0.0, True),
+        S(m(2, 4, 5, 16), m(2, 4, 16, 16), m(2, 4, 16, 16), m(2, 4, 5, 16), False, scale=0.5),
+        S(_hf(m, 1, 2, 5, 16), _hf(m, 1, 2, 16, 16), _hf(m, 1, 2, 16, 16), _bias(m, 1, 2, 5, 16), True),
+        S(m(1, 32, 1, 64), m(1, 32, 32, 64), m(1, 32, 32, 64), _bias(m, 1, 32, 1, 32), False),  # decode
+    ]
+
+
+def _cudnn_cuda(m: Maker) -> list[Sample]:
+    return [
+        S(m(1, 2, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), None, False),
+        S(m(1, 2, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), None, True, 0.0, True),
+        S(m(2, 4, 5, 16), m(2, 4, 16, 16), m(2, 4, 16, 16), m(2, 4, 5, 16), False, scale=0.5),
+        S(_hf(m, 1, 2, 5, 16), _hf(m, 1, 2, 16, 16), _hf(m, 1, 2, 16, 16), m(1, 1, 5, 16), False),
+        S(m(1, 4, 5, 16), m(1, 2, 5, 16), m(1, 2, 5, 16), None, False, 0.0, True),  # GQA
+        S(m(1, 32, 1, 64), m(1, 32, 33, 64), m(1, 32, 33, 64), None, False),  # decode: one query token
+        S(m(1, 32, 1, 64), m(1, 32, 32, 64), m(1, 32, 32, 64), m(1, 1, 1, 32), False),  # decode, mask
+        S(m(1, 32, 1, 64), m(1, 8, 33, 64), m(1, 8, 33, 64), None, False),  # decode, GQA
+    ]
 
 
 def _batch_norm_legit(m: Maker) -> list[Sample]:
@@ -214,6 +267,9 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "_fft_c2r": OpSamples(FLOAT, _fft_c2r),
     "scaled_dot_product_attention": OpSamples(FLOAT, _sdpa),
     "_scaled_dot_product_flash_attention_for_cpu": OpSamples(FLOAT, _flash_cpu),
+    "_scaled_dot_product_flash_attention": OpSamples(HALF, _flash_cuda, values_of=(0, 1)),
+    "_scaled_dot_product_efficient_attention": OpSamples((F32, *HALF), _efficient_cuda, values_of=(0,)),
+    "_scaled_dot_product_cudnn_attention": OpSamples(HALF, _cudnn_cuda, values_of=(0,)),
 }
 
 # Entries here that float32 does not apply to (bitwise ops on integers and bools).

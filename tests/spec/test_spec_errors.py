@@ -196,14 +196,14 @@ CASES = [
         "checks_not_list",
         RELU + "  checks: batch_norm_channels\n",
         [
-            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, linear_binary_other, conv_binary_other), not 'batch_norm_channels'"
+            "ops.yaml:3: op 'relu': 'checks' must be a list of check names (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, linear_binary_other, conv_binary_other, attention_inputs, cudnn_attention_head_dim), not 'batch_norm_channels'"
         ],
     ),
     (
         "checks_unknown",
         RELU + "  checks: [batch_norm_chanels]\n",
         [
-            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, linear_binary_other, conv_binary_other); did you mean 'batch_norm_channels'?"
+            "ops.yaml:3: op 'relu': unknown check 'batch_norm_chanels' (known: batch_norm_channels, fft_dims, batch_norm_out_contiguous, linear_binary_other, conv_binary_other, attention_inputs, cudnn_attention_head_dim); did you mean 'batch_norm_channels'?"
         ],
     ),
     (

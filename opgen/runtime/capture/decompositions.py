@@ -6,7 +6,11 @@ flash-attention kernel eager picks on CPU and CUDA), `silu` becomes `x * sigmoid
 The ops in `KEEP_FUSED` stay whole wherever kernel_ops binds them, so the generated code calls
 the same fused kernel eager calls. `scaled_dot_product_attention` is bound through its composite
 kernel, which makes the same kernel choice as eager (`_fused_sdp_choice`: flash attention for
-CPU; flash, memory-efficient, cuDNN or math on CUDA) for the inputs at hand.
+CPU; flash, memory-efficient, cuDNN or math on CUDA) for the inputs at hand. torch.compile's
+graphs hold that choice already (AOT autograd expands the composite while tracing): the fused
+kernels themselves (`_scaled_dot_product_flash_attention_for_cpu`; on CUDA
+`_scaled_dot_product_{flash,efficient,cudnn}_attention`) are kept too, wherever a table would
+take them apart.
 
 Linear layers stay decomposed on purpose: `addmm(b, x, permute(W))` is what eager runs too, and
 it is the pattern the prepack pass rewrites to oneDNN.
@@ -26,6 +30,9 @@ _aten = torch.ops.aten
 KEEP_FUSED: tuple[Any, ...] = (
     _aten.scaled_dot_product_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    _aten._scaled_dot_product_flash_attention.default,
+    _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default,
     _aten.silu.default,
     _aten.mish.default,
     _aten.hardswish.default,
