@@ -4,6 +4,7 @@
 #include "opgen/vectorcall_type.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -136,6 +137,10 @@ struct GraphRunner {
 struct State {
   cudaGraph_t graph = nullptr;  // kept: the copy nodes' handles belong to it
   cudaGraphExec_t exec = nullptr;
+  // Graphs with random ops: torch's graph, which holds `exec` (and the graph the copy nodes belong
+  // to) and launches it through its replay(), which first points the random kernels at the
+  // generator's current seed and offset and advances the offset (see build_in_torch_graph).
+  at::cuda::CUDAGraph* torch_graph = nullptr;
   c10::DeviceIndex device = 0;
   bool single = false;
   std::vector<Input> inputs;
@@ -145,7 +150,7 @@ struct State {
 
   ~State() {
     for (Output& out : outputs) Py_CLEAR(out.last);
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (torch_graph == nullptr && exec != nullptr) cudaGraphExecDestroy(exec);  // else torch's to destroy
     if (graph != nullptr) cudaGraphDestroy(graph);
   }
 };
@@ -206,7 +211,11 @@ PyObject* replay(State& s, PyObject* const* args, Py_ssize_t n) {
                                                                                 st.scalar_type(), st.device()));
     if (out.copy_out.node != nullptr) out.copy_out.set(s.exec, fresh[i].data_ptr(), out.static_tensor.data_ptr());
   }
-  OPGEN_CUDA_CHECK(cudaGraphLaunch(s.exec, stream));
+  if (s.torch_graph != nullptr) {
+    s.torch_graph->replay();  // the generator's prologue, then s.exec on this device's current stream
+  } else {
+    OPGEN_CUDA_CHECK(cudaGraphLaunch(s.exec, stream));
+  }
 
   const size_t count = s.outputs.size();
   PyObject* tuple = s.single ? nullptr : PyTuple_New(static_cast<Py_ssize_t>(count));
@@ -298,11 +307,11 @@ cudaGraphNode_t add_copy(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& 
   return copy.node;
 }
 
-// Builds the outer graph around the captured body and instantiates it. `first` are the tensors of
-// the call that captured it: the copy nodes start out pointing at them.
-void build(State& s, cudaGraph_t body, const std::vector<at::Tensor>& first) {
-  OPGEN_CUDA_CHECK(cudaGraphCreate(&s.graph, 0));
-  cudaGraph_t outer = s.graph;
+// Adds to the empty graph `outer` the captured body, as a child graph node, and the copy nodes
+// around it. `first` are the tensors of the call that captured it: the copy nodes start out
+// pointing at them, and at `placeholders` (the caller keeps them until it has instantiated).
+void wire(State& s, cudaGraph_t outer, cudaGraph_t body, const std::vector<at::Tensor>& first,
+          std::vector<at::Tensor>& placeholders) {
   std::vector<cudaGraphNode_t> before;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     Input& in = s.inputs[i];
@@ -314,7 +323,6 @@ void build(State& s, cudaGraph_t body, const std::vector<at::Tensor>& first) {
   cudaGraphNode_t body_node = nullptr;
   OPGEN_CUDA_CHECK(cudaGraphAddChildGraphNode(&body_node, outer, before.data(), before.size(), body));
   const std::vector<cudaGraphNode_t> after{body_node};
-  std::vector<at::Tensor> placeholders;  // first destinations of the output copies
   for (Output& out : s.outputs) {
     if (out.kind != OutputKind::Fresh) continue;
     const at::Tensor& st = out.static_tensor;
@@ -331,7 +339,41 @@ void build(State& s, cudaGraph_t body, const std::vector<at::Tensor>& first) {
       add_copy(outer, after, in.write_back, first[i].data_ptr(), in.static_ptr, bytes);
     }
   }
-  OPGEN_CUDA_CHECK(cudaGraphInstantiate(&s.exec, outer, 0));
+}
+
+// The runner's own graph around the captured body, launched with cudaGraphLaunch.
+void build(State& s, cudaGraph_t body, const std::vector<at::Tensor>& first) {
+  OPGEN_CUDA_CHECK(cudaGraphCreate(&s.graph, 0));
+  std::vector<at::Tensor> placeholders;  // first destinations of the output copies
+  wire(s, s.graph, body, first, placeholders);
+  OPGEN_CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+}
+
+struct OwnedGraph {
+  cudaGraph_t graph = nullptr;
+  ~OwnedGraph() {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
+// A graph with random ops: torch's own graph becomes the runner's graph. Its captured body moves
+// into a child node with the copy nodes around it, torch instantiates it, and the runner launches
+// it through torch's replay(), which does for the random kernels what a replay of torch's graphs
+// does (cudaGraphLaunch alone would replay the same random numbers every call).
+void build_in_torch_graph(State& s, at::cuda::CUDAGraph& torch_graph, const std::vector<at::Tensor>& first) {
+  cudaGraph_t graph = torch_graph.raw_cuda_graph();
+  OwnedGraph body;
+  OPGEN_CUDA_CHECK(cudaGraphClone(&body.graph, graph));
+  size_t count = 0;
+  OPGEN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0) OPGEN_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  for (size_t i = 0; i < count; ++i) OPGEN_CUDA_CHECK(cudaGraphDestroyNode(nodes[i]));
+  std::vector<at::Tensor> placeholders;
+  wire(s, graph, body.graph, first, placeholders);
+  torch_graph.instantiate();
+  s.exec = torch_graph.raw_cuda_graph_exec();
+  s.torch_graph = &torch_graph;
 }
 
 py::object make_runner(py::object fallback) {
@@ -343,14 +385,17 @@ py::object make_runner(py::object fallback) {
   return py::reinterpret_steal<py::object>(self);
 }
 
-// arm(runner, graph, inputs, outputs, single, device, fence, first, keep_alive)
+// arm(runner, graph, inputs, outputs, single, device, fence, first, keep_alive, random_graph)
 //   inputs:  [(spec, static_tensor, fixed, written)]      spec as InputCheck's
 //   outputs: [("fresh", static_tensor) | ("fresh_view", i, sizes, strides, offset)
 //             | ("input_view", i, sizes, strides, offset) | ("object", obj)]
+//   random_graph: None, or the torch.cuda.CUDAGraph that captured `graph` (kept alive by
+//             keep_alive) where it has random ops: the runner replays through it
 void arm(const py::object& target, uintptr_t graph, const py::list& inputs, const py::list& outputs, bool single,
                        int device, std::shared_ptr<StreamFence> fence, const std::vector<at::Tensor>& first,
-                       py::object keep_alive) {
+                       py::object keep_alive, const py::object& random_graph) {
   if (!PyObject_TypeCheck(target.ptr(), runner_type())) throw py::type_error("arm: not a GraphRunner");
+  auto* torch_graph = random_graph.is_none() ? nullptr : random_graph.cast<at::cuda::CUDAGraph*>();
   auto state = std::make_unique<State>();
   state->device = static_cast<c10::DeviceIndex>(device);
   state->single = single;
@@ -387,7 +432,11 @@ void arm(const py::object& target, uintptr_t graph, const py::list& inputs, cons
   }
   if (single && state->outputs.size() != 1) throw py::value_error("GraphRunner: single needs one output");
   c10::cuda::CUDAGuard guard(state->device);
-  build(*state, reinterpret_cast<cudaGraph_t>(graph), first);
+  if (torch_graph != nullptr) {
+    build_in_torch_graph(*state, *torch_graph, first);
+  } else {
+    build(*state, reinterpret_cast<cudaGraph_t>(graph), first);
+  }
   auto* runner = reinterpret_cast<GraphRunner*>(target.ptr());
   delete runner->state;
   runner->state = state.release();
@@ -404,6 +453,7 @@ void add_cuda_graph(py::module_& m) {
         "GraphRunner(fallback): a callable that calls `fallback` until arm_graph_runner() gives it a graph.");
   m.def("arm_graph_runner", &arm, py::arg("runner"), py::arg("graph"), py::arg("inputs"), py::arg("outputs"),
         py::arg("single"), py::arg("device"), py::arg("fence"), py::arg("first"), py::arg("keep_alive"),
+        py::arg("random_graph"),
         "Gives a GraphRunner its captured graph (see opgen/runtime/execution/cuda_graphs.py).");
 }
 

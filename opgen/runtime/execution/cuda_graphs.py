@@ -17,11 +17,23 @@ overwrites them, so a caller keeping a result across calls must clone it. Output
 or views of inputs are views of the caller's tensors, as in plain mode; constants are returned as
 they are.
 
+Random ops (`rand`, `randn`, dropout in training, `bernoulli`, ...) are captured too, and each replay
+draws fresh numbers, as torch's own graphs do: the captured kernels read the philox seed and offset of
+the device's default generator from device memory, and torch's `CUDAGraph.replay()` writes the
+generator's current seed and offset there before it launches, then advances the offset by what the
+graph consumes. For such a graph the runner launches through torch's `replay()` (its body is moved
+inside torch's graph, with the copy nodes around it), so `torch.manual_seed` before a call makes
+the numbers reproducible, and a graph draws the numbers plain calls would have drawn: the warm-up's
+draws are undone. Which calls draw random numbers is decided at compile time from their arguments
+(`CompiledGraph.random_calls`): attention at dropout_p=0 (every eval transformer) draws none, and
+replays with a plain launch. (Ops on another generator cannot reach a compiled graph: export and
+torch.compile do not pass generator objects to it.)
+
 The plain function runs instead, with one warning and a line in `report()`, where a replay could
-not be faithful: no CUDA tensor, several devices, random ops (a replay repeats their numbers),
-outputs that share memory in a way copies cannot reproduce, a graph compiled for dynamic shapes
-(its sizes change per call; static specializations are still captured), or a failed capture (an
-op that synchronizes with the host, a CPU tensor copied in).
+not be faithful: no CUDA tensor, several devices, outputs that share memory in a way copies cannot
+reproduce, a graph compiled for dynamic shapes (its sizes change per call; static specializations
+are still captured), or a failed capture (an op that synchronizes with the host, a CPU tensor
+copied in).
 """
 
 from __future__ import annotations
@@ -38,7 +50,6 @@ from torch.utils import _pytree as pytree
 
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.errors import OpgenWarning
-from opgen.runtime.execution.executor import resolve_op
 from opgen.runtime.execution.guards import fast_check
 from opgen.runtime.registry import KernelRegistry
 
@@ -62,10 +73,14 @@ class GraphStatus:
     captured: bool = False
     reason: str | None = None  # why it runs plain
     capture_seconds: float = 0.0
+    random: tuple[str, ...] = ()  # the ATen ops that draw random numbers (fresh on every replay)
 
     def line(self) -> str:
         if self.captured:
-            return f"CUDA graph: captured on the first call ({self.capture_seconds:.2f} s), replayed since"
+            line = f"CUDA graph: captured on the first call ({self.capture_seconds:.2f} s), replayed since"
+            if self.random:
+                line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
+            return line
         if self.reason is not None:
             return f"CUDA graph: not used, running the plain generated code: {self.reason}"
         return "CUDA graph: not captured yet (the first call with fitting inputs captures it)"
@@ -110,12 +125,11 @@ class CudaGraphs:
         `fixed` are inputs always passed at one address (parameters under torch.compile): they are
         not copied, and a call passing another tensor for one of them runs the plain function.
         """
-        status = GraphStatus()
+        status = GraphStatus(random=random_ops(graph))
         try:
             if graph.dynamic:
                 raise CaptureRefused("dynamic shapes (a graph is captured for fixed sizes; compile with static shapes)")
             device = graph_device(graph, constants)
-            refuse_random_ops(graph, self.registry)
         except CaptureRefused as exc:
             self.refuse(status, str(exc), stacklevel=4)  # wrap <- build <- compile <- caller
             plain.graph_status = status  # type: ignore[attr-defined]
@@ -153,19 +167,9 @@ def graph_device(graph: CompiledGraph, constants: Mapping[str, torch.Tensor]) ->
     return cuda[0] if cuda[0].index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
-def _aten_op(aten: str) -> Any:
-    """`aten::add.Tensor` -> torch.ops.aten.add.Tensor; `aten::relu` -> torch.ops.aten.relu.default."""
-    target = aten.replace("::", ".")
-    return resolve_op(target if target.count(".") > 1 else target + ".default")
-
-
-def refuse_random_ops(graph: CompiledGraph, registry: KernelRegistry) -> None:
-    atens = [registry.by_name[k].aten for k in graph.kernels if k in registry.by_name]
-    ops = [_aten_op(a) for a in atens if a.startswith("aten::")]  # not opgen::<Triton op>
-    ops += [resolve_op(target) for target in graph.fallbacks]
-    seeded = sorted(str(op) for op in ops if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()))
-    if seeded:
-        raise CaptureRefused(f"random ops ({', '.join(seeded)}) would replay the same numbers every call")
+def random_ops(graph: CompiledGraph) -> tuple[str, ...]:
+    """The ATen ops of the graph's calls that draw random numbers, sorted, each once."""
+    return tuple(sorted({target for _, target in graph.random_calls}))
 
 
 @dataclass
@@ -224,10 +228,12 @@ class _Capture:
         ]
         caller = torch.cuda.current_stream(self.pool.device)
         written = [self.constants[key] for key in self.graph.written_constants]
+        generator = torch.cuda.default_generators[self.pool.device.index]
         with torch.cuda.device(self.pool.device):
             self.pool.stream.wait_stream(caller)
             with torch.cuda.stream(self.pool.stream):
-                saved = [t.clone() for t in written]  # warm-up runs must not advance buffers
+                saved = [t.clone() for t in written]  # warm-up runs must not advance buffers,
+                rng = generator.get_state()  # nor the random number generator
                 for static, arg in zip(statics, args, strict=True):
                     if static is not arg:
                         static.copy_(arg)
@@ -235,6 +241,7 @@ class _Capture:
                     self.plain(*statics)
                 for t, value in zip(written, saved, strict=True):
                     t.copy_(value)
+                generator.set_state(rng)
             cuda_graph = torch.cuda.CUDAGraph(keep_graph=True)
             with torch.cuda.graph(cuda_graph, pool=self.pool.handle, stream=self.pool.stream,
                                   capture_error_mode="thread_local"):  # fmt: skip
@@ -251,7 +258,7 @@ class _Capture:
             self.runner.rebuild = lambda flat: pytree.tree_unflatten(list(flat), spec)
         arm_graph_runner(
             self.runner, cuda_graph.raw_cuda_graph(), inputs, plans, single, self.pool.device.index, self.pool.fence,
-            list(args), (cuda_graph, statics, leaves),
+            list(args), (cuda_graph, statics, leaves), cuda_graph if self.status.random else None,
         )  # fmt: skip
         self.runner.static_inputs = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
 
