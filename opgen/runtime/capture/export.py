@@ -6,6 +6,11 @@ bind but torch can decompose, one more decomposition each, kept only if it succe
 functional graph and does not bring in ops kernel_ops lacks (torch's own tables often lower to
 `prims`, some to mutating ops such as `prims.copy_to`). A decomposition that fails is skipped:
 the op stays in the graph, and lowering names it (or calls it, with fallback=True).
+
+Before decomposition, tensors torch.export lifts in a form its own retrace cannot take (a KV cache
+held outside the module: one tensor lifted twice, or a constant the graph writes) are rewritten
+(`opgen.runtime.capture.lifted`). Where torch's decomposition still fails as a whole, the error is a
+`DecompositionError` naming the model and what to do, never torch's internal assertion.
 """
 
 from __future__ import annotations
@@ -20,12 +25,27 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from opgen.runtime.capture.decompositions import decomposition_table
+from opgen.runtime.capture.lifted import buffers_for_written_constants, shared_memory
 from opgen.runtime.capture.torch_noise import torch_noise_silenced
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.lowering.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.registry import KernelRegistry
 
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+class DecompositionError(OpgenError):
+    """torch.export captured the model, but torch's `run_decompositions` failed on the graph."""
+
+    def __init__(self, model: str, inputs: str, cause: BaseException, shared: Sequence[str] = ()) -> None:
+        views = "".join(f" The graph reads {pair} as separate inputs that share memory." for pair in shared)
+        super().__init__(
+            f"opgen.compile: torch.export captured {model} for inputs ({inputs}), but torch failed to decompose "
+            f"the exported graph to the ATen ops opgen lowers (ExportedProgram.run_decompositions raised "
+            f"{type(cause).__name__}: {cause}).{views} Tensors the model writes in forward (a KV cache) should be "
+            "registered buffers of the module that forward reaches as themselves, not as views kept elsewhere; "
+            "torch.compile(model, backend='opgen') compiles the model without torch.export."
+        )
 
 
 class _FunctionModule(torch.nn.Module):
@@ -89,8 +109,13 @@ def _export_program(
             "torch.compile(model, backend='opgen') handles graph breaks instead."
         )
         raise
+    shared = shared_memory(ep)
+    ep = buffers_for_written_constants(ep)  # a KV cache held outside the module: see capture/lifted.py
     # triton_op custom ops become the wrap_triton kernel calls inside them, which opgen launches.
-    ep = _run_default_decompositions(ep, registry)
+    try:
+        ep = _run_default_decompositions(ep, registry)
+    except Exception as exc:  # torch's own asserts included: they must not reach the user bare
+        raise DecompositionError(model_name(model), describe_inputs(inputs), exc, shared) from exc
     return _decompose_uncovered(ep, registry)
 
 
