@@ -96,13 +96,22 @@ def test_kernel_source_and_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     names = [f.name for f in tree.body if isinstance(f, ast.FunctionDef)]
     assert names == ["_rows", qkv.name]
     assert qkv.source.count("_rows(") == 4 and "elif pid < " in qkv.source and "else:" in qkv.source
-    assert "# graph nodes: mm (aten.mm.default)" in qkv.source or "aten.mm.default" in qkv.source
+    assert "def gemv_" in qkv.source and "(x, w0, w1, w2, out0, out1, out2, BLOCK_N" in qkv.source
+    assert len(qkv.nodes) == 3  # the nodes are the report's to name, not the shared source's
     for meta, _, _, grid in qkv.configs:  # the grid covers every product's rows
         block_n, block_k = dict(meta)["BLOCK_N"], dict(meta)["BLOCK_K"]
         assert grid == (sum(-(-n // block_n) for n in (64, 32, 32)),)
         assert block_k <= 64
     assert all(isinstance(line, KernelCall) and line.target == "aten.mm.default" for line in qkv.lines)
     assert len({line.args[0] for line in qkv.lines}) == 1  # the ATen side reads the one input the kernel reads
+
+
+def test_layers_share_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two identical layers: one source per kind of product, so each compiles (and tunes) once."""
+    model = nn.Sequential(Block(), Block())
+    _, specs = compile_gemv(monkeypatch, model, (torch.randn(1, 64),))
+    assert len(specs) == 8 and len({s.source for s in specs}) == 4  # qkv, o, gate/up, down
+    assert len({s.name for s in specs}) == 4
 
 
 def test_nothing_changes_on_the_cpu_or_for_several_rows(monkeypatch: pytest.MonkeyPatch) -> None:

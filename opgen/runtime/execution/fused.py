@@ -112,9 +112,14 @@ def _write(filename: str, source: str) -> Path:
 
 
 def _launcher(spec: FusedKernel) -> Any:
-    params = (*spec.inputs, *(v.name for v in spec.outputs))
-    mutates = [v.name for v in spec.outputs]
-    return fixed_grid_launcher(load_function(spec), spec.configs, params, mutates, spec.name, lambda: _examples(spec))
+    fn = load_function(spec)
+    count = len(spec.inputs) + len(spec.outputs)
+    # The kernel's own parameter names (inputs, then outputs): a kernel shared by several calls (the
+    # matrix-vector kernels of a model's layers) names them apart from any one call's values.
+    names = list(getattr(fn, "arg_names", ()))[:count]
+    params = names if len(names) == count else [*spec.inputs, *(v.name for v in spec.outputs)]
+    mutates = params[len(spec.inputs) :]
+    return fixed_grid_launcher(fn, spec.configs, params, mutates, spec.name, lambda: _examples(spec))
 
 
 def _examples(spec: FusedKernel) -> list[torch.Tensor]:

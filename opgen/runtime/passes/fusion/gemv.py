@@ -33,7 +33,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.dead_code import eliminate_dead_code
-from opgen.runtime.passes.fusion.gemv_triton import configs, source
+from opgen.runtime.passes.fusion.gemv_triton import configs, kernel
 from opgen.runtime.registry import KernelRegistry
 
 PRODUCTS = ("aten.mm.default", "aten.addmm.default")
@@ -99,10 +99,14 @@ def find_siblings(program: Program) -> Iterator[Siblings]:
     for index, line in enumerate(program.body):
         product = _product(index, line, metas, constant) if isinstance(line, KernelCall) else None
         if product is not None:
-            group = open_.setdefault((roots.get(product.x, product.x), metas[product.x]), [])
+            key = (roots.get(product.x, product.x), metas[product.x])
+            group = open_.setdefault(key, [])
+            if any(product.w == p.w or (product.bias and product.bias == p.bias) for p in group):
+                yield _siblings(open_.pop(key), metas)  # one weight twice: a kernel parameter each
+                group = open_.setdefault(key, [])
             group.append(product)
             if len(group) == MAX_PRODUCTS:
-                yield _siblings(open_.pop((roots.get(product.x, product.x), metas[product.x])), metas)
+                yield _siblings(open_.pop(key), metas)
         elif isinstance(line, KernelCall) and (line.mutates or line.fallback or line.jit):
             yield from (_siblings(g, metas) for g in open_.values())
             open_.clear()
@@ -160,15 +164,15 @@ def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constan
 def fused_kernel(group: Siblings, local: str, metas: dict[str, TensorMeta]) -> FusedKernel:
     products = group.products
     nodes = tuple(p.line.node for p in products)
-    name = f"{local}_{_identifier(nodes[0])}" + (f"_{_identifier(nodes[-1])}" if len(nodes) > 1 else "")
-    inputs = tuple(dict.fromkeys((group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))))
+    name, source = kernel(group, metas)
+    inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     outputs = tuple(p.line.outputs[0] for p in products)
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
     rows = " + ".join(str(p.n) for p in products)
     return FusedKernel(
         local=local,
-        name=name[:60],
-        source=source(name[:60], group, metas),
+        name=name,
+        source=source,
         inputs=inputs,
         input_dtypes=tuple(metas[i].dtype for i in inputs),
         outputs=outputs,  # type: ignore[arg-type]
@@ -177,7 +181,3 @@ def fused_kernel(group: Siblings, local: str, metas: dict[str, TensorMeta]) -> F
         describe=f"matrix-vector kernel, {len(products)} product(s) of one row of {group.k}: {rows} rows",
         lines=tuple(substitute_line(p.line, same_x) for p in products),  # type: ignore[misc]
     )
-
-
-def _identifier(node: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in node).strip("_")

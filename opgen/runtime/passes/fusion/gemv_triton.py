@@ -4,11 +4,13 @@ One program computes BLOCK_N rows of one product: it walks K in blocks of BLOCK_
 [BLOCK_N, BLOCK_K] tile of the weight by the input's block in float32, and sums the tile's rows at
 the end. Programs are laid out product after product (the first product's blocks, then the
 second's, ...), so one launch covers every sibling; the weights are streamed once (evict first),
-the input, read by every program, stays in cache. Sizes and strides are literals.
+the input, read by every program, stays in cache. Sizes and strides are literals; names are not
+(see `kernel`), so a model's layers share their kernels.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +20,9 @@ if TYPE_CHECKING:
     from opgen.runtime.passes.fusion.gemv import Siblings
 
 Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
-# (BLOCK_N, BLOCK_K, warps, stages): a few shapes of tile; the first call's autotuning keeps the fastest.
-TILES = ((8, 512, 4, 3), (16, 256, 4, 3), (32, 128, 4, 4), (4, 1024, 4, 2), (16, 512, 8, 3))
+# (BLOCK_N, BLOCK_K, warps, stages): three shapes of tile (each one compile); the first call's autotuning
+# keeps the fastest.
+TILES = ((8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2))
 
 _ROWS = '''@triton.jit
 def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.constexpr, SW: tl.constexpr,
@@ -42,11 +45,36 @@ def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
 '''
 
 
-def source(name: str, group: Siblings, metas: dict[str, TensorMeta]) -> str:
+def kernel(group: Siblings, metas: dict[str, TensorMeta]) -> tuple[str, str]:
+    """(name, source) of the group's kernel. Both depend only on the sizes, strides and whether each
+    product has a bias, never on value names: the layers of a model share one kernel, compiled and tuned
+    once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`."""
     products = group.products
-    outs = [p.line.outputs[0].name for p in products]  # type: ignore[union-attr]
-    inputs = list(dict.fromkeys((group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))))
-    sx = group.x_meta.stride[1]
+    biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
+    params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
+    rows = " + ".join(str(p.n) for p in products)
+    body = [
+        f"    # {len(products)} product(s) of one row of {group.k}: {rows} rows",
+        "    pid = tl.program_id(0)",
+    ]
+    start = ""
+    calls = []
+    for i, product in enumerate(products):
+        blocks = f"({product.n} + BLOCK_N - 1) // BLOCK_N"
+        end = f"{start} + {blocks}" if start else blocks
+        block = f"pid - ({start})" if start else "pid"
+        bias = f"b{i}" if product.bias else f"out{i}"
+        args = ["x", f"w{i}", bias, f"out{i}", block, product.n, group.k, group.x_meta.stride[1]]
+        args += [metas[product.w].stride[1], product.bias is not None, "BLOCK_N", "BLOCK_K"]
+        calls.append((end, f"_rows({', '.join(map(str, args))})"))
+        start = end
+    if len(calls) == 1:
+        body.append(f"    {calls[0][1]}")
+    else:
+        for i, (end, call) in enumerate(calls):
+            test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
+            body += [f"    {test}", f"        {call}"]
+    name = "gemv_" + hashlib.sha256("\n".join(body).encode()).hexdigest()[:12]
     lines = [
         "import triton",
         "import triton.language as tl",
@@ -55,28 +83,10 @@ def source(name: str, group: Siblings, metas: dict[str, TensorMeta]) -> str:
         _ROWS,
         "",
         "@triton.jit",
-        f"def {name}({', '.join((*inputs, *outs))}, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):",
-        f"    # graph nodes: {', '.join(f'{p.line.node} ({p.line.target})' for p in products)}",
-        f"    # {len(products)} product(s) of one row of {group.k}: {' + '.join(str(p.n) for p in products)} rows",
-        "    pid = tl.program_id(0)",
+        f"def {name}({', '.join(params)}, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):",
+        *body,
     ]
-    start = ""
-    calls = []
-    for product, out in zip(products, outs, strict=True):
-        blocks = f"({product.n} + BLOCK_N - 1) // BLOCK_N"
-        end = f"{start} + {blocks}" if start else blocks
-        block = f"pid - ({start})" if start else "pid"
-        args = [group.x, product.w, product.bias or out, out, block, product.n, group.k, sx]
-        args += [metas[product.w].stride[1], product.bias is not None, "BLOCK_N", "BLOCK_K"]
-        calls.append((end, f"_rows({', '.join(map(str, args))})"))
-        start = end
-    if len(calls) == 1:
-        lines.append(f"    {calls[0][1]}")
-    else:
-        for i, (end, call) in enumerate(calls):
-            test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
-            lines += [f"    {test}", f"        {call}"]
-    return "\n".join(lines) + "\n"
+    return name, "\n".join(lines) + "\n"
 
 
 def configs(group: Siblings) -> tuple[Config, ...]:

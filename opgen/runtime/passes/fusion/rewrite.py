@@ -33,15 +33,14 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
     fused: list[FusedKernel] = []
     for item in found:
         local = next(locals_)
-        name = _kernel_name(local, item.group.nodes)
         try:
-            generated = kernel(item.group, name)
+            generated = kernel(item.group)
         except CodegenError:
             continue
         group = item.group
         spec = FusedKernel(
             local=local,
-            name=name,
+            name=generated.name,
             source=generated.source,
             inputs=tuple(t.name for t in group.inputs),
             input_dtypes=tuple(t.meta.dtype for t in group.inputs),
@@ -60,7 +59,7 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
             (),
             spec.outputs,
             node=", ".join(group.nodes),
-            target=f"fused Triton kernel {name}",
+            target=f"fused Triton kernel {generated.name}",
             unpack=len(spec.outputs) > 1,
             jit=True,
         )
@@ -68,10 +67,3 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
         return program
     body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
     return replace(program, body=body, fused=(*program.fused, *fused))
-
-
-def _kernel_name(local: str, nodes: tuple[str, ...]) -> str:
-    """`fused3_mul_softmax`: the call's local name, then its first and last node, as a Python identifier."""
-    ends = (nodes[0], nodes[-1]) if len(nodes) > 1 else nodes[:1]
-    words = "_".join("".join(c if c.isalnum() else "_" for c in n).strip("_") for n in ends)
-    return f"{local}_{words}"[:60]

@@ -15,6 +15,7 @@ copy; an operand that is contiguous in the iteration order is read with the runn
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,39 +39,37 @@ class Kernel:
     configs: tuple[Config, ...]
 
 
-def kernel(group: FusedGroup, name: str) -> Kernel:
+def kernel(group: FusedGroup) -> Kernel:
+    """The group's kernel. Its source names no graph value or node (parameters `in0..`, `out0..`, the
+    kernel `fused_<hash of the body>`), so groups that compute the same thing on the same sizes, as a
+    model's layers do, share one source: one compile and one tuning. The report names the nodes."""
     body = _Body(group)
     for step in group.steps:
         body.step(step)
     for out in group.outputs:
         body.store(out)
-    params = tuple(t.name for t in (*group.inputs, *group.outputs))
     meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
-    nodes = ", ".join(f"{s.node} ({s.target})" for s in group.steps)
+    text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in (*_prologue(group), *body.lines)), ""])
+    name = "fused_" + hashlib.sha256(f"{meta}\n{text}".encode()).hexdigest()[:12]
     lines = [
         "import triton",
         "import triton.language as tl",
         "",
         "",
         "@triton.jit",
-        f"def {name}({', '.join(params)}, {meta}):",
-        *_wrap(f"# graph nodes: {nodes}", "    # "),
-        f"    # {group.describe()}",
-        *(f"    {line}" for line in (*_prologue(group), *body.lines)),
-        "",
+        f"def {name}({', '.join(_params(group))}, {meta}):",
+        text,
     ]
     return Kernel(name, "\n".join(lines), _configs(group))
 
 
-def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
-    words, lines, line = text.removeprefix("# ").split(" "), [], ""
-    for word in words:
-        if line and len(indent) + len(line) + len(word) + 1 > width:
-            lines.append(indent + line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return [*lines, indent + line]
+def _names(group: FusedGroup) -> list[str]:
+    return [t.name for t in (*group.inputs, *group.outputs)]
+
+
+def _params(group: FusedGroup) -> list[str]:
+    """The kernel's parameters: `in0..` for the inputs, `out0..` for the outputs (no graph names)."""
+    return [f"in{i}" for i in range(len(group.inputs))] + [f"out{i}" for i in range(len(group.outputs))]
 
 
 def _prologue(group: FusedGroup) -> list[str]:
@@ -96,10 +95,12 @@ class _Body:
     values: dict[str, Operand] = field(default_factory=dict)
     count: int = 0
     dtypes: dict[str, str] = field(init=False)  # every tensor the group reads or defines -> its dtype
+    params: dict[str, str] = field(init=False)  # each input and output -> the kernel's parameter for it
 
     def __post_init__(self) -> None:
         tensors = [*self.group.inputs, *(t for s in self.group.steps for t in s.outputs if t is not None)]
         self.dtypes = {t.name: t.meta.dtype for t in tensors}
+        self.params = dict(zip(_names(self.group), _params(self.group), strict=True))
 
     def fresh(self) -> str:
         self.count += 1
@@ -116,7 +117,8 @@ class _Body:
             address, where = _address(self.group, tensor)
             mask = f", mask={where}" if where else ""
             ctype = compute_type(tensor.meta.dtype)
-            load = f"tl.load({name} + {address}{mask})" if address else f"tl.load({name})"
+            param = self.params[name]
+            load = f"tl.load({param} + {address}{mask})" if address else f"tl.load({param})"
             same = ctype == tensor.meta.dtype  # bool loads as int1, which compute_type also calls bool
             self.values[name] = self.let(load if same else f"{load}.to({TL[ctype]})", ctype)
         return self.values[name]
@@ -125,7 +127,7 @@ class _Body:
         return {k: self.operand(v.name) if isinstance(v, Ref) else v for k, v in step.values}
 
     def step(self, step: Step) -> None:
-        self.lines.append(f"# {step.node}: {step.target}")
+        self.lines.append(f"# {step.target}")
         values = self.arguments(step)
         outs = [t for t in step.outputs if t is not None]
         if step.target in _ROWS:
@@ -166,7 +168,7 @@ class _Body:
         else:
             stored = cast(value, dtype) if value.ctype != dtype else value.text
         mask = f", mask={where}" if where else ""
-        self.lines.append(f"tl.store({tensor.name} + {address}, {stored}{mask})")
+        self.lines.append(f"tl.store({self.params[tensor.name]} + {address}, {stored}{mask})")
 
 
 def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[str, str]:
@@ -179,7 +181,8 @@ def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[s
     if group.kind == "row" and output and meta.shape == shape[:-1]:
         own.append(0)
     strides = [0] * (len(shape) - len(own)) + own
-    offset = int(meta.offset)  # type: ignore[call-overload]
+    # No storage offset: the kernel is handed the view itself, whose pointer already points at its first
+    # element (a fresh output has none).
     if group.kind == "row":
         lead = _linear(shape[:-1], strides[:-1], "rows")
         col = "cols" if strides[-1] == 1 else f"cols * {strides[-1]}" if strides[-1] else ""
@@ -191,8 +194,6 @@ def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[s
     else:
         parts = [p for p in (_linear(shape, strides, "offs") or ("offs * 0" if output else ""),) if p]
         where = "mask" if parts else ""
-    if offset:
-        parts.append(str(offset))
     return " + ".join(parts), where
 
 
