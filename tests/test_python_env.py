@@ -8,10 +8,12 @@ an externally managed Python is stood in for by a wrapper that answers the scrip
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = getattr(sys, "_base_executable", sys.executable)  # not a venv's: the probe must not see one
@@ -22,6 +24,19 @@ def python_env(python: str, venv: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["sh", "tools/python_env.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True
     )
+
+
+SEES = (
+    "import importlib.util, json, site, sys; print(json.dumps({'venv': sys.prefix != sys.base_prefix, "
+    "'path': sys.path, 'site': site.getsitepackages(), 'pip': importlib.util.find_spec('pip') is not None, "
+    "'torch': importlib.util.find_spec('torch') is not None}))"
+)
+
+
+def sees(python: str) -> dict[str, Any]:
+    """What `python` is and can import: venv or not, sys.path, its site directories, pip and torch found."""
+    done = subprocess.run([python, "-c", SEES], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def managed_python(tmp_path: Path) -> str:
@@ -47,9 +62,13 @@ def test_a_managed_python_gets_a_local_venv_that_both_commands_then_use(tmp_path
     first = python_env(python, venv)
     assert first.stdout.strip() == f"{venv}/bin/python"
     assert "is externally managed (PEP 668); creating a virtual environment in" in first.stderr
-    probe = "import sys, torch, pip; print(sys.prefix != sys.base_prefix)"
-    check = subprocess.run([f"{venv}/bin/python", "-c", probe], capture_output=True, text=True, timeout=120)
-    assert check.stdout.strip() == "True", check.stderr  # a venv, with pip, seeing the system's torch
+    # A venv with pip that sees the managed Python's packages (--system-site-packages): its torch where it
+    # has one. That Python is the base of the suite's own interpreter, which lacks torch where the suite
+    # runs in a venv of its own (`python3 -m venv venv; PYTHON=venv/bin/python make test`).
+    base, made = sees(BASE), sees(f"{venv}/bin/python")
+    assert made["venv"] and made["pip"], made
+    assert {d for d in base["site"] if os.path.isdir(d)} <= set(made["path"]), (base["site"], made["path"])
+    assert made["torch"] == base["torch"], (base, made)
     again = python_env(python, venv)
     assert again.stdout == first.stdout
     assert "using the virtual environment in" in again.stderr

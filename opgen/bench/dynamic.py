@@ -135,9 +135,11 @@ def steady_state(model: nn.Module, width: int, repeats: int) -> tuple[list[list[
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m opgen.bench dynamic", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, default=20, help="how many lengths between 1 and 256 (default 20)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--candidates", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    parser.add_argument("--width", type=int, default=256, help="model width (default 256)")
+    parser.add_argument(
+        "--candidates", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES), help="default: all"
+    )
     parser.add_argument("--repeats", type=int, default=7, help="steady-state repeats (default 7)")
     parser.add_argument("--no-steady", action="store_true", help="skip the steady-state comparison")
     return parser

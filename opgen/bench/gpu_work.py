@@ -154,8 +154,10 @@ def target_lines(results: Sequence[Result]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m opgen.bench gpu_work", description=__doc__)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
-    parser.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=list(CANDIDATES))
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="default: all")
+    parser.add_argument(
+        "--candidates", nargs="+", choices=CANDIDATES, default=list(CANDIDATES), help="default: all (eager always runs)"
+    )
     parser.add_argument("--calls", type=int, default=20, help="calls profiled per candidate")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per candidate")
     args = parser.parse_args(argv)

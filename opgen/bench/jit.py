@@ -165,7 +165,7 @@ def first_calls() -> list[list[object]]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m opgen.bench jit", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per launcher and timing (default 7)")
     args = parser.parse_args(argv)
     import opgen.jit
 

@@ -62,14 +62,14 @@ def _bound(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> Callable
 
 
 def main(argv: list[str]) -> int:
-    from opgen.bench.zoo_models import ZOO
-
     parser = argparse.ArgumentParser(prog="python -m opgen.bench zoo", description=__doc__)
     parser.add_argument("models", nargs="*", help="model names (default: all)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats per candidate (default 7)")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (it takes minutes)")
     args = parser.parse_args(argv)
+    from opgen.bench.zoo_models import ZOO  # needs transformers (the zoo extra); --help does not
+
     torch.set_num_threads(args.threads)
     names = args.models or [m.name for m in ZOO]
     rows = []
