@@ -1,4 +1,4 @@
-"""`python -m opgen.bench {ops,graphs,jit,dynamic,gpu_work,zoo,decode} [options]`: the project's benchmarks
+"""`python -m opgen.bench {ops,graphs,jit,dynamic,gpu_work,zoo,decode,tp} [options]`: the project's benchmarks
 (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ COMMANDS = {
     "gpu_work": ("opgen.bench.gpu_work", "GPU kernel time, launches and sync time per call, with and without fusion"),
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode", "LLM decoding, batch 1, static KV cache: per-token time and bandwidth"),
+    "tp": ("opgen.bench.tp", "a Llama-style decoder split over N processes (gloo/NCCL): eager, inductor, opgen"),
 }
 
 

@@ -5,6 +5,12 @@ registered in `linecache` (`source_lines`: for as long as the function lives) so
 debuggers show the generated lines, and executed once; its `make` factory binds kernels, ATen ops,
 symbols, constants and runtime helpers as closure locals and returns the function that runs the
 graph. OPGEN_DEBUG=1 prints the source.
+
+Profiling: the generated function hands each call to its profiled twin (`codegen.profiled`) while
+`torch.autograd.profiler._is_profiler_enabled` is set (by `torch.profiler.profile`,
+`torch.autograd.profiler.profile`, `emit_nvtx` and `emit_itt`); the twin opens its ranges with
+`_RecordFunctionFast`, the cheapest record_function torch has (the one Inductor's kernels use).
+With no profiler on, the cost is that one flag read per call.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.autograd.profiler
 
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.errors import OpgenError
@@ -45,6 +52,8 @@ class Runtime:
     lock: Any = field(default_factory=threading.Lock)
     set_check: Callable[[Check], None] | None = None  # filled in by `bind` once the function exists
     jit: Mapping[str, Any] = field(default_factory=dict)  # JIT launchers by local name (filled in by `bind`)
+    profiler: Any = torch.autograd.profiler  # its `_is_profiler_enabled` picks the profiled twin
+    record: Callable[[str], Any] = torch._C._profiler._RecordFunctionFast  # a profiler range (a context manager)
 
     def on_mismatch(self, *args: Any) -> Any:
         assert self.set_check is not None
@@ -88,6 +97,10 @@ def bind(
         from opgen.runtime.execution.fused import bindings  # each fused kernel starts compiling in the background
 
         rt.jit = {**rt.jit, **bindings(graph.fused)}
+    if graph.collectives:
+        from opgen.runtime.execution.collectives import bindings as collectives  # resolves the process groups
+
+        rt.jit = {**rt.jit, **collectives(graph.collectives)}
     symbols = {local: from_sym(Sym(kind, value)) for local, kind, value in graph.symbols}
     fn: Callable[..., Any] = namespace["make"](kernel_ops, ops, constants, symbols, rt)
     rt.set_check = _cell_setter(fn, "_check")

@@ -6,6 +6,7 @@ kernels it launches beyond kernel_ops (`kernels`), and arithmetic on symbolic si
 
 from __future__ import annotations
 
+from opgen.runtime.ir.collectives import Collective
 from opgen.runtime.ir.kernels import FusedKernel, JitKernelSpec, KernelChoice
 from opgen.runtime.ir.lines import (
     ITEMSIZE,
@@ -47,6 +48,7 @@ __all__ = [
     "ITEMSIZE",
     "Alloc",
     "Arg",
+    "Collective",
     "Comment",
     "Constant",
     "Free",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
+from opgen.runtime.ir.collectives import Collective
 from opgen.runtime.ir.kernels import FusedKernel, JitKernelSpec, KernelChoice
 from opgen.runtime.ir.sizes import Size, SizeExpr
 from opgen.runtime.ir.sizes import contiguous_strides as symbolic_strides
@@ -126,12 +127,14 @@ class Input:
     """A positional argument of the compiled function: a tensor, or (with `size`) a Python int.
 
     Size inputs are how torch.compile passes symbolic sizes (SymInt placeholders); `meta` is then a
-    0-d int64 placeholder that no pass reads (`meta_table` leaves size inputs out).
+    0-d int64 placeholder that no pass reads (`meta_table` leaves size inputs out). So it is for
+    `opaque` inputs: objects torch.compile passes that the graph never reads (a DTensor's spec).
     """
 
     name: str
     meta: TensorMeta
     size: SizeExpr | None = None
+    opaque: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +240,7 @@ class Program:
     memo: tuple[Line, ...] = ()  # run in the call only when the size symbols they read change (passes.memo)
     splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): a pass chose per call by `symbol < n` (size_classes)
     fused: tuple[FusedKernel, ...] = ()  # Triton kernels of fused node groups (passes.fusion)
+    collectives: tuple[Collective, ...] = ()  # torch.distributed collectives it issues and waits for
 
 
 def program_lines(program: Program) -> tuple[Line, ...]:
@@ -339,7 +343,7 @@ def substitute_line(line: Line, mapping: Mapping[str, Arg]) -> Line:
 
 def meta_table(program: Program) -> dict[str, TensorMeta]:
     """The meta of every named tensor value of a program."""
-    table = {i.name: i.meta for i in program.inputs if i.size is None}
+    table = {i.name: i.meta for i in program.inputs if i.size is None and not i.opaque}
     table.update((c.name, c.meta) for c in program.constants)
     for line in program_lines(program):
         table.update((v.name, v.meta) for v in defs(line) if v.meta is not None)

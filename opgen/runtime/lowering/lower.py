@@ -37,6 +37,7 @@ from opgen.runtime.ir import (
     defs,
     uses,
 )
+from opgen.runtime.lowering.collectives import CollectiveLowering, is_collective_node, is_opaque
 from opgen.runtime.lowering.fx_values import sym_of, tensor_meta, to_arg
 from opgen.runtime.lowering.signature import GraphSignature, PlaceholderSpec
 from opgen.runtime.lowering.symbolic import ASSERT_TARGETS, bindings, check_bound, graph_symbols, is_size_node, size_of
@@ -84,6 +85,7 @@ class _Lowering:
     body: list[Line] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     jit_kernels: list[JitKernelSpec] = field(default_factory=list)
+    collectives: CollectiveLowering = field(default_factory=CollectiveLowering)
     direct: int = 0
     counter: int = 0
 
@@ -116,6 +118,7 @@ class _Lowering:
             tuple(self.setup),
             tuple(self.body),
             jit_kernels=tuple(self.jit_kernels),
+            collectives=self.collectives.specs,
         )
         return Lowered(program, self.direct, tuple(self.fallbacks))
 
@@ -142,6 +145,10 @@ class _Lowering:
     def placeholder(self, node: torch.fx.Node, spec: PlaceholderSpec, mutated: bool) -> None:
         if isinstance(node.meta.get("val"), torch.SymInt | int) and spec.kind == "input":
             self.size_input(node)
+            return
+        if is_opaque(node):  # an object torch.compile passes beside a tensor (a DTensor's spec), never read
+            if spec.kind == "input":
+                self.inputs.append(Input(self.local(node.name), TensorMeta((), (), "int64", "cpu"), opaque=True))
             return
         meta = tensor_meta(node.meta["val"], f"input '{node.name}'")
         name = self.local(node.name)
@@ -179,8 +186,8 @@ class _Lowering:
             return
         if node.target in ASSERT_TARGETS or isinstance(node.meta.get("val"), torch.SymBool):
             return  # range asserts: the input check enforces the ranges they come from
-        if is_triton_node(node):
-            self.body.extend(lower_triton(self, node))
+        if is_triton_node(node) or is_collective_node(node):
+            self.body.extend(lower_triton(self, node) if is_triton_node(node) else self.collectives.lower(self, node))
             self.direct += 1
             return
         reason = ""
@@ -311,10 +318,14 @@ class _Lowering:
         val = node.meta.get("val")
         outputs, unpack = self.outputs(node, isinstance(val, list | tuple))
         target = op_name(node.target)
-        self.body.append(KernelCall(target, args, kwargs, outputs, node.name, target, unpack, fallback=True))
+        seeded = torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+        self.body.append(
+            KernelCall(target, args, kwargs, outputs, node.name, target, unpack, fallback=True, seeded=seeded)
+        )
         self.fallbacks.append((node.name, target))
 
     def output(self, node: torch.fx.Node) -> None:
+        self.body.extend(self.collectives.flush(self))  # collectives the graph never waited for
         values = node.args[0] if isinstance(node.args[0], list | tuple) else (node.args[0],)
         user: list[Arg] = []
         for spec, value in zip(self.signature.outputs, values, strict=True):

@@ -6,12 +6,18 @@ oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `o
 `layout` so that max pooling of its channels-last values joins its region; view
 simplification and shape folding leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
-again, removed before memory planning; constant folding and memory planning decide what lives in
+again, removed before memory planning; `reinplace` turns functional writes into buffers (a KV
+cache's `index_put`, `slice_scatter`) into in-place ones once views are simplified, before constant
+folding (views of the buffer stay in the body) and memory planning (which must see the writes);
+`collectives` issues torch.distributed collectives early and waits for them late once the body is
+simplified, before fusion and memory planning see it (its wait lines list the tensors in flight, so
+both keep them); constant folding and memory planning decide what lives in
 setup; `hoist_views` then moves views of setup values out of the call; `memo` moves what depends
 only on the size symbols of dynamic shapes (views of buffers and constants, calls on constants)
 into the size memo, recomputed only when the sizes change: before memory planning (calls on
 constants keep their own results) and after it (views of the buffers it made);
-`fusion` (CUDA, static sizes) turns groups of pointwise nodes and row reductions into generated
+`gemv` (CUDA, static sizes) makes one-row matrix products on constant weights (siblings over one
+input together) Triton kernels, and `fusion` turns groups of pointwise nodes and row reductions into generated
 Triton kernels once the graph is simplified, before memo and memory planning see the calls;
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
@@ -26,10 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from opgen.runtime.ir import Program
+from opgen.runtime.passes.collectives import overlap_collectives
 from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
@@ -37,6 +45,7 @@ from opgen.runtime.passes.memo import memoize_sizes
 from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.prepack import prepack_linear
+from opgen.runtime.passes.reinplace import reinplace
 from opgen.runtime.passes.shapes import fold_shapes
 from opgen.runtime.passes.sizes import hoist_sizes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
@@ -52,9 +61,12 @@ PASSES: dict[str, Pass] = {
     "identity_views": drop_identity_views,
     "sink_reshapes": sink_reshapes,
     "shapes": fold_shapes,
+    "reinplace": reinplace,
     "constants": fold_constants,
     "prepack": prepack_linear,
     "dead_code": eliminate_dead_code,
+    "collectives": overlap_collectives,
+    "gemv": fuse_gemv,
     "fusion": fuse,
     "memory": plan_memory,
     "hoist_views": hoist_views,
@@ -73,9 +85,12 @@ DEFAULT_PIPELINE = (
     "sink_reshapes",
     "shapes",
     "dead_code",
+    "reinplace",
     "constants",
     "prepack",
     "dead_code",
+    "collectives",
+    "gemv",
     "fusion",
     "memo",
     "memory",
