@@ -1,5 +1,6 @@
 #include "opgen/module.h"
 
+#include "opgen/executor_py.h"
 #include "opgen/input_check.h"
 #include "opgen/jit.h"
 #ifdef OPGEN_WITH_CUDA
@@ -45,6 +46,7 @@ void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> ta
                      std::span<const RegistryEntry> registry, const char* build_id) {
   add_input_check(parent);
   add_ranged_input_check(parent);
+  add_executor(parent);
   jit::add_jit(parent);
 #ifdef OPGEN_WITH_CUDA
   add_cuda_graph(parent);

@@ -28,12 +28,13 @@ import torch
 from opgen.bench import models
 from opgen.bench.timing import Timing, format_table, interleaved, max_error
 
-CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_backend")
+CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_backend")
 LABELS = {
     "eager": "eager",
     "inductor": "torch.compile (inductor)",
     "aoti": "AOTInductor",
     "opgen": "opgen.compile",
+    "opgen_cpp": 'opgen.compile(backend="cpp")',
     "opgen_backend": 'torch.compile(backend="opgen")',
 }
 # Targets for opgen.compile, as ratios to eager (the issue's definition of done).
@@ -73,6 +74,12 @@ def _compile_opgen(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> 
     return functools.partial(opgen.compile(model, inputs), *inputs)
 
 
+def _compile_opgen_cpp(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    import opgen
+
+    return functools.partial(opgen.compile(model, inputs, backend="cpp"), *inputs)
+
+
 def _compile_opgen_backend(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
     return functools.partial(torch.compile(model, backend="opgen"), *inputs)
 
@@ -86,6 +93,7 @@ BUILDERS = {
     "inductor": _compile_inductor,
     "aoti": _compile_aoti,
     "opgen": _compile_opgen,
+    "opgen_cpp": _compile_opgen_cpp,
     "opgen_backend": _compile_opgen_backend,
 }
 
@@ -103,7 +111,8 @@ def build(
         out = call()  # the first call: Dynamo tracing and lazy compilation happen here
         compile_s.append(time.perf_counter() - start)
         report = getattr(getattr(call, "func", None), "report", None)  # opgen.compile's result reports export time
-        codegen_s.append(compile_s[-1] - report().export_seconds if name == "opgen" and report else None)
+        opgen_compile = name in ("opgen", "opgen_cpp")
+        codegen_s.append(compile_s[-1] - report().export_seconds if opgen_compile and report else None)
         errors.append(max_error(out, reference))
         calls.append(call)
         print(
@@ -276,21 +285,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument("--png", type=Path, help="also write a bar chart of the ratios (needs matplotlib)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (default): this benchmark; cuda: the GPU one (graphs_cuda.py: sync and enqueue times, "
+        "CUDA-graph mode), which takes --cases, --candidates, --repeats and --json (see --device cuda --help)",
+    )
     return parser
+
+
+def _device(argv: list[str]) -> tuple[str, list[str]]:
+    """`--device` and the other arguments: `--device cuda` is its own benchmark, with its own options."""
+    pre = argparse.ArgumentParser(prog="python -m opgen.bench graphs", add_help=False)
+    pre.add_argument("--device", default="cpu")  # a bad value: the whole parser below names the choices
+    known, rest = pre.parse_known_args(argv)
+    return known.device, rest
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
-    if "--device" in argv:  # `--device cuda` is its own benchmark (graphs_cuda.py); `--device cpu` is this one
-        at = argv.index("--device")
-        device = argv[at + 1] if at + 1 < len(argv) else ""
-        del argv[at : at + 2]
-        if device == "cuda":
-            from opgen.bench import graphs_cuda
+    device, rest = _device(argv)
+    if device == "cuda":  # graphs_cuda.py; `--device cpu` is this one
+        from opgen.bench import graphs_cuda
 
-            return graphs_cuda.main(argv)
-        if device != "cpu":
-            raise SystemExit(f"python -m opgen.bench graphs: --device takes cpu or cuda, not {device!r}")
+        return graphs_cuda.main(rest)
     args = _parser().parse_args(argv)
     selected = [
         c

@@ -57,8 +57,9 @@ function(opgen_add_extension target)
   math(EXPR last "${ARG_SHARDS} - 1")
   set(gen_cpp "${gen_dir}/module.cpp")
   foreach(i RANGE ${last})
-    list(APPEND gen_cpp "${gen_dir}/kernel_ops_${i}.cpp")
+    list(APPEND gen_cpp "${gen_dir}/kernel_ops_${i}.cpp" "${gen_dir}/thunks_${i}.cpp")  # thunks: the C++ executor's
   endforeach()
+  list(APPEND gen_cpp "${gen_dir}/thunk_tables.cpp")
   file(GLOB generator_sources "${_OPGEN_ROOT}/*.py" "${_OPGEN_ROOT}/spec/*.py" "${_OPGEN_ROOT}/gen/*.py"
        "${_OPGEN_ROOT}/jit/__init__.py" "${_OPGEN_ROOT}/jit/expr.py" "${_OPGEN_ROOT}/templates/*.j2"
        "${_OPGEN_ROOT}/cmake/generate.py")
@@ -74,7 +75,8 @@ function(opgen_add_extension target)
   set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
       "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/jit_binding.cpp"
       "${_OPGEN_CSRC}/opgen/ranged_check.cpp" "${_OPGEN_CSRC}/opgen/checks.cpp"
-      "${_OPGEN_CSRC}/opgen/kernels.cpp")
+      "${_OPGEN_CSRC}/opgen/kernels.cpp" "${_OPGEN_CSRC}/opgen/executor.cpp" "${_OPGEN_CSRC}/opgen/executor_parse.cpp"
+      "${_OPGEN_CSRC}/opgen/executor_py.cpp")
   # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
   set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)

@@ -6,7 +6,7 @@ import ast
 import re
 
 from opgen.gen import triton_bindings
-from opgen.gen.cpp_types import c_string, cpp_arg
+from opgen.gen.cpp_types import c_string, cpp_arg, kernel_call_expr
 from opgen.spec.checks import CHECKS
 from opgen.spec.defaults import parse_default
 from opgen.spec.model import Arg, Kernel, OpSpec, Variant
@@ -87,8 +87,7 @@ def out_overlap_lines(spec: OpSpec) -> list[str]:
 
 
 def kernel_call(spec: OpSpec, kernel: Kernel) -> str:
-    args = ", ".join(cpp_arg(a, i).pass_expr for i, a in enumerate(spec.schema.args))
-    call = f"{kernel.qualified_name}({args})"
+    call = kernel_call_expr(spec, kernel)
     return f"opgen::without_gil([&] {{ return {call}; }})" if spec.release_gil else call
 
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from opgen.spec.defaults import parse_default
-from opgen.spec.model import Arg, Type
+from opgen.spec.model import Arg, Kernel, OpSpec, Type
 
 # C++ names a schema argument cannot use as a local variable as they stand.
 _RESERVED = frozenset(
@@ -152,3 +152,10 @@ def pass_expr(arg: Arg, var: str) -> str:
 def cpp_arg(arg: Arg, index: int) -> CppArg:
     var = cpp_var(arg.name)
     return CppArg(var, decl_type(arg), convert_expr(arg, index), default_expr(arg), pass_expr(arg, var))
+
+
+def kernel_call_expr(spec: OpSpec, kernel: Kernel) -> str:
+    """How a kernel is called from C++ (`at::cpu::add(self, other, alpha)`), with the arguments in the
+    locals `cpp_arg` declares: the one place the bindings and the executor's thunks share."""
+    args = ", ".join(cpp_arg(a, i).pass_expr for i, a in enumerate(spec.schema.args))
+    return f"{kernel.qualified_name}({args})"

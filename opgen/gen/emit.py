@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jinja2
 
-from opgen.gen import bindings, registry, stub
+from opgen.gen import bindings, registry, stub, thunks
 from opgen.spec.model import OpSpec
 
 DEFAULT_SHARDS = 4
@@ -28,7 +28,8 @@ def shard_of(spec: OpSpec, shards: int) -> int:
 
 
 def output_names(shards: int = DEFAULT_SHARDS) -> list[str]:
-    return [f"kernel_ops_{i}.cpp" for i in range(shards)] + ["module.cpp", "kernel_ops.pyi"]
+    thunk_files = [f"thunks_{i}.cpp" for i in range(shards)] + ["thunk_tables.cpp"]
+    return [f"kernel_ops_{i}.cpp" for i in range(shards)] + thunk_files + ["module.cpp", "kernel_ops.pyi"]
 
 
 def emit(
@@ -47,6 +48,7 @@ def emit(
             functions=[bindings.emit_function(s) for s in members],
             method_defs=[bindings.method_def(s) for s in members],
         )
+    files.update(_thunk_files(ops, spec_name, shards))
     entries = [(info["name"], registry.to_json(info)) for info in registry.registry(ops)]
     digest = hashlib.sha256("".join(files[k] for k in sorted(files)).encode())
     digest.update("".join(j for _, j in entries).encode())
@@ -55,5 +57,27 @@ def emit(
     )
     files["kernel_ops.pyi"] = _TEMPLATES.get_template("kernel_ops.pyi.j2").render(
         spec_name=spec_name, functions=[stub.stub_function(s) for s in ops]
+    )
+    return files
+
+
+def _thunk_files(ops: tuple[OpSpec, ...], spec_name: str, shards: int) -> dict[str, str]:
+    """The C++ executor's thunks (`gen.thunks`), sharded as the bindings are, and the table of their tables."""
+    files: dict[str, str] = {}
+    for shard in range(shards):
+        members = [s for s in ops if shard_of(s, shards) == shard]
+        common, cuda = thunks.headers(members)
+        pairs = [(s, k) for s in members for k in thunks.thunk_kernels(s)]
+        files[f"thunks_{shard}.cpp"] = _TEMPLATES.get_template("thunks.cpp.j2").render(
+            spec_name=spec_name,
+            shard=shard,
+            shards=shards,
+            headers=common,
+            cuda_headers=cuda,
+            thunks=[thunks.emit_thunk(s, k) for s, k in pairs],
+            entries=[thunks.table_entry(s, k) for s, k in pairs],
+        )
+    files["thunk_tables.cpp"] = _TEMPLATES.get_template("thunk_tables.cpp.j2").render(
+        spec_name=spec_name, shards=shards
     )
     return files

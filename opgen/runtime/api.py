@@ -31,6 +31,7 @@ from opgen.runtime.capture.export import as_module, constants_of, export_program
 from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.execution import executor
 from opgen.runtime.execution.automatic import Dynamic as _Dynamic
+from opgen.runtime.execution.cpp_executor import bind_cpp, check_backend, with_backend
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions, GraphStatus
 from opgen.runtime.execution.dynamic_guards import explain, input_check, is_dynamic
 from opgen.runtime.execution.guards import PROCEED, Check, InputSpec, diagnose, shape_mismatch_message, signature
@@ -55,6 +56,7 @@ def compile(
     static_outputs: bool = False,
     dynamic_shapes: Any = None,
     automatic_dynamic: bool | None = None,
+    backend: str = "python",
 ) -> Compiled:
     """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
 
@@ -72,6 +74,9 @@ def compile(
     automatic_dynamic: recompile dimensions whose size changed as dynamic (False: specialize every size).
         Default: on, except with cuda_graphs (a dynamic graph cannot be captured, so each size gets
         its own captured specialization instead).
+    backend: "python" runs the generated Python; "cpp" runs the same program on opgen's prebuilt C++
+        executor (a graph it cannot run yet stays Python, with one OpgenWarning and a line in `report()`);
+        "auto" is "cpp" without the warning.
     """
     if static_outputs and not cuda_graphs:
         raise ValueError("opgen.compile: static_outputs=True needs cuda_graphs=True")
@@ -82,7 +87,9 @@ def compile(
         if not fallback:
             raise RequiresGradError(reason)
         return _eager(module, f"{reason} requires grad")
-    options = CompileOptions(fallback, tuple(passes) if passes is not None else default_pipeline(), cache)
+    check_backend(backend, "opgen.compile")
+    passes = tuple(passes) if passes is not None else default_pipeline()
+    options = CompileOptions(fallback, passes, cache, backend=backend)
     graphs = CudaGraphs(GraphOptions(static_outputs), model_name(module), default_registry()) if cuda_graphs else None
     if automatic_dynamic is None:
         automatic_dynamic = not cuda_graphs
@@ -163,7 +170,9 @@ class _Specializations:
         sig = signature_of(ep)
         constants = constants_of(self.module, ep)
         grad_mode = any(constants[p.key].requires_grad for p in sig.placeholders if p.kind == "constant" and p.key)
-        options = CompileOptions(self.options.fallback, self.options.passes, self.options.cache, True, grad_mode)
+        options = CompileOptions(
+            self.options.fallback, self.options.passes, self.options.cache, True, grad_mode, self.options.backend
+        )
         spec = ep.call_spec.out_spec
         compile_ = functools.partial(compile_graph, ep.graph_module, sig, options, model_name(self.module), str(spec))
         parts = [compile_(ranges)]
@@ -183,11 +192,13 @@ class _Specializations:
         handler = self.slow_path(graph.inputs, graph.size_ranges, bound.grad_mode, whole)
         rt = executor.Runtime(handler, unflatten=bound.unflatten)
         fn = executor.bind(graph, bound.constants, rt, kernel_ops_module(), filename)
+        cpp = functools.partial(bind_cpp, graph, bound.constants, rt.on_mismatch, bound.unflatten)
+        fn, backend_line = with_backend(self.options.backend, graph, fn, cpp)
         if self.graphs is not None:
             fn = self.graphs.wrap(fn, graph, bound.constants)
         fn.artifact = graph  # type: ignore[attr-defined]
         status = getattr(fn, "graph_status", None)
-        fn.report = lambda: self.report(graph, bound.export_seconds, status, rt.jit)  # type: ignore[attr-defined]
+        fn.report = lambda: self.report(graph, bound.export_seconds, status, rt.jit, backend_line)  # type: ignore[attr-defined]
         if is_dynamic(graph.inputs):
             self.ranged.append((input_check(graph.inputs, graph.size_ranges), fn, graph.inputs))
         else:
@@ -195,7 +206,12 @@ class _Specializations:
         return fn
 
     def report(
-        self, graph: CompiledGraph, export_seconds: float, status: GraphStatus | None, jit: Any = None
+        self,
+        graph: CompiledGraph,
+        export_seconds: float,
+        status: GraphStatus | None,
+        jit: Any = None,
+        backend_line: str = "",
     ) -> Report:
         return Report(
             model_name(self.module),
@@ -208,7 +224,7 @@ class _Specializations:
             specializations=len(self.by_signature) + len(self.ranged) - self.extra_classes,
             cuda_graph=status.line() if status is not None else None,
             ranges=tuple(f"{s}: {SizeRange(s, lo, hi).text()}" for s, lo, hi in graph.ranges),
-            notes=graph.notes,
+            notes=graph.notes + ((backend_line,) if backend_line else ()),
             jit=jit_lines(graph, jit or {}),
         )
 

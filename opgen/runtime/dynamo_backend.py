@@ -8,16 +8,25 @@ their SymInt inputs as Python ints named after their size symbols, and compile t
 for the sizes Dynamo's guards admit. Inference only: a graph input that
 requires grad while grad mode is on raises `RequiresGradError`, or with `options={"fallback": True}`
 runs the graph eagerly with a warning.
+
+Freezing (`options={"freezing": True}`, the default; Inductor's `freezing` for this backend): a
+graph compiled with grad off binds the module parameters and buffers Dynamo passes as inputs, and
+that it neither writes nor returns a view of, as constants, so the constant passes (batch-norm
+folding, prepacking, constant folding) run on them as under `opgen.compile`. Dynamo does not guard
+their identity; the function checks it on each call (`opgen.runtime.execution.frozen`).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -25,7 +34,9 @@ from opgen.runtime.capture.decompositions import aot_decompositions
 from opgen.runtime.capture.export import attr_constants, decompose_uncovered
 from opgen.runtime.errors import OpgenWarning, RequiresGradError
 from opgen.runtime.execution import executor
+from opgen.runtime.execution.cpp_executor import bind_cpp, check_backend, with_backend
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions
+from opgen.runtime.execution.frozen import frozen_function
 from opgen.runtime.execution.guards import PROCEED
 from opgen.runtime.lowering.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.lowering.symbolic import graph_symbols, shape_env_ranges
@@ -37,35 +48,83 @@ def _no_mismatch(set_check: Any, *args: Any) -> Any:
     return PROCEED  # unreachable: the backend's code has no input check
 
 
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    """Inputs of an AOT forward graph to bind as constants: their positions and the tensors they hold now."""
+
+    positions: tuple[int, ...] = ()
+    tensors: tuple[torch.Tensor, ...] = ()
+    kept_state: int = 0  # parameters and buffers left as inputs (the graph writes them or returns a view of them)
+
+
 def compile_aten_graph(
-    gm: torch.fx.GraphModule, options: CompileOptions, name: str, graphs: CudaGraphs | None = None
+    gm: torch.fx.GraphModule,
+    options: CompileOptions,
+    name: str,
+    graphs: CudaGraphs | None = None,
+    frozen: Frozen = Frozen(),
 ) -> Callable[..., Any]:
     """Compile an AOT forward graph: every placeholder is a positional input; outputs are a tuple.
 
-    With `graphs`, the function is captured into a CUDA graph on its first call; parameters (the
-    inputs AOT marks static) are used where they are instead of being copied.
+    `frozen` inputs are bound as constants (the constant passes see them); the function still takes
+    every input and checks by identity that those positions hold the tensors bound
+    (`opgen.runtime.execution.frozen`). With `graphs`, the function is captured into a CUDA graph
+    on its first call; parameters (the inputs AOT marks static) are used where they are instead of
+    being copied.
     """
-    placeholders = tuple(PlaceholderSpec(n.name, "input") for n in gm.graph.nodes if n.op == "placeholder")
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    keys = {i: f"frozen:{nodes[i].name}" for i in frozen.positions}
+    placeholders = tuple(
+        PlaceholderSpec(n.name, "constant", keys[i]) if i in keys else PlaceholderSpec(n.name, "input")
+        for i, n in enumerate(nodes)
+    )
     output = next(n for n in gm.graph.nodes if n.op == "output")
     count = len(output.args[0]) if isinstance(output.args[0], list | tuple) else 1
     signature = GraphSignature(placeholders, tuple(OutputSpec("user") for _ in range(count)), "tuple")
     ranges = shape_env_ranges(gm, graph_symbols(gm))  # Dynamo's symbolic sizes (dynamic=True, mark_dynamic)
     graph, filename = compile_graph(gm, signature, options, name, ranges=ranges)
     constants = attr_constants(gm)
-    with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
-        fn = executor.bind(graph, constants, executor.Runtime(_no_mismatch), kernel_ops_module(), filename)
-    if graphs is not None:
-        fn = graphs.wrap(fn, graph, constants, fixed=_static_inputs())
-    status = getattr(fn, "graph_status", None)
+    kept = [i for i in range(len(nodes)) if i not in keys]
+    fixed = [kept.index(i) for i in _static_inputs() if i in kept]  # positions among the function's own inputs
+
+    backend_lines: list[str] = []
+
+    def make(tensors: Sequence[torch.Tensor]) -> Callable[..., Any]:
+        bound = {**constants, **{keys[i]: t for i, t in zip(frozen.positions, tensors, strict=True)}}
+        with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
+            fn = executor.bind(graph, bound, executor.Runtime(_no_mismatch), kernel_ops_module(), filename)
+            cpp = functools.partial(bind_cpp, graph, bound, functools.partial(_no_mismatch, None))
+            fn, line = with_backend(options.backend, graph, fn, cpp)
+        backend_lines[:] = [line] if line else []
+        return graphs.wrap(fn, graph, bound, fixed=fixed) if graphs is not None else fn
+
+    if frozen.positions:
+        fn = frozen_function(make, frozen.positions, kept, frozen.tensors)
+        status = getattr(fn.bindings[0][1], "graph_status", None)  # type: ignore[attr-defined]
+    else:
+        fn = make(())
+        status = getattr(fn, "graph_status", None)
     fn.artifact = graph  # type: ignore[attr-defined]
     fn.report = lambda: Report(  # type: ignore[attr-defined]
         name,
         graph.direct_nodes,
         graph.fallback_nodes,
+        torch_ops=tuple(op for op in graph.fallbacks if op not in {f for _, f in graph.fallback_nodes}),
         from_cache=graph.from_cache,
         cuda_graph=status.line() if status is not None else None,
+        notes=(*graph.notes, *_freezing_notes(frozen), *backend_lines),
     )
     return fn
+
+
+def _freezing_notes(frozen: Frozen) -> tuple[str, ...]:
+    if not frozen.positions and not frozen.kept_state:
+        return ()
+    count = len(frozen.positions)
+    notes = [f"frozen: {count} parameters and buffers bound as constants (options={{'freezing': False}}: inputs)"]
+    if frozen.kept_state:
+        notes.append(f"not frozen: {frozen.kept_state} parameters and buffers the graph writes or returns a view of")
+    return tuple(notes)
 
 
 def _static_inputs() -> list[int]:
@@ -75,17 +134,59 @@ def _static_inputs() -> list[int]:
     return list(getattr(metadata, "static_input_indices", None) or ())
 
 
+def frozen_inputs(state: Sequence[bool], real: Sequence[Any], count: int) -> Frozen:
+    """Which inputs of the AOT forward graph being compiled to freeze (call it from AOT's forward compiler).
+
+    `state`: per Dynamo graph input, whether it is a parameter or buffer of a module; `real`: the
+    tensors Dynamo passed. AOT puts the module's own parameters first where Dynamo made them
+    attributes of its graph (`tracing_context.params_flat`; none with `inline_inbuilt_nn_modules`).
+    Frozen: module state the graph neither writes nor returns a view of (AOT's `fw_metadata`), plain
+    dense tensors. Anything that does not line up (AOT added or merged inputs) freezes nothing.
+    """
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    if context is None or metadata is None:
+        return Frozen()
+    params = list(context.params_flat or ())
+    values, is_state = [*params, *real], [True] * len(params) + list(state)
+    if not len(values) == len(is_state) == len(metadata.input_info) == count:
+        return Frozen()
+    viewed = {o.base_idx for o in metadata.output_info if o.base_idx is not None}
+    positions, kept_state = [], 0
+    for i, (value, info) in enumerate(zip(values, metadata.input_info, strict=True)):
+        if not is_state[i] or type(value) not in (torch.Tensor, torch.nn.Parameter) or value.is_sparse:
+            continue
+        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata or i in viewed:
+            kept_state += 1
+        else:
+            positions.append(i)
+    return Frozen(tuple(positions), tuple(values[i] for i in positions), kept_state)
+
+
+def module_state(gm: torch.fx.GraphModule) -> list[bool]:
+    """Per input of a Dynamo graph: whether Dynamo read it from a module's parameters or buffers."""
+    flags = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            source = getattr(node.meta.get("grapharg"), "source", None)
+            flags.append(source is not None and is_from_unspecialized_param_buffer_source(source))
+    return flags
+
+
 def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
     """`torch.compile(model, backend="opgen", options={"fallback": False, "passes": (...), "cache": True,
-    "cuda_graphs": False, "static_outputs": False})`."""
+    "cuda_graphs": False, "static_outputs": False, "freezing": True, "backend": "python"})`; `backend` as in
+    `opgen.compile` ("python", "cpp" or "auto")."""
     options = {**(options.pop("options", None) or {}), **options}  # torch.compile passes options=dict
     fallback = bool(options.pop("fallback", False))
     passes = tuple(options.pop("passes", default_pipeline()))
     use_cache = bool(options.pop("cache", True))
     cuda_graphs = bool(options.pop("cuda_graphs", False))
     static_outputs = bool(options.pop("static_outputs", False))
+    freezing = bool(options.pop("freezing", True))
+    backend = check_backend(options.pop("backend", "python"), "opgen backend")
     if options:
-        known = "fallback, passes, cache, cuda_graphs, static_outputs"
+        known = "fallback, passes, cache, cuda_graphs, static_outputs, freezing, backend"
         raise TypeError(f"opgen backend: unknown options {sorted(options)} (known: {known})")
     if static_outputs and not cuda_graphs:
         raise ValueError("opgen backend: static_outputs=True needs cuda_graphs=True")
@@ -101,15 +202,20 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
             stacklevel=2,
         )
         return gm.forward
-    compile_options = CompileOptions(fallback, passes, use_cache, guard=False)
+    compile_options = CompileOptions(fallback, passes, use_cache, guard=False, backend=backend)
     name = type(gm).__name__
     graphs = CudaGraphs(GraphOptions(static_outputs), name, default_registry()) if cuda_graphs else None
 
+    freeze = freezing and not torch.is_grad_enabled()  # inference: the weights are constants (as Inductor's freezing)
+    state = module_state(gm) if freeze else [False] * len(example_inputs)
+    values = [t if is_state else None for t, is_state in zip(example_inputs, state, strict=True)]  # not user inputs
+
     def forward_compiler(fx_gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        frozen = frozen_inputs(state, values, len(inputs)) if freeze else Frozen()
         fx_gm = decompose_uncovered(
             fx_gm, lambda g, table: make_fx(g, decomposition_table=table)(*inputs), default_registry()
         )
-        return compile_aten_graph(fx_gm, compile_options, name, graphs)
+        return compile_aten_graph(fx_gm, compile_options, name, graphs, frozen)
 
     decompositions = aot_decompositions(default_registry())
     return aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions)(gm, example_inputs)  # type: ignore[no-any-return]

@@ -16,8 +16,11 @@ import torch
 from opgen.runtime.artifact import cache
 from opgen.runtime.artifact.compiled import CompiledGraph, compiled_graph
 from opgen.runtime.capture.export import graph_fingerprint
+from opgen.runtime.codegen import cpp
 from opgen.runtime.codegen.python import emit
+from opgen.runtime.ir import Program
 from opgen.runtime.ir.sizes import SizeRange
+from opgen.runtime.lowering.collectives import group_sizes
 from opgen.runtime.lowering.lower import LowerOptions, lower
 from opgen.runtime.lowering.signature import GraphSignature
 from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
@@ -54,6 +57,7 @@ class CompileOptions:
     cache: bool = True
     guard: bool = True  # check inputs at the top (off under torch.compile: Dynamo guards already)
     grad_mode: bool = False  # the check also refuses grad mode (bound constants require grad)
+    backend: str = "python"  # "cpp" / "auto": also print the C++ executor's program (codegen.cpp)
 
 
 @functools.cache
@@ -84,6 +88,7 @@ def compile_graph(
     registry = default_registry()
     parts = [torch.__version__, registry.build_id, repr(options), repr(signature), out_spec, graph_fingerprint(gm)]
     parts.append(repr(tuple(ranges)))
+    parts.append(repr(group_sizes(gm)))  # a graph of collectives is compiled per size of its groups
     key = cache.cache_key(parts)
     if options.cache and (graph := cache.load(key)) is not None:
         return graph, str(cache.source_path(key))
@@ -92,6 +97,7 @@ def compile_graph(
     size_ranges = tuple((r.symbol, r.low, r.high) for r in ranges)
     program = run_passes(dataclasses.replace(lowered.program, ranges=size_ranges), registry, options.passes)
     source = emit(program, header=f"{name}, graph {key[:16]}")
+    cpp_program, cpp_error = cpp_text(program, registry, f"{name}, graph {key[:16]}", options.backend)
     graph = compiled_graph(
         key,
         program,
@@ -102,6 +108,18 @@ def compile_graph(
         passes=options.passes,
         codegen_seconds=time.perf_counter() - start,
         ranges=size_ranges,
+        cpp_program=cpp_program,
+        cpp_error=cpp_error,
     )
     path = cache.store(graph) if options.cache and graph.cacheable else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"
+
+
+def cpp_text(program: Program, registry: KernelRegistry, header: str, backend: str) -> tuple[str, str]:
+    """(the C++ executor's program, "") or ("", what it does not support); nothing for the python backend."""
+    if backend == "python":
+        return "", ""
+    try:
+        return cpp.emit(program, registry, header).text, ""
+    except cpp.CppUnsupported as exc:
+        return "", exc.what

@@ -41,15 +41,21 @@ def run_twice(case: GraphCase, compile_fn) -> None:
                 assert_same(list(model.buffers()), list(eager_model.buffers()), case.atol)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_opgen_compile_matches_eager(case: GraphCase) -> None:
-    run_twice(case, lambda model, inputs: opgen.compile(model, inputs))
+BACKENDS = ["python", "cpp"]  # codegen backends: the generated Python, the C++ executor (codegen.cpp)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_torch_compile_backend_matches_eager(case: GraphCase) -> None:
+def test_opgen_compile_matches_eager(case: GraphCase, backend: str) -> None:
+    run_twice(case, lambda model, inputs: opgen.compile(model, inputs, backend=backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_torch_compile_backend_matches_eager(case: GraphCase, backend: str) -> None:
     torch._dynamo.reset()
-    run_twice(case, lambda model, inputs: torch.compile(model, backend="opgen", dynamic=False))
+    options = {"backend": backend}
+    run_twice(case, lambda model, inputs: torch.compile(model, backend="opgen", dynamic=False, options=options))
 
 
 def test_at_least_fifteen_graphs() -> None:

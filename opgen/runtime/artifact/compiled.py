@@ -1,8 +1,9 @@
 """The compiled artifact: generated source plus what binding it needs. It knows nothing of execution.
 
 A `CompiledGraph` is plain data: the source text, the input specs its check compares against, the
-kernels, ATen ops, symbols and constant keys the source binds, how outputs are rebuilt, and the
-report facts. It round-trips through JSON, which is how the disk cache stores it.
+kernels, ATen ops, symbols and constant keys the source binds, how outputs are rebuilt, the calls
+that draw random numbers, and the report facts. It round-trips through JSON, which is how the disk
+cache stores it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,22 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from opgen.runtime.codegen.backend import Source
-from opgen.runtime.ir import FusedKernel, Input, JitKernelSpec, KernelChoice, Program, TensorMeta, Value
+from opgen.runtime.ir import (
+    Arg,
+    Collective,
+    FusedKernel,
+    Input,
+    JitKernelSpec,
+    KernelCall,
+    KernelChoice,
+    Program,
+    TensorMeta,
+    Value,
+    program_lines,
+)
 from opgen.runtime.ir.sizes import SizeRange
 
-FORMAT = 5
+FORMAT = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,10 @@ class CompiledGraph:
     ranges: tuple[tuple[str, int, int | None], ...] = ()  # dynamic shapes: (size symbol, low, high or None)
     notes: tuple[str, ...] = ()  # what passes said about symbolic sizes, for report()
     splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): worth compiling below n and from n apart
+    random_calls: tuple[tuple[str, str], ...] = ()  # (node, ATen op) of each call drawing random numbers
+    collectives: tuple[Collective, ...] = ()  # torch.distributed collectives, bound to their groups at load
+    cpp_program: str = ""  # the C++ executor's program (codegen.cpp), where a backend other than python asked
+    cpp_error: str = ""  # what the C++ backend does not support in this graph yet (then no cpp_program)
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -83,13 +100,14 @@ class CompiledGraph:
         )
         for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants", "notes"):
             data[name] = tuple(data[name])
-        for name in ("symbols", "constants", "fallback_nodes", "ranges", "splits"):
+        for name in ("symbols", "constants", "fallback_nodes", "ranges", "splits", "random_calls"):
             data[name] = tuple(tuple(item) for item in data[name])
         data["jit_kernels"] = tuple(_jit_spec(s) for s in data.get("jit_kernels", ()))
         data["choices"] = tuple(
             KernelChoice(c["local"], tuple(c["candidates"]), c["node"], c["target"]) for c in data.get("choices", ())
         )
         data["fused"] = tuple(_fused(f) for f in data.get("fused", ()))
+        data["collectives"] = tuple(Collective(**c) for c in data.get("collectives", ()))
         return cls(**data, from_cache=True)
 
     @property
@@ -121,8 +139,60 @@ def compiled_graph(
         jit_kernels=program.jit_kernels,
         choices=program.choices,
         fused=tuple(replace(f, lines=()) for f in program.fused),
+        random_calls=random_calls(program),
+        collectives=program.collectives,
         **facts,
     )
+
+
+# Ops torch tags random (`nondeterministic_seeded`) only for their dropout: where the probability is a
+# constant 0 they draw no random number (the kernels test `dropout_p > 0` before they touch the
+# generator). (position, name, default) of the probability; tests/runtime/test_cuda_graphs_cpu.py checks
+# them against torch's schemas.
+DROPOUT_P: dict[str, tuple[int, str, float | None]] = {
+    "aten.scaled_dot_product_attention.default": (4, "dropout_p", 0.0),
+    "aten._scaled_dot_product_attention_math.default": (4, "dropout_p", 0.0),
+    "aten._scaled_dot_product_flash_attention.default": (3, "dropout_p", 0.0),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": (3, "dropout_p", 0.0),
+    "aten._scaled_dot_product_efficient_attention.default": (5, "dropout_p", 0.0),
+    "aten._scaled_dot_product_cudnn_attention.default": (5, "dropout_p", 0.0),
+    "aten._scaled_dot_product_fused_attention_overrideable.default": (4, "dropout_p", 0.0),
+    "aten._efficient_attention_forward.default": (8, "dropout_p", None),
+    "aten._flash_attention_forward.default": (7, "dropout_p", None),
+}
+# Dropout ops that draw nothing where `train` is a constant False: (position, name) of `train`.
+DROPOUT_TRAIN: dict[str, tuple[int, str]] = {
+    "aten.dropout.default": (2, "train"),
+    "aten.native_dropout.default": (2, "train"),
+}
+
+
+def random_calls(program: Program) -> tuple[tuple[str, str], ...]:
+    """(node, ATen op) of each call that draws random numbers: a random op (`seeded`), less those whose
+    constant arguments say they draw none (SDPA at dropout_p=0, dropout with train=False)."""
+    return tuple(
+        (line.node, line.target)
+        for line in program_lines(program)
+        if isinstance(line, KernelCall) and line.seeded and not _draws_nothing(line)
+    )
+
+
+def _draws_nothing(call: KernelCall) -> bool:
+    if call.target in DROPOUT_P:
+        position, name, default = DROPOUT_P[call.target]
+        p = _argument(call, position, name, default)
+        return type(p) in (int, float) and p == 0
+    if call.target in DROPOUT_TRAIN:
+        return _argument(call, *DROPOUT_TRAIN[call.target], None) is False
+    return False
+
+
+def _argument(call: KernelCall, position: int, name: str, default: Arg) -> Arg:
+    """The call's value of one schema argument (positional or keyword; left out: its default)."""
+    kwargs = dict(call.kwargs)
+    if name in kwargs:
+        return kwargs[name]
+    return call.args[position] if position < len(call.args) else default
 
 
 def _jit_spec(data: dict[str, Any]) -> JitKernelSpec:

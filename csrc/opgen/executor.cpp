@@ -1,0 +1,133 @@
+// The executor's interpreter: binds a parsed program's constants, runs its setup once and its body
+// per call (executor.h).
+#include "opgen/executor.h"
+
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/empty_strided_cpu_dispatch.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <utility>
+
+namespace opgen::exec {
+
+void Program::bind(const std::vector<at::Tensor>& constants) {
+  TORCH_CHECK(!bound_, "opgen executor program ", name_, " is already bound");
+  TORCH_CHECK(constants.size() == constant_keys_.size(), "opgen executor program ", name_,
+              " binds ", constant_keys_.size(), " constants, got ", constants.size());
+  for (size_t i = 0; i < constants.size(); ++i) statics_[i] = constants[i];
+  run_steps(setup_, statics_.data(), nullptr);
+  bound_ = true;
+}
+
+void Program::run(Registers& regs, Results& results) const {
+  TORCH_CHECK(bound_, "opgen executor program ", name_, " runs before it is bound");
+  run_steps(body_, regs.data(), &results);
+}
+
+namespace {
+
+// A list the `list` instruction built (a generic list) as the typed list a boxed kernel expects.
+c10::IValue typed(const c10::IValue& v, const c10::Argument& argument) {
+  if (!v.isList() || argument.type()->kind() != c10::TypeKind::ListType) return v;
+  const auto element = argument.type()->containedType(0);
+  const auto items = v.toListRef();
+  if (element->kind() == c10::TypeKind::TensorType) {
+    c10::List<at::Tensor> out;
+    for (const auto& item : items) out.push_back(item.toTensor());
+    return out;
+  }
+  if (element->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const auto& item : items)
+      out.push_back(item.isNone() ? std::nullopt : std::optional(item.toTensor()));
+    return out;
+  }
+  return v;
+}
+
+}  // namespace
+
+void Program::call_operator(Frame& f, const Step& s) const {
+  const Instr& in = s.instr;
+  const auto& arguments = s.op->schema().arguments();
+  torch::jit::Stack stack;
+  stack.reserve(in.args.size());
+  for (size_t k = 0; k < in.args.size(); ++k)
+    stack.push_back(typed(f.at(in.args[k]), arguments[k]));
+  s.op->callBoxed(stack);
+  if (in.unpack && stack.size() == 1 && stack[0].isList()) {  // a list result, unpacked
+    const auto items = stack[0].toListRef();
+    for (size_t k = 0; k < items.size() && k < in.outs.size(); ++k)
+      detail::store(f, in.outs[k], items[k]);
+    return;
+  }
+  for (size_t k = 0; k < stack.size() && k < in.outs.size(); ++k)
+    detail::store(f, in.outs[k], std::move(stack[k]));
+}
+
+// A returned value: moved out of its register where nothing else returns it (so that the caller
+// holds the only reference and wraps it without a reference count change), else copied.
+c10::IValue Program::returned(Frame& f, const Instr& in, size_t k) const {
+  const Operand& o = in.args[k];
+  if (o.where != Where::kRegister || o.index < static_cast<int32_t>(inputs_.size())) return f.at(o);
+  for (size_t j = k + 1; j < in.args.size(); ++j) {
+    if (in.args[j].where == o.where && in.args[j].index == o.index) return f.at(o);
+  }
+  return std::move(f.regs[o.index]);
+}
+
+void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results) const {
+  Frame f{regs, statics_.data()};
+  for (const Step& s : steps) {
+    const Instr& in = s.instr;
+    try {
+      switch (in.kind) {
+        case Instr::Kind::kCall:
+          in.thunk(f, in);
+          break;
+        case Instr::Kind::kOp:
+          call_operator(f, s);
+          break;
+        case Instr::Kind::kAlloc:
+          f.regs[in.outs[0]] = s.options.device().is_cpu()
+                                   ? at::cpu::empty_strided(s.sizes, s.strides, s.options)
+                                   : at::empty_strided(s.sizes, s.strides, s.options);
+          break;
+        case Instr::Kind::kView: {
+          const at::Tensor& source = f.at(in.args[0]).toTensor();
+          f.regs[in.outs[0]] = source.is_cpu()
+                                   ? at::cpu::as_strided(source, s.sizes, s.strides, s.offset)
+                                   : at::as_strided(source, s.sizes, s.strides, s.offset);
+          break;
+        }
+        case Instr::Kind::kList: {
+          c10::impl::GenericList list(c10::AnyType::get());
+          list.reserve(in.args.size());
+          for (const Operand& o : in.args) list.push_back(f.at(o));
+          f.regs[in.outs[0]] = c10::IValue(std::move(list));
+          break;
+        }
+        case Instr::Kind::kFree:  // never an input's register (the caller's borrowed tensors)
+          for (const Operand& o : in.args) {
+            if (o.index >= static_cast<int32_t>(inputs_.size())) f.regs[o.index] = c10::IValue();
+          }
+          break;
+        case Instr::Kind::kReturn:
+          if (results != nullptr) {
+            for (size_t k = 0; k < in.args.size(); ++k) results->push_back(returned(f, in, k));
+          }
+          return;
+        case Instr::Kind::kGuard:
+          break;
+      }
+    } catch (c10::Error& e) {
+      e.add_context("in opgen program " + name_ + ": " + in.text);
+      throw;
+    }
+  }
+}
+
+}  // namespace opgen::exec

@@ -1,0 +1,119 @@
+// The C++ executor of the wrapper IR (opgen.runtime.codegen.cpp prints its programs): a prebuilt
+// interpreter that runs a program's instructions over a file of c10::IValue registers, calling the
+// generated thunks (csrc/opgen/thunk.h) for kernels. No compiler at compile time: a program is
+// text, parsed once. No Python here either; executor_py.cpp is the Python glue.
+//
+// The text, one instruction per line (`#` starts a comment; registers r<k>, statics s<k>):
+//
+//   program <name> registers <R> statics <S>
+//   input r0 x float32 cpu [16] [1]          an input: name, dtype, device, sizes, strides
+//   constant s0 <key>                        a tensor bound by key when the program is bound
+//   setup:                                   lines run once, at bind time (their results are
+//   statics) body:                                    lines run on every call guard r0 r1 [grad]
+//   the input check (done by the caller: see `guarded`) r2 = add.cpu r0 r1 1  # add:
+//   aten.add.Tensor      a kernel call: the thunk of add on cpu r3, _ = max_dim.cpu r2 0 False
+//   tuple results, unpacked (`_`: unused) r4 = empty_strided [4,4] [4,1] torch.float32 device(cpu)
+//   r5 = as_strided r4 [16] [1] 0
+//   r6 = list r2 r3                          a list built per call (Tensor[] arguments)
+//   s3 = op mkldnn::_reorder_linear_weight s0 batch_size=1   a torch op through the dispatcher
+//   (boxed):
+//                                            ATen fallbacks; arguments positional, then by name
+//   free r2 r3
+//   return single r5                         single | tuple | list | pytree
+//
+// Operands besides registers and statics: `_` (missing: the schema default), None, True, False,
+// ints, floats (with `.`, `e`, inf or nan), '%-escaped strings', [lists of literals],
+// torch.<dtype>, device(<d>), layout(<l>), memory_format(<m>).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opgen/thunk.h"
+
+namespace opgen::exec {
+
+struct InputSpec {
+  std::string name;
+  at::ScalarType dtype;
+  at::Device device;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+};
+
+// One line of setup or body, with what the non-call kinds need besides their operands.
+struct Step {
+  Instr instr;
+  std::vector<int64_t> sizes;  // alloc and view
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+  at::TensorOptions options;  // alloc
+  std::optional<c10::OperatorHandle>
+      op;  // op: the operator, its arguments in `instr.args` by schema position
+};
+
+using Registers = c10::SmallVector<c10::IValue, 32>;
+using Results = c10::SmallVector<c10::IValue, 4>;
+
+class Program {
+ public:
+  // Parses a program's text; std::invalid_argument naming the line on anything malformed or unknown
+  // (an unknown kernel: "no thunk for <fn> on <backend>").
+  static std::unique_ptr<Program> parse(std::string_view text);
+
+  const std::string& name() const { return name_; }
+  const std::vector<InputSpec>& inputs() const { return inputs_; }
+  const std::vector<std::string>& constant_keys() const { return constant_keys_; }
+  bool guarded() const { return guarded_; }
+  bool grad_guard() const { return grad_guard_; }
+  // Whether a body kernel's binding releases the GIL (convolutions, linear layers): the caller then
+  // runs the body without it, and calls that share persistent buffers one at a time (`lock`).
+  bool releases_gil() const { return releases_gil_; }
+  std::unique_lock<std::mutex> lock() const {
+    return persistent_ ? std::unique_lock<std::mutex>(mutex_) : std::unique_lock<std::mutex>();
+  }
+  const std::string& return_form() const { return return_form_; }
+
+  // Binds the constants (one per `constant` line, in order) and runs the setup lines.
+  void bind(const std::vector<at::Tensor>& constants);
+
+  // Registers for one call, with the inputs to fill in at 0..inputs().size()-1.
+  Registers registers() const { return Registers(num_registers_); }
+
+  // Runs the body; the values of its return line go to `results`. Kernel errors keep their type and
+  // gain the instruction's text.
+  void run(Registers& regs, Results& results) const;
+
+ private:
+  void run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results) const;
+  c10::IValue returned(Frame& f, const Instr& in, size_t k) const;
+  void call_operator(Frame& f, const Step& s) const;
+
+  std::string name_;
+  std::vector<InputSpec> inputs_;
+  std::vector<std::string> constant_keys_;
+  std::vector<Step> setup_;
+  std::vector<Step> body_;
+  std::vector<c10::IValue> statics_;
+  int32_t num_registers_ = 0;
+  int32_t num_named_statics_ = 0;
+  bool guarded_ = false;
+  bool grad_guard_ = false;
+  bool releases_gil_ = false;
+  bool persistent_ = false;  // setup allocates buffers the body writes
+  mutable std::mutex mutex_;
+  bool bound_ = false;
+  std::string return_form_ = "tuple";
+
+  friend class Parser;
+};
+
+}  // namespace opgen::exec

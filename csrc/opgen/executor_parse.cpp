@@ -1,0 +1,418 @@
+// The executor's parser: a program's text (executor.h documents it) -> Program. Every error names
+// the line; kernels are found in the generated thunk tables, torch ops in the dispatcher.
+#include <c10/util/Exception.h>
+
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "opgen/executor.h"
+
+namespace opgen::exec {
+
+extern const ThunkEntry* const kThunkTables[];  // generated: thunk_tables.cpp
+
+namespace {
+
+const ThunkEntry* find_thunk(const std::string& name, const std::string& backend) {
+  static const auto* table = [] {
+    auto* map = new std::unordered_map<std::string, const ThunkEntry*>();
+    for (const ThunkEntry* const* t = kThunkTables; *t != nullptr; ++t) {
+      for (const ThunkEntry* e = *t; e->name != nullptr; ++e)
+        (*map)[std::string(e->name) + "." + e->backend] = e;
+    }
+    return map;
+  }();
+  const auto it = table->find(name + "." + backend);
+  return it == table->end() ? nullptr : it->second;
+}
+
+const std::unordered_map<std::string_view, at::ScalarType>& dtypes() {
+  static const std::unordered_map<std::string_view, at::ScalarType> map = {
+      {"float64", at::kDouble},
+      {"float32", at::kFloat},
+      {"float16", at::kHalf},
+      {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong},
+      {"int32", at::kInt},
+      {"int16", at::kShort},
+      {"int8", at::kChar},
+      {"uint8", at::kByte},
+      {"bool", at::kBool},
+      {"complex64", at::kComplexFloat},
+      {"complex128", at::kComplexDouble}};
+  return map;
+}
+
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == sep) {
+      if (sep != ' ' || i > start) out.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+}  // namespace
+
+// Reads a program's text line by line; every error names the line.
+class Parser {
+ public:
+  explicit Parser(Program& p) : p_(p) {}
+
+  void parse(std::string_view text) {
+    std::vector<Step>* section = nullptr;
+    for (std::string_view line : split(text, '\n')) {
+      ++line_no_;
+      line_ = line;
+      std::vector<std::string_view> tokens;
+      for (std::string_view token : split(line, ' ')) {
+        if (token[0] == '#') break;
+        tokens.push_back(token);
+      }
+      if (tokens.empty()) continue;
+      const std::string_view head = tokens[0];
+      if (head == "program") {
+        expect(tokens.size() == 6 && tokens[2] == "registers" && tokens[4] == "statics",
+               "malformed program line");
+        p_.name_ = std::string(tokens[1]);
+        p_.num_registers_ = integer(tokens[3]);
+        p_.num_named_statics_ = integer(tokens[5]);
+        p_.statics_.resize(p_.num_named_statics_);
+        started_ = true;
+        continue;
+      }
+      expect(started_, "the program must start with a `program` line");
+      if (head == "input") {
+        input(tokens);
+      } else if (head == "constant") {
+        expect(tokens.size() == 3 &&
+                   index(tokens[1], 's') == static_cast<int32_t>(p_.constant_keys_.size()),
+               "constants are `constant s<k> <key>`, numbered from s0 in order");
+        p_.constant_keys_.push_back(unescape(tokens[2]));
+      } else if (head == "setup:") {
+        section = &p_.setup_;
+        section_is_body_ = false;
+      } else if (head == "body:") {
+        section = &p_.body_;
+        section_is_body_ = true;
+      } else if (head == "guard") {
+        guard(tokens, section);
+      } else {
+        expect(section != nullptr, "an instruction before `setup:` or `body:`");
+        section->push_back(step(tokens));
+        section->back().instr.text = std::string(line_.substr(line_.find_first_not_of(' ')));
+      }
+    }
+    expect(started_, "empty program");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& message) const {
+    throw std::invalid_argument("opgen executor program, line " + std::to_string(line_no_) + ": " +
+                                message + " (in: " + std::string(line_) + ")");
+  }
+  void expect(bool condition, const std::string& message) const {
+    if (!condition) fail(message);
+  }
+
+  int32_t integer(std::string_view s) const {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    expect(ec == std::errc() && end == s.data() + s.size(), "not an integer: " + std::string(s));
+    return static_cast<int32_t>(v);
+  }
+
+  int32_t index(std::string_view s, char kind) const {
+    expect(s.size() > 1 && s[0] == kind,
+           std::string("expected ") + kind + "<k>, got " + std::string(s));
+    const int32_t k = integer(s.substr(1));
+    const int32_t limit = kind == 'r' ? p_.num_registers_ : p_.num_named_statics_;
+    expect(k >= 0 && k < limit, "index out of range: " + std::string(s));
+    return k;
+  }
+
+  std::string unescape(std::string_view s) const {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '%') {
+        expect(i + 2 < s.size(), "a `%` escape needs two hex digits");
+        int byte = 0;
+        const auto [end, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, byte, 16);
+        expect(ec == std::errc() && end == s.data() + i + 3, "a `%` escape needs two hex digits");
+        out.push_back(static_cast<char>(byte));
+        i += 2;
+      } else {
+        out.push_back(s[i]);
+      }
+    }
+    return out;
+  }
+
+  std::vector<int64_t> ints(std::string_view s) const {
+    expect(s.size() >= 2 && s.front() == '[' && s.back() == ']',
+           "expected a list of ints, got " + std::string(s));
+    std::vector<int64_t> out;
+    for (std::string_view item : split(s.substr(1, s.size() - 2), ',')) {
+      if (!item.empty()) out.push_back(integer(item));
+    }
+    return out;
+  }
+
+  c10::IValue literal(std::string_view s) const {
+    if (s == "None") return c10::IValue();
+    if (s == "True" || s == "False") return c10::IValue(s == "True");
+    if (s.front() == '\'') {
+      expect(s.size() >= 2 && s.back() == '\'', "unterminated string");
+      return c10::IValue(unescape(s.substr(1, s.size() - 2)));
+    }
+    if (s.front() == '[') return list(s);
+    if (starts_with(s, "torch.")) {
+      const auto it = dtypes().find(s.substr(6));
+      expect(it != dtypes().end(), "unknown dtype " + std::string(s));
+      return c10::IValue(it->second);
+    }
+    if (starts_with(s, "device("))
+      return c10::IValue(c10::Device(std::string(s.substr(7, s.size() - 8))));
+    if (starts_with(s, "layout(")) {
+      expect(s == "layout(strided)", "unsupported layout " + std::string(s));
+      return c10::IValue(at::kStrided);
+    }
+    if (starts_with(s, "memory_format(")) {
+      const std::string_view m = s.substr(14, s.size() - 15);
+      if (m == "contiguous_format") return c10::IValue(at::MemoryFormat::Contiguous);
+      if (m == "preserve_format") return c10::IValue(at::MemoryFormat::Preserve);
+      if (m == "channels_last") return c10::IValue(at::MemoryFormat::ChannelsLast);
+      if (m == "channels_last_3d") return c10::IValue(at::MemoryFormat::ChannelsLast3d);
+      fail("unknown memory format " + std::string(s));
+    }
+    return number(s);
+  }
+
+  c10::IValue number(std::string_view s) const {
+    const bool is_float =
+        s.find_first_of(".eEn") != std::string_view::npos;  // 1.5, 1e-05, inf, nan
+    if (!is_float) {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      expect(ec == std::errc() && end == s.data() + s.size(), "not a literal: " + std::string(s));
+      return c10::IValue(v);
+    }
+    const std::string text(s);
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    expect(end == text.c_str() + text.size(), "not a literal: " + text);
+    return c10::IValue(v);
+  }
+
+  c10::IValue list(std::string_view s) const {
+    expect(s.back() == ']', "unterminated list " + std::string(s));
+    std::vector<c10::IValue> items;
+    for (std::string_view item : split(s.substr(1, s.size() - 2), ',')) {
+      if (item.empty()) continue;
+      expect(item[0] != 'r' && item[0] != 's' && item[0] != '[',
+             "a list literal holds literals only");
+      items.push_back(literal(item));
+    }
+    bool all_int = true, all_bool = true, all_num = true;
+    for (const auto& v : items) {
+      all_int &= v.isInt();
+      all_bool &= v.isBool();
+      all_num &= v.isInt() || v.isDouble();
+    }
+    if (all_bool && !items.empty()) {
+      c10::List<bool> out;
+      for (const auto& v : items) out.push_back(v.toBool());
+      return c10::IValue(out);
+    }
+    if (all_int) {
+      c10::List<int64_t> out;
+      for (const auto& v : items) out.push_back(v.toInt());
+      return c10::IValue(out);
+    }
+    if (all_num) {
+      c10::List<double> out;
+      for (const auto& v : items)
+        out.push_back(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble());
+      return c10::IValue(out);
+    }
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (auto& v : items) out.push_back(std::move(v));
+    return c10::IValue(out);
+  }
+
+  Operand operand(std::string_view s) {
+    if (s == "_") return {Where::kMissing, 0};
+    if (s[0] == 'r' && s.size() > 1 && std::isdigit(static_cast<unsigned char>(s[1]))) {
+      return {Where::kRegister, index(s, 'r')};
+    }
+    if (s[0] == 's' && s.size() > 1 && std::isdigit(static_cast<unsigned char>(s[1]))) {
+      return {Where::kStatic, index(s, 's')};
+    }
+    p_.statics_.push_back(literal(s));
+    return {Where::kStatic, static_cast<int32_t>(p_.statics_.size() - 1)};
+  }
+
+  void input(const std::vector<std::string_view>& t) {
+    expect(t.size() == 7 && index(t[1], 'r') == static_cast<int32_t>(p_.inputs_.size()),
+           "inputs are `input r<k> <name> <dtype> <device> [sizes] [strides]`, numbered from r0 in "
+           "order");
+    const auto dtype = dtypes().find(t[3]);
+    expect(dtype != dtypes().end(), "unknown dtype " + std::string(t[3]));
+    p_.inputs_.push_back(
+        {std::string(t[2]), dtype->second, c10::Device(std::string(t[4])), ints(t[5]), ints(t[6])});
+  }
+
+  void guard(const std::vector<std::string_view>& t, const std::vector<Step>* section) {
+    expect(section == &p_.body_, "a guard belongs in the body");
+    p_.guarded_ = true;
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (t[i] == "grad") {
+        p_.grad_guard_ = true;
+      } else {
+        expect(index(t[i], 'r') < static_cast<int32_t>(p_.inputs_.size()),
+               "a guard checks inputs only");
+      }
+    }
+  }
+
+  // Outputs: `r2` or `r2, _, r4` (before `=`); in setup lines they are statics.
+  std::vector<int32_t> outputs(const std::vector<std::string_view>& t, size_t eq) const {
+    std::vector<int32_t> outs;
+    for (size_t i = 0; i < eq; ++i) {
+      for (std::string_view name : split(t[i], ',')) {
+        if (name.empty()) continue;
+        outs.push_back(name == "_" ? -1 : index(name, name[0] == 's' ? 's' : 'r'));
+      }
+    }
+    return outs;
+  }
+
+  Step step(const std::vector<std::string_view>& t) {
+    Step s;
+    Instr& in = s.instr;
+    if (t[0] == "free") {
+      in.kind = Instr::Kind::kFree;
+      for (size_t i = 1; i < t.size(); ++i) in.args.push_back(operand(t[i]));
+      return s;
+    }
+    if (t[0] == "return") {
+      expect(t.size() >= 2, "return needs a form");
+      in.kind = Instr::Kind::kReturn;
+      p_.return_form_ = std::string(t[1]);
+      for (size_t i = 2; i < t.size(); ++i) in.args.push_back(operand(t[i]));
+      return s;
+    }
+    size_t eq = 0;
+    while (eq < t.size() && t[eq] != "=") ++eq;
+    expect(eq > 0 && eq + 1 < t.size(), "expected `<outputs> = <what> <operands...>`");
+    in.outs = outputs(t, eq);
+    in.unpack = t[eq - 1].back() == ',' || eq > 1;
+    const std::string_view what = t[eq + 1];
+    std::vector<std::string_view> rest(t.begin() + eq + 2, t.end());
+    if (what == "empty_strided") {
+      expect(rest.size() == 4 && in.outs.size() == 1,
+             "empty_strided <sizes> <strides> <dtype> <device>");
+      in.kind = Instr::Kind::kAlloc;
+      p_.persistent_ |= !section_is_body_;
+      s.sizes = ints(rest[0]);
+      s.strides = ints(rest[1]);
+      s.options = at::TensorOptions()
+                      .dtype(literal(rest[2]).toScalarType())
+                      .device(literal(rest[3]).toDevice());
+    } else if (what == "as_strided") {
+      expect(rest.size() == 4 && in.outs.size() == 1,
+             "as_strided <source> <sizes> <strides> <offset>");
+      in.kind = Instr::Kind::kView;
+      in.args.push_back(operand(rest[0]));
+      s.sizes = ints(rest[1]);
+      s.strides = ints(rest[2]);
+      s.offset = integer(rest[3]);
+    } else if (what == "op") {
+      expect(!rest.empty(), "op <namespace>::<name>[.<overload>] <operands...>");
+      operator_call(s, rest);
+    } else if (what == "list") {
+      in.kind = Instr::Kind::kList;
+      for (std::string_view o : rest) in.args.push_back(operand(o));
+    } else {
+      const size_t dot = what.rfind('.');
+      expect(dot != std::string_view::npos, "a kernel is <function>.<backend>");
+      // `add.cpu`: add on a CPU device, the CPU kernel's thunk or else the composite one.
+      const std::string function(what.substr(0, dot));
+      const std::string device(what.substr(dot + 1));
+      const ThunkEntry* entry = find_thunk(function, device);
+      if (entry == nullptr) entry = find_thunk(function, "default");
+      expect(entry != nullptr, "no thunk for " + function + " on " + device);
+      in.thunk = entry->thunk;
+      p_.releases_gil_ |= entry->release_gil && section_is_body_;
+      for (std::string_view o : rest) in.args.push_back(operand(o));
+    }
+    return s;
+  }
+
+  // `op <ns>::<name>[.<overload>] <positional...> <name>=<operand>...`: the operands go in schema
+  // order, a missing one as the schema's default (a static).
+  void operator_call(Step& s, const std::vector<std::string_view>& rest) {
+    Instr& in = s.instr;
+    in.kind = Instr::Kind::kOp;
+    const std::string_view full = rest[0];
+    const size_t dot = full.find('.');
+    const std::string name(full.substr(0, dot));
+    const std::string overload(dot == std::string_view::npos ? "" : full.substr(dot + 1));
+    auto handle =
+        c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
+    expect(handle.has_value(), "no operator " + std::string(full));
+    const auto& arguments = handle->schema().arguments();
+    std::vector<std::optional<Operand>> slots(arguments.size());
+    size_t positional = 0;
+    for (size_t i = 1; i < rest.size(); ++i) {
+      const size_t eq = rest[i].find('=');
+      if (eq == std::string_view::npos) {
+        expect(positional < arguments.size(), "too many arguments for " + std::string(full));
+        slots[positional++] = operand(rest[i]);
+        continue;
+      }
+      const std::string_view key = rest[i].substr(0, eq);
+      size_t k = 0;
+      while (k < arguments.size() && arguments[k].name() != key) ++k;
+      expect(k < arguments.size(), std::string(full) + " has no argument " + std::string(key));
+      slots[k] = operand(rest[i].substr(eq + 1));
+    }
+    for (size_t k = 0; k < arguments.size(); ++k) {
+      if (!slots[k]) {
+        expect(arguments[k].default_value().has_value(), "no value for " + arguments[k].name());
+        p_.statics_.push_back(*arguments[k].default_value());
+        slots[k] = Operand{Where::kStatic, static_cast<int32_t>(p_.statics_.size() - 1)};
+      }
+      in.args.push_back(*slots[k]);
+    }
+    const bool whole = !in.unpack && !in.outs.empty() && in.outs[0] >= 0;
+    expect(!whole || handle->schema().returns().size() <= 1, "a tuple result kept whole");
+    s.op = *handle;
+  }
+
+  Program& p_;
+  int line_no_ = 0;
+  std::string_view line_;
+  bool started_ = false;
+  bool section_is_body_ = false;
+};
+
+std::unique_ptr<Program> Program::parse(std::string_view text) {
+  auto program = std::make_unique<Program>();
+  Parser(*program).parse(text);
+  return program;
+}
+
+}  // namespace opgen::exec

@@ -1,0 +1,288 @@
+// The Python face of the C++ executor (executor.h): `_C.CppFunction`, a vectorcall object that
+// checks its inputs as a generated Python function does (input_check.h's `matches`), hands a
+// mismatch to the runtime's slow path, runs the program and wraps its results. It has a __dict__
+// (for `report` and `artifact`) and takes part in cyclic GC (it holds Python callables that may
+// refer back to it).
+#include "opgen/executor_py.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "opgen/executor.h"
+#include "opgen/input_check.h"
+#include "opgen/vectorcall_type.h"
+
+namespace py = pybind11;
+
+namespace opgen {
+
+namespace {
+
+// clang-format off
+struct CppFunction {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* dict;
+  exec::Program* program;
+  std::vector<ExpectedTensor>* expected;
+  PyObject* handler;    // the slow path: handler(*args) returns a result, raises, or returns `proceed`
+  PyObject* proceed;    // the sentinel that says: run this program on these inputs
+  PyObject* unflatten;  // rebuilds a pytree result from the flat tuple (None unless the form is pytree)
+  int form;             // the return line's form, as a Form
+};
+// clang-format on
+
+PyObject* raise_current(const exec::Program& program) {
+  const auto set = [&](PyObject* type, const std::string& message) -> PyObject* {
+    PyErr_SetString(type, ("opgen program " + program.name() + ": " + message).c_str());
+    return nullptr;
+  };
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();  // the error goes back to Python as it came
+    return nullptr;
+  } catch (const c10::IndexError& e) {
+    return set(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    return set(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    return set(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::NotImplementedError& e) {
+    return set(PyExc_NotImplementedError, e.what_without_backtrace());
+  } catch (const c10::OutOfMemoryError& e) {
+    return set(PyExc_MemoryError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return set(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    return set(PyExc_MemoryError, "out of memory");
+  } catch (const std::exception& e) {
+    return set(PyExc_RuntimeError, e.what());
+  }
+}
+
+// Consumes `v`: a tensor's only reference goes to its new PyObject (no reference count change).
+PyObject* to_python(c10::IValue&& v) {
+  if (v.isTensor()) return THPVariable_Wrap(std::move(v).toTensor());
+  if (v.isNone()) Py_RETURN_NONE;
+  if (v.isBool()) return PyBool_FromLong(v.toBool());
+  if (v.isInt()) return PyLong_FromLongLong(v.toInt());
+  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+  if (v.isList()) {
+    const auto items = v.toListRef();
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
+    if (list == nullptr) return nullptr;
+    for (size_t i = 0; i < items.size(); ++i) {
+      PyObject* item = to_python(c10::IValue(items[i]));
+      if (item == nullptr) {
+        Py_DECREF(list);
+        return nullptr;
+      }
+      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+    }
+    return list;
+  }
+  PyErr_Format(PyExc_TypeError, "opgen program: cannot return a value of type %s",
+               v.tagKind().c_str());
+  return nullptr;
+}
+
+enum Form { kSingle, kTuple, kList, kPytree };
+
+int form_of(const std::string& form) {
+  if (form == "single") return kSingle;
+  if (form == "tuple") return kTuple;
+  if (form == "list") return kList;
+  if (form == "pytree") return kPytree;
+  throw py::value_error("unknown return form '" + form + "' (single, tuple, list or pytree)");
+}
+
+PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
+  if (fn.form == kSingle) return to_python(std::move(results.at(0)));
+  const bool as_list = fn.form == kList;
+  PyObject* out = as_list ? PyList_New(static_cast<Py_ssize_t>(results.size()))
+                          : PyTuple_New(static_cast<Py_ssize_t>(results.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < results.size(); ++i) {
+    PyObject* item = to_python(std::move(results[i]));
+    if (item == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    as_list ? PyList_SET_ITEM(out, i, item) : PyTuple_SET_ITEM(out, i, item);
+  }
+  if (fn.form != kPytree) return out;
+  PyObject* tree = PyObject_CallOneArg(fn.unflatten, out);
+  Py_DECREF(out);
+  return tree;
+}
+
+// The input registers borrow the caller's tensors: no reference count change, so no trip through
+// the PyObject preservation of torch's intrusive_ptr (a refcount going 1 -> 2 increfs the tensor's
+// PyObject, under a GIL acquire). The program never frees or overwrites an input register;
+// `Borrowed` gives the references back, uncounted, however the call ends.
+c10::IValue borrow(const at::Tensor& t) {
+  return c10::IValue(
+      at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
+          t.unsafeGetTensorImpl())));
+}
+
+struct Borrowed {
+  exec::Registers& regs;
+  Py_ssize_t count;
+  ~Borrowed() {
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (regs[i].isTensor()) std::move(regs[i]).toTensor().unsafeReleaseTensorImpl();
+    }
+  }
+};
+
+PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto& fn = *reinterpret_cast<CppFunction*>(self);
+  const exec::Program& program = *fn.program;
+  const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
+  if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) || n != expected) {
+    return PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments but %zd were given",
+                        program.name().c_str(), expected, n);
+  }
+  bool checked =
+      false;  // every input is a plain tensor of the expected metadata (the guard passed)
+  if (program.guarded()) {
+    bool ok = !(program.grad_guard() && at::GradMode::is_enabled());
+    for (Py_ssize_t i = 0; ok && i < n; ++i) ok = matches(args[i], (*fn.expected)[i]);
+    checked = ok;
+    if (!ok) {
+      PyObject* result = PyObject_Vectorcall(fn.handler, args, n, nullptr);
+      if (result == nullptr || result != fn.proceed) return result;
+      Py_DECREF(result);
+    }
+  }
+  try {
+    exec::Registers regs = program.registers();
+    Borrowed borrowed{regs, 0};
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!checked && !THPVariable_Check(args[i])) {
+        return PyErr_Format(PyExc_TypeError, "%s(): argument %zd must be a Tensor, not %s",
+                            program.name().c_str(), i + 1, Py_TYPE(args[i])->tp_name);
+      }
+      regs[i] = borrow(THPVariable_Unpack(args[i]));
+      borrowed.count = i + 1;
+    }
+    exec::Results results;
+    if (program.releases_gil()) {
+      PyThreadState* state = PyEval_SaveThread();
+      try {
+        const auto lock = program.lock();
+        program.run(regs, results);
+      } catch (...) {
+        PyEval_RestoreThread(state);
+        throw;
+      }
+      PyEval_RestoreThread(state);
+    } else {
+      program.run(regs, results);  // with the GIL held, calls run one at a time
+    }
+    return results_to_python(fn, results);
+  } catch (...) {
+    return raise_current(program);
+  }
+}
+
+int traverse(PyObject* self, visitproc visit, void* arg) {
+  auto* fn = reinterpret_cast<CppFunction*>(self);
+  Py_VISIT(fn->dict);
+  Py_VISIT(fn->handler);
+  Py_VISIT(fn->proceed);
+  Py_VISIT(fn->unflatten);
+  return 0;
+}
+
+int clear(PyObject* self) {
+  auto* fn = reinterpret_cast<CppFunction*>(self);
+  Py_CLEAR(fn->dict);
+  Py_CLEAR(fn->handler);
+  Py_CLEAR(fn->proceed);
+  Py_CLEAR(fn->unflatten);
+  return 0;
+}
+
+void dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  clear(self);
+  auto* fn = reinterpret_cast<CppFunction*>(self);
+  delete fn->program;
+  delete fn->expected;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* program_text_names(PyObject* self, void*) {
+  const auto& program = *reinterpret_cast<CppFunction*>(self)->program;
+  return PyUnicode_FromString(program.name().c_str());
+}
+
+PyGetSetDef getset[] = {
+    {"__name__", program_text_names, nullptr, "the program's name", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject* cpp_function_type() {
+  static PyTypeObject type = vectorcall_type<CppFunction>(
+      "opgen._C.CppFunction",
+      "A compiled graph run by opgen's C++ executor (opgen.runtime.codegen.cpp).",
+      {dealloc, traverse, clear, nullptr, getset, offsetof(CppFunction, dict)});
+  return &type;
+}
+
+py::object make_cpp_function(const std::string& text, const py::sequence& constants,
+                             const py::object& handler, const py::object& proceed,
+                             const py::object& unflatten) {
+  std::unique_ptr<exec::Program> program = exec::Program::parse(text);
+  std::vector<at::Tensor> tensors;
+  for (const py::handle item : constants) {
+    if (!THPVariable_Check(item.ptr()))
+      throw py::type_error("cpp_function(): constants must be tensors");
+    tensors.push_back(THPVariable_Unpack(item.ptr()));
+  }
+  program->bind(tensors);
+  auto expected = std::make_unique<std::vector<ExpectedTensor>>();
+  for (const exec::InputSpec& spec : program->inputs()) {
+    expected->push_back({spec.dtype, spec.device, spec.sizes, spec.strides});
+  }
+  const int form = form_of(program->return_form());
+  if (form == kPytree && unflatten.is_none()) {
+    throw py::value_error("a program returning a pytree needs its unflatten function");
+  }
+  PyObject* self = PyType_GenericAlloc(cpp_function_type(), 0);
+  if (self == nullptr) throw py::error_already_set();
+  auto* fn = reinterpret_cast<CppFunction*>(self);
+  fn->vectorcall = call;
+  fn->dict = nullptr;
+  fn->program = program.release();
+  fn->expected = expected.release();
+  fn->handler = py::object(handler).release().ptr();
+  fn->proceed = py::object(proceed).release().ptr();
+  fn->unflatten = py::object(unflatten).release().ptr();
+  fn->form = form;
+  return py::reinterpret_steal<py::object>(self);
+}
+
+}  // namespace
+
+void add_executor(py::module_& m) {
+  if (PyType_Ready(cpp_function_type()) != 0) throw py::error_already_set();
+  m.def("cpp_function", &make_cpp_function, py::arg("text"), py::arg("constants"),
+        py::arg("handler"), py::arg("proceed"), py::arg("unflatten"),
+        "Parse an executor program (opgen.runtime.codegen.cpp), bind its constants and run its "
+        "setup; returns\n"
+        "the CppFunction that runs it. ValueError on a malformed program or a kernel without a "
+        "thunk.");
+}
+
+}  // namespace opgen

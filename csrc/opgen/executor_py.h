@@ -1,0 +1,12 @@
+// The Python glue of the C++ executor (executor_py.cpp).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace opgen {
+
+// Adds `cpp_function(text, constants, handler, proceed, unflatten)` and the type `CppFunction` to
+// `m`.
+void add_executor(pybind11::module_& m);
+
+}  // namespace opgen

@@ -1,0 +1,87 @@
+"""Binding a compiled graph's C++ program (codegen.cpp) to opgen's prebuilt C++ executor, and the tiering.
+
+`bind_cpp` parses the program (`_C.cpp_function`), binds its constants and runs its setup; the
+result is a `CppFunction`, called like the generated Python function: the same input check (its
+mismatches go to the same slow path), the same results. OPGEN_DEBUG=1 prints the program.
+
+`with_backend` is the tiering the entry points share: `backend="cpp"` and `"auto"` return the C++
+function where the program binds, else the Python one, with (for "cpp") one OpgenWarning; either
+way `backend_note` says which runs, for `report()`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from opgen.runtime.artifact.compiled import CompiledGraph
+from opgen.runtime.errors import OpgenError, OpgenWarning
+from opgen.runtime.execution.guards import PROCEED
+
+BACKENDS = ("python", "cpp", "auto")
+
+
+class CppUnavailable(OpgenError):
+    """The graph has no C++ program: what the C++ backend does not support in it yet."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"not supported by the cpp backend yet: {what}")
+        self.what = what
+
+
+def check_backend(backend: str, where: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"{where}: backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+    return backend
+
+
+def bind_cpp(
+    graph: CompiledGraph,
+    constants: Mapping[str, torch.Tensor],
+    handler: Callable[..., Any],
+    unflatten: Callable[[tuple[Any, ...]], Any] | None = None,
+) -> Callable[..., Any]:
+    """The graph's C++ program, bound; `handler(*args)` is the input check's slow path."""
+    if graph.cpp_error:
+        raise CppUnavailable(graph.cpp_error)
+    if not graph.cpp_program:
+        raise CppUnavailable("a graph compiled without its C++ program (backend='python')")
+    if os.environ.get("OPGEN_DEBUG", "") not in ("", "0"):
+        print(f"# opgen: C++ executor program for graph {graph.key[:16]}\n{graph.cpp_program}", file=sys.stderr)
+    from opgen import _C
+
+    tensors = [constants[key] for _, key in graph.constants]
+    fn: Callable[..., Any] = _C.cpp_function(graph.cpp_program, tensors, handler, PROCEED, unflatten)
+    return fn
+
+
+def backend_note(backend: str, ran: str, reason: str = "") -> str:
+    if ran == "cpp":
+        return "backend: cpp (opgen's C++ executor runs the program; backend='python' for the generated Python)"
+    if backend == "python":
+        return ""
+    return f"backend: python ({backend!r} asked; {reason})"
+
+
+def with_backend(
+    backend: str,
+    graph: CompiledGraph,
+    python_fn: Callable[..., Any],
+    bind: Callable[[], Callable[..., Any]],
+) -> tuple[Callable[..., Any], str]:
+    """The function to run for `backend` and the note for `report()`. `bind` makes the C++ function."""
+    if backend == "python":
+        return python_fn, ""
+    try:
+        fn = bind()
+    except (CppUnavailable, ValueError, RuntimeError, TypeError) as exc:
+        reason = str(exc) if isinstance(exc, CppUnavailable) else f"{type(exc).__name__}: {exc}"
+        if backend == "cpp":
+            warnings.warn(f"opgen: graph {graph.name} runs on the Python backend: {reason}", OpgenWarning, stacklevel=4)
+        return python_fn, backend_note(backend, "python", reason)
+    return fn, backend_note(backend, "cpp")

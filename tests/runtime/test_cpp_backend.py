@@ -1,0 +1,262 @@
+"""The C++ backend: the executor's program text, its thunks, the tiering, and errors (against eager PyTorch).
+
+test_correctness.py runs every runtime case through both backends; this file covers what is the C++
+backend's own: the text it prints, what it refuses (and how the runtime falls back), the executor's
+parser, argument and kernel errors, and the thunk emitter.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import opgen
+from opgen import _C
+from opgen.gen import thunks
+from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
+from opgen.runtime.execution.guards import PROCEED
+from opgen.spec.validate import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADER = "program f registers 4 statics 0\ninput r0 x float32 cpu [16] [1]\ninput r1 y float32 cpu [16] [1]\n"
+
+
+class Add(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+class Dynamic(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu() * 2
+
+
+def cpp(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], **kwargs: object) -> object:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)  # the program must run on the C++ executor
+        return opgen.compile(model, inputs, backend="cpp", **kwargs)
+
+
+def program(body: str, inputs: str = HEADER) -> object:
+    return _C.cpp_function(inputs + "setup:\nbody:\n" + body, [], None, PROCEED, None)
+
+
+def test_single_add_prints_one_instruction_per_kernel_call() -> None:
+    x, y = torch.randn(16), torch.randn(16)
+    fn = cpp(Add(), (x, y), cache=False)
+    assert type(fn).__name__ == "CppFunction"
+    text = fn.artifact.cpp_program  # type: ignore[attr-defined]
+    body = text.split("body:\n", 1)[1].splitlines()
+    assert body == ["  guard r0 r1", "  r2 = add.cpu r0 r1  # add: aten.add.Tensor", "  return single r2"]
+    assert "input r0 x float32 cpu [16] [1]" in text
+    torch.testing.assert_close(fn(x, y), x + y)
+    assert "backend: cpp" in str(fn.report())  # type: ignore[attr-defined]
+
+
+def test_results_are_fresh_and_persistent_buffers_stay_inside() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    fn = cpp(model, (torch.randn(4, 32),))
+    with torch.no_grad():
+        first = fn(torch.randn(4, 32))
+        kept = first.clone()
+        second = fn(torch.randn(4, 32))
+        x = torch.randn(4, 32)
+        torch.testing.assert_close(fn(x), model(x))
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(first, kept)
+
+
+def test_threads_share_persistent_buffers_safely() -> None:
+    """Linear layers release the GIL (as their bindings do); calls sharing persistent buffers then take turns."""
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    fn = cpp(model, (torch.randn(4, 32),))
+    assert "empty_strided" in fn.artifact.cpp_program.split("body:")[0]  # type: ignore[attr-defined]
+    inputs = [torch.randn(4, 32) for _ in range(4)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    wrong: list[int] = []
+
+    def work(i: int) -> None:
+        with torch.no_grad():
+            for _ in range(200):
+                if not torch.allclose(fn(inputs[i]), expected[i], atol=1e-5):
+                    wrong.append(i)
+                    return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_new_shapes_respecialize_and_bad_inputs_raise_as_on_python() -> None:
+    x, y = torch.randn(16), torch.randn(16)
+    fn = cpp(Add(), (x, y), automatic_dynamic=False)
+    a, b = torch.randn(32), torch.randn(32)
+    torch.testing.assert_close(fn(a, b), a + b)  # a new specialization, compiled by the slow path
+    with pytest.raises(InputTypeError, match=r"expected dtype torch\.float32"):
+        fn(x.double(), y.double())
+    with pytest.raises(InputMismatchError, match="expected a 1-d tensor"):
+        fn(a.view(4, 8), b.view(4, 8))
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 1 were given"):
+        fn(x)
+    with pytest.raises(TypeError):
+        fn(x, "y")
+
+
+def test_grad_mode_guard_as_on_python() -> None:
+    model = torch.nn.Linear(4, 4)  # parameters require grad
+    with torch.no_grad():
+        fn = opgen.compile(model, (torch.randn(2, 4),), backend="cpp")
+    assert type(fn).__name__ == "CppFunction"
+    with pytest.raises(RequiresGradError):
+        fn(torch.randn(2, 4))  # grad mode on: the guard refuses, the slow path raises
+    with torch.no_grad():
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fn(x), model(x))
+
+
+def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line() -> None:
+    x = torch.randn(8, 4)
+    dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
+    with torch.no_grad(), pytest.warns(OpgenWarning, match="not supported by the cpp backend yet") as record:
+        fn = opgen.compile(Dynamic(), (x,), backend="cpp", dynamic_shapes=dims)
+    assert len([w for w in record if issubclass(w.category, OpgenWarning)]) == 1
+    assert type(fn).__name__ == "function"
+    assert "backend: python ('cpp' asked" in str(fn.report())  # type: ignore[attr-defined]
+    torch.testing.assert_close(fn(x), Dynamic()(x))
+
+
+def test_auto_picks_cpp_where_it_can_and_python_silently_elsewhere() -> None:
+    x, y = torch.randn(16), torch.randn(16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)
+        fast = opgen.compile(Add(), (x, y), backend="auto")
+        dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
+        slow = opgen.compile(Dynamic(), (torch.randn(8, 4),), backend="auto", dynamic_shapes=dims)
+    assert type(fast).__name__ == "CppFunction" and type(slow).__name__ == "function"
+
+
+def test_bad_backend_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="backend must be one of 'python', 'cpp', 'auto'"):
+        opgen.compile(Add(), (torch.randn(2), torch.randn(2)), backend="c++")
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="backend must be one of"):
+        torch.compile(Add(), backend="opgen", options={"backend": "rust"})(torch.randn(2), torch.randn(2))
+
+
+def test_torch_compile_backend_option_runs_cpp() -> None:
+    torch._dynamo.reset()
+    x, y = torch.randn(16), torch.randn(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)
+        compiled = torch.compile(Add(), backend="opgen", options={"backend": "cpp"})
+        torch.testing.assert_close(compiled(x, y), x + y)
+
+
+def test_debug_prints_the_program(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPGEN_DEBUG", "1")
+    cpp(Add(), (torch.randn(16), torch.randn(16)), cache=False)
+    err = capsys.readouterr().err
+    assert "C++ executor program" in err and "r2 = add.cpu r0 r1  # add: aten.add.Tensor" in err
+
+
+class Fallbacks(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        values, indices = torch.cummax(x, dim=1)  # no kernel_ops function: ATen ops through the dispatcher
+        return torch.roll(values, shifts=1, dims=0) + 1, indices, torch.kthvalue(x, 2, dim=1).values
+
+
+def test_aten_fallbacks_run_through_the_dispatcher() -> None:
+    x = torch.randn(4, 6)
+    fn = cpp(Fallbacks(), (x,), fallback=True)
+    text = fn.artifact.cpp_program  # type: ignore[attr-defined]
+    assert "= op aten::cummax.default r0 1  # cummax: aten.cummax.default" in text
+    got, want = fn(x), Fallbacks()(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_literals_lists_and_defaults() -> None:
+    x, y = torch.randn(16), torch.randn(16)
+    fn = program(
+        "  r2 = add.cpu r0 r1 2.5\n"  # alpha given
+        "  r3 = view.cpu r2 [4,4]\n"
+        "  r4 = list r3 r3\n"
+        "  r5 = cat.cpu r4 1\n"
+        "  return tuple r5 None 3 True\n",
+        HEADER.replace("registers 4", "registers 6"),
+    )
+    out, none, three, true = fn(x, y)
+    expected = torch.cat([(x + 2.5 * y).view(4, 4)] * 2, 1)
+    torch.testing.assert_close(out, expected)
+    assert none is None and three == 3 and true is True
+
+
+def test_boxed_operator_calls_through_the_dispatcher() -> None:
+    x = torch.randn(16)
+    text = "program f registers 4 statics 0\ninput r0 x float32 cpu [16] [1]\nsetup:\nbody:\n"
+    fn = _C.cpp_function(
+        text + "  r1, r2 = op aten::sort.default r0 descending=True\n  return tuple r1 r2\n", [], None, PROCEED, None
+    )
+    values, indices = fn(x)
+    ref = torch.sort(x, descending=True)
+    torch.testing.assert_close(values, ref.values)
+    torch.testing.assert_close(indices, ref.indices)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("  r2 = nosuchop.cpu r0 r1\n", "line 6: no thunk for nosuchop on cpu"),
+        ("  r2 = add.cpu r0 r9\n", "line 6: index out of range: r9"),
+        ("  r2 add.cpu r0 r1\n", "line 6: expected `<outputs> = <what> <operands...>`"),
+        ("  r2 = op aten::nosuch r0\n", "line 6: no operator aten::nosuch"),
+        ("  r2 = add.cpu r0 torch.float99\n", "line 6: unknown dtype torch.float99"),
+    ],
+)
+def test_malformed_programs_raise_value_error_naming_the_line(body: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        program(body)
+
+
+def test_kernel_errors_keep_their_type_and_name_the_instruction() -> None:
+    x = torch.randn(4, 4)
+    text = "program f registers 2 statics 0\ninput r0 x float32 cpu [4,4] [4,1]\nsetup:\nbody:\n"
+    fn = _C.cpp_function(text + "  r1 = view.cpu r0 [5,5]  # view_1: aten.view.default\n  return single r1\n",
+                         [], None, PROCEED, None)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"opgen program f: .*view_1"):
+        fn(x)
+    with pytest.raises(RuntimeError):  # the function stays usable after an error, and raises again
+        fn(x)
+
+
+def test_constants_must_be_tensors() -> None:
+    text = "program f registers 1 statics 1\ninput r0 x float32 cpu [2] [1]\nconstant s0 w\nsetup:\nbody:\n"
+    with pytest.raises(TypeError, match="constants must be tensors"):
+        _C.cpp_function(text + "  return single s0\n", [3], None, PROCEED, None)
+    fn = _C.cpp_function(text + "  r0 = mul.cpu r0 s0\n", [torch.full((2,), 3.0)], None, PROCEED, None)
+    assert fn is not None
+
+
+def test_thunk_emitter_calls_what_the_binding_calls() -> None:
+    ops = {s.python_name: s for s in load_spec(ROOT / "ops.yaml")}
+    add = ops["add"]
+    kernel = next(k for k in add.kernels if k.backend == "cpu")
+    text = thunks.emit_thunk(add, kernel)
+    assert "void thunk_add_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {" in text
+    assert "const at::Tensor& self = f.tensor(in, 0);" in text
+    assert "const at::Scalar alpha = f.has(in, 2) ? f.arg<at::Scalar>(in, 2) : at::Scalar(int64_t(1));" in text
+    assert "f.result(in, at::cpu::add(self, other, alpha));" in text
+    inplace = ops["add_"]
+    text = thunks.emit_thunk(inplace, next(k for k in inplace.kernels if k.backend == "cpu"))
+    assert "at::Tensor& self = f.mutable_tensor(in, 0);" in text
+    cuda = next(k for k in add.kernels if k.backend == "cuda")
+    assert thunks.emit_thunk(add, cuda).startswith("#ifdef OPGEN_WITH_CUDA\n")
+    assert thunks.table_entry(add, kernel) == '    {"add", "cpu", thunk_add_cpu, false},'
