@@ -370,10 +370,11 @@ PyObject* same_tuple(std::initializer_list<PyObject*> objects) {
   return out;
 }
 
-PyObject* raise_current(const Signature& sig) {
+PyObject* raise_current(const Signature& sig) { return raise_current(std::string("kernel_ops.") + sig.op() + "(): "); }
+
+PyObject* raise_current(const std::string& prefix) {
   const auto set = [&](PyObject* type, std::string_view message) -> PyObject* {
-    const std::string text = std::string("kernel_ops.") + sig.op() + "(): " + std::string(message);
-    PyErr_SetString(type, text.c_str());
+    PyErr_SetString(type, (prefix + std::string(message)).c_str());
     return nullptr;
   };
   try {

@@ -17,6 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "opgen/kernel_args.h"
+#include "opgen/python_errors.h"
+
 namespace opgen {
 
 // Thrown after a Python exception has been set; the binding returns nullptr.
@@ -79,17 +82,6 @@ std::array<bool, N> bool_array(PyObject* o, const Signature& sig, int i) {
   return out;
 }
 
-inline at::OptionalIntArrayRef opt_ref(const std::optional<std::vector<int64_t>>& v) {
-  return v ? at::OptionalIntArrayRef(*v) : at::OptionalIntArrayRef();
-}
-// ATen declares `float[]?` as std::optional<ArrayRef<double>> (upsample_*.vec's scale_factors).
-inline std::optional<c10::ArrayRef<double>> opt_ref(const std::optional<std::vector<double>>& v) {
-  return v ? std::optional<c10::ArrayRef<double>>(*v) : std::nullopt;
-}
-inline std::optional<c10::string_view> opt_view(const std::optional<std::string>& v) {
-  return v ? std::optional<c10::string_view>(*v) : std::nullopt;
-}
-
 // Collects the device of every tensor argument, checks they agree, and names the kernel's device.
 class Devices {
  public:
@@ -147,7 +139,7 @@ auto without_gil(F&& f) {
   }
 }
 
-// Turns the exception in flight into a Python exception naming the op; returns nullptr.
+// raise_current (python_errors.h), naming the op: `kernel_ops.<op>(): <message>`.
 PyObject* raise_current(const Signature& sig);
 
 }  // namespace opgen

@@ -16,6 +16,7 @@
 
 #include "opgen/executor.h"
 #include "opgen/input_check.h"
+#include "opgen/python_errors.h"
 #include "opgen/vectorcall_type.h"
 
 namespace py = pybind11;
@@ -39,31 +40,13 @@ struct CppFunction {
 // clang-format on
 
 PyObject* raise_current(const exec::Program& program) {
-  const auto set = [&](PyObject* type, const std::string& message) -> PyObject* {
-    PyErr_SetString(type, ("opgen program " + program.name() + ": " + message).c_str());
-    return nullptr;
-  };
   try {
     throw;
   } catch (py::error_already_set& e) {
     e.restore();  // the error goes back to Python as it came
     return nullptr;
-  } catch (const c10::IndexError& e) {
-    return set(PyExc_IndexError, e.what_without_backtrace());
-  } catch (const c10::ValueError& e) {
-    return set(PyExc_ValueError, e.what_without_backtrace());
-  } catch (const c10::TypeError& e) {
-    return set(PyExc_TypeError, e.what_without_backtrace());
-  } catch (const c10::NotImplementedError& e) {
-    return set(PyExc_NotImplementedError, e.what_without_backtrace());
-  } catch (const c10::OutOfMemoryError& e) {
-    return set(PyExc_MemoryError, e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    return set(PyExc_RuntimeError, e.what_without_backtrace());
-  } catch (const std::bad_alloc&) {
-    return set(PyExc_MemoryError, "out of memory");
-  } catch (const std::exception& e) {
-    return set(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    return opgen::raise_current("opgen program " + program.name() + ": ");
   }
 }
 

@@ -19,19 +19,9 @@
 #include <utility>
 #include <vector>
 
-namespace opgen {
+#include "opgen/kernel_args.h"
 
-// The kernels' parameter types where a binding's local differs (as in binding.h, which the thunks
-// do not include: the two definitions are identical).
-inline at::OptionalIntArrayRef opt_ref(const std::optional<std::vector<int64_t>>& v) {
-  return v ? at::OptionalIntArrayRef(*v) : at::OptionalIntArrayRef();
-}
-inline std::optional<c10::ArrayRef<double>> opt_ref(const std::optional<std::vector<double>>& v) {
-  return v ? std::optional<c10::ArrayRef<double>>(*v) : std::nullopt;
-}
-inline std::optional<c10::string_view> opt_view(const std::optional<std::string>& v) {
-  return v ? std::optional<c10::string_view>(*v) : std::nullopt;
-}
+namespace opgen {
 
 namespace exec {
 

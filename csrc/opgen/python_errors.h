@@ -1,0 +1,15 @@
+// C++ exceptions as Python ones, for every entry point Python calls (bindings, the executor).
+#pragma once
+
+#include <Python.h>
+
+#include <string>
+
+namespace opgen {
+
+// Turns the C++ exception in flight into the Python exception of its kind (IndexError, ValueError,
+// TypeError, NotImplementedError, MemoryError, else RuntimeError), its message after `prefix`; a
+// PythonError (a Python error already set) passes through. Returns nullptr.
+PyObject* raise_current(const std::string& prefix);
+
+}  // namespace opgen
