@@ -14,6 +14,7 @@ __all__ = [
     "InputTypeError",
     "OpgenError",
     "OpgenWarning",
+    "ProcessGroupError",
     "RequiresGradError",
     "UnsupportedOpError",
     "compile",

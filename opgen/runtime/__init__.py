@@ -20,6 +20,7 @@ from opgen.runtime.errors import (
     RequiresGradError,
     UnsupportedOpError,
 )
+from opgen.runtime.execution.collectives import ProcessGroupError
 from opgen.runtime.report import Report
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "InputTypeError",
     "OpgenError",
     "OpgenWarning",
+    "ProcessGroupError",
     "Report",
     "RequiresGradError",
     "UnsupportedOpError",

@@ -90,7 +90,7 @@ def compile(
     check_backend(backend, "opgen.compile")
     passes = tuple(passes) if passes is not None else default_pipeline()
     options = CompileOptions(fallback, passes, cache, backend=backend)
-    graphs = CudaGraphs(GraphOptions(static_outputs), model_name(module), default_registry()) if cuda_graphs else None
+    graphs = CudaGraphs(GraphOptions(static_outputs), model_name(module)) if cuda_graphs else None
     if automatic_dynamic is None:
         automatic_dynamic = not cuda_graphs
     dynamic = _Dynamic(dynamic_shapes, automatic_dynamic and dynamic_shapes is None)

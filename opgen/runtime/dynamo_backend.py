@@ -204,7 +204,7 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
         return gm.forward
     compile_options = CompileOptions(fallback, passes, use_cache, guard=False, backend=backend)
     name = type(gm).__name__
-    graphs = CudaGraphs(GraphOptions(static_outputs), name, default_registry()) if cuda_graphs else None
+    graphs = CudaGraphs(GraphOptions(static_outputs), name) if cuda_graphs else None
 
     freeze = freezing and not torch.is_grad_enabled()  # inference: the weights are constants (as Inductor's freezing)
     state = module_state(gm) if freeze else [False] * len(example_inputs)

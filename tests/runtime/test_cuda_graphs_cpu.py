@@ -226,7 +226,7 @@ def test_graph_mode_decisions_with_random_ops() -> None:
     assert fn.graph_status.reason == "the graph has no CUDA tensors (it runs on the CPU)"
     assert fn.graph_status.random == ("aten.rand_like.default",)
     dynamic = replace(fn.artifact, ranges=(("s0", 1, 64),))
-    graphs = CudaGraphs(GraphOptions(), "_Noise", registry=None)  # type: ignore[arg-type]
+    graphs = CudaGraphs(GraphOptions(), "_Noise")
     with pytest.warns(opgen.OpgenWarning, match="dynamic shapes"):
         plain = graphs.wrap(lambda *a: None, dynamic, {})
     assert plain.graph_status.reason.startswith("dynamic shapes")  # type: ignore[attr-defined]

@@ -158,7 +158,8 @@ EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take 
     "residual_norm": 1, "masked_softmax": 1, "rms_norm": 1, "buffer_write": 2, "aliased_output": 2,
     "row_reductions": 3, "one_row": 1, "rotary_pairs": 2,
 }  # fmt: skip
-# buffer_write: the buffer is written in place (passes.reinplace), a write no kernel spans: one kernel before it, one after.
+# buffer_write: the buffer is written in place (passes.reinplace), a write no kernel spans: a kernel
+# before it and one after.
 
 
 @needs_triton

@@ -34,7 +34,9 @@ TOLERANCE = {
 @pytest.mark.parametrize("force", ["triton", "aten", None])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_products_match_eager(monkeypatch: pytest.MonkeyPatch, force: str | None, dtype: torch.dtype, bias: bool) -> None:
+def test_products_match_eager(
+    monkeypatch: pytest.MonkeyPatch, force: str | None, dtype: torch.dtype, bias: bool
+) -> None:
     if force is not None:
         monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
     model = Block(d=256, kv=128, hidden=704, bias=bias).to(device="cuda", dtype=dtype).eval()

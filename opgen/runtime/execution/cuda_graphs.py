@@ -51,7 +51,6 @@ from torch.utils import _pytree as pytree
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.errors import OpgenWarning
 from opgen.runtime.execution.guards import fast_check
-from opgen.runtime.registry import KernelRegistry
 
 Compiled = Callable[..., Any]
 
@@ -106,10 +105,9 @@ class _Pool:
 class CudaGraphs:
     """The CUDA-graph mode of one compiled model: its options, pools, and the one warning it gives."""
 
-    def __init__(self, options: GraphOptions, model: str, registry: KernelRegistry) -> None:
+    def __init__(self, options: GraphOptions, model: str) -> None:
         self.options = options
         self.model = model
-        self.registry = registry
         self.pools: dict[torch.device, _Pool] = {}
         self.warned = False
 

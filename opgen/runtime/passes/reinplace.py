@@ -17,7 +17,8 @@ functional writes the written-back value comes from and, where it is safe, write
 - `clone`s and views of the new value are the buffer (or its view) itself;
 - the write-back of a value that is now the buffer itself disappears.
 
-Safety (Inductor's reinplace rules, `torch/_inductor/fx_passes/reinplace.py`) is proved by a walk over every line touching the buffer's storage
+Safety (Inductor's reinplace rules, `torch/_inductor/fx_passes/reinplace.py`) is proved by a walk over
+every line touching the buffer's storage
 (its views, and the results now written into it), each name standing for a region of the storage
 and the regions written since its value was current: a write makes every other name stale; a line
 may read a name only while it is current (no later reader of the old value; readers of the new value
