@@ -112,7 +112,7 @@ class ViewWrites(nn.Module):
             self.cache[2:10][1:5].index_copy_(0, pos % 4, k.reshape(1, 2, 4))
         elif self.write == "slice_scatter":  # a new value for the slice: copied into a view of the buffer
             self.cache.copy_(self.cache.slice_scatter(k.reshape(1, 2, 4) + self.cache[0:1], 0, 3, 4))
-        elif self.write == "int_index":  # capture decomposes select_scatter into `where`: kept functional
+        elif self.write == "int_index":  # capture keeps select_scatter whole: a copy_ into the selected view
             self.cache[5] = k.reshape(2, 4)
         else:  # the result of writing a transposed view has other strides: kept functional
             self.cache.transpose(0, 1).index_copy_(1, pos, k.reshape(2, 1, 4))
@@ -183,10 +183,11 @@ def test_writes_through_slices_copy_into_the_view() -> None:
 def test_writes_through_views(write: str) -> None:
     compiled = run_in_lockstep(ViewWrites(write))
     source = forward_source(compiled)
-    in_place = write not in ("int_index", "transposed")
+    in_place = write != "transposed"
     assert (not write_backs(source)) is in_place and ("scatter(" not in source or not in_place), source
-    if write == "slice_scatter":  # the view of the buffer is set up once (hoist_views), written every call
-        view = re.search(r"(buf\d+) = slice\(b_cache, 0, 3, 4\)", compiled.artifact.source)
+    if write in ("slice_scatter", "int_index"):  # the view of the buffer is set up once (hoist_views), written
+        view_of = r"slice\(b_cache, 0, 3, 4\)" if write == "slice_scatter" else r"select\(b_cache, 0, 5\)"
+        view = re.search(rf"(buf\d+) = {view_of}", compiled.artifact.source)
         assert view and f"copy_({view[1]}, " in source, compiled.artifact.source
     else:
         assert ("index_put_(" in source) is in_place, source
