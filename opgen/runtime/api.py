@@ -15,6 +15,7 @@ so later sizes compile nothing; sizes that still do not fit (1 where export keep
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -170,9 +171,7 @@ class _Specializations:
         sig = signature_of(ep)
         constants = constants_of(self.module, ep)
         grad_mode = any(constants[p.key].requires_grad for p in sig.placeholders if p.kind == "constant" and p.key)
-        options = CompileOptions(
-            self.options.fallback, self.options.passes, self.options.cache, True, grad_mode, self.options.backend
-        )
+        options = dataclasses.replace(self.options, guard=True, grad_mode=grad_mode)
         spec = ep.call_spec.out_spec
         compile_ = functools.partial(compile_graph, ep.graph_module, sig, options, model_name(self.module), str(spec))
         parts = [compile_(ranges)]

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import opgen
+from opgen.bench.decode_models import HFStep  # the wrapper called with (ids, cache_position) by position
 from opgen.runtime.capture.export import DecompositionError
 
 STEPS = 20
@@ -62,17 +63,6 @@ def example(device: str) -> tuple[torch.Tensor, torch.Tensor]:
 # --- transformers: TorchExportableModuleWithStaticCache around a tiny Llama ---------------------------
 
 
-class _Step(nn.Module):
-    """A decode step with positional (ids, cache_position): the wrapper's forward takes them by keyword."""
-
-    def __init__(self, wrapper: nn.Module) -> None:
-        super().__init__()
-        self.wrapper = wrapper
-
-    def forward(self, ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        return self.wrapper(input_ids=ids, cache_position=cache_position)  # type: ignore[no-any-return]
-
-
 def tiny_llama_steps(device: str) -> tuple[nn.Module, nn.Module]:
     """Two static-cache wrappers (to compile, and eager) of one tiny random Llama."""
     transformers = pytest.importorskip("transformers")
@@ -92,7 +82,7 @@ def tiny_llama_steps(device: str) -> tuple[nn.Module, nn.Module]:
 
     def wrapped(m: nn.Module) -> nn.Module:
         cls = executorch.TorchExportableModuleWithStaticCache
-        return _Step(cls(m, batch_size=1, max_cache_len=MAX_LEN, device=torch.device(device)))
+        return HFStep(cls(m, batch_size=1, max_cache_len=MAX_LEN, device=torch.device(device)))
 
     return wrapped(model), wrapped(copy.deepcopy(model))
 

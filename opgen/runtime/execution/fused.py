@@ -113,11 +113,9 @@ def _write(filename: str, source: str) -> Path:
 
 def _launcher(spec: FusedKernel) -> Any:
     fn = load_function(spec)
-    count = len(spec.inputs) + len(spec.outputs)
-    # The kernel's own parameter names (inputs, then outputs): a kernel shared by several calls (the
-    # matrix-vector kernels of a model's layers) names them apart from any one call's values.
-    names = list(getattr(fn, "arg_names", ()))[:count]
-    params = names if len(names) == count else [*spec.inputs, *(v.name for v in spec.outputs)]
+    # The kernel's own parameter names (inputs, then outputs): a kernel shared by several calls (a
+    # model's layers) names them apart from any one call's values.
+    params = list(fn.arg_names[: len(spec.inputs) + len(spec.outputs)])
     mutates = params[len(spec.inputs) :]
     return fixed_grid_launcher(fn, spec.configs, params, mutates, spec.name, lambda: _examples(spec))
 

@@ -17,12 +17,11 @@ pass never makes a product slower than cuBLAS. CUDA, static sizes, float16/bfloa
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from opgen.runtime.ir import (
     FusedKernel,
     KernelCall,
-    Line,
     Program,
     Ref,
     TensorMeta,
@@ -33,6 +32,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.gemv_triton import configs, kernel
 from opgen.runtime.registry import KernelRegistry
 
@@ -52,6 +52,8 @@ class Product:
     w: str  # [K, N], stride (1, K): a constant matrix W [N, K] transposed
     bias: str | None  # [N]
     n: int
+    row_stride: int  # W's (w's stride along N)
+    dtype: str  # of x, w, the bias and the result alike
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +68,10 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
     found = list(find_siblings(program))
     if not found:
         return program
-    metas = meta_table(program)
     locals_ = fresh_namer(program, "gemv")
-    replaced: dict[int, Line | None] = {}
-    fused: list[FusedKernel] = []
-    for group in found:
-        spec = fused_kernel(group, next(locals_), metas)
-        fused.append(spec)
-        for product in group.products:
-            replaced[product.index] = None
-        replaced[group.products[0].index] = KernelCall(
-            spec.local,
-            tuple(Ref(n) for n in spec.inputs),
-            (),
-            spec.outputs,
-            node=", ".join(spec.nodes),
-            target=f"fused Triton kernel {spec.name}",
-            unpack=len(spec.outputs) > 1,
-            jit=True,
-        )
-    body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
-    return eliminate_dead_code(replace(program, body=body, fused=(*program.fused, *fused)), registry)
+    placed = [(fused_kernel(group, next(locals_)), [p.index for p in group.products], group.products[0].index)
+              for group in found]  # fmt: skip
+    return eliminate_dead_code(place(program, placed), registry)
 
 
 def find_siblings(program: Program) -> Iterator[Siblings]:
@@ -158,13 +143,13 @@ def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constan
         bm = metas.get(bias)
         if bias not in constant or bm is None or bm.shape != (n,) or bm.stride != (1,) or bm.dtype != out.dtype:
             return None
-    return Product(index, line, x, w, bias, n)  # type: ignore[arg-type]
+    return Product(index, line, x, w, bias, n, wm.stride[1], out.dtype)  # type: ignore[arg-type]
 
 
-def fused_kernel(group: Siblings, local: str, metas: dict[str, TensorMeta]) -> FusedKernel:
+def fused_kernel(group: Siblings, local: str) -> FusedKernel:
     products = group.products
     nodes = tuple(p.line.node for p in products)
-    name, source = kernel(group, metas)
+    name, source = kernel(group)
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     outputs = tuple(p.line.outputs[0] for p in products)
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
@@ -174,7 +159,7 @@ def fused_kernel(group: Siblings, local: str, metas: dict[str, TensorMeta]) -> F
         name=name,
         source=source,
         inputs=inputs,
-        input_dtypes=tuple(metas[i].dtype for i in inputs),
+        input_dtypes=(products[0].dtype,) * len(inputs),
         outputs=outputs,  # type: ignore[arg-type]
         configs=configs(group),
         nodes=nodes,

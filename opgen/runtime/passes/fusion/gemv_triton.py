@@ -14,8 +14,6 @@ import hashlib
 import math
 from typing import TYPE_CHECKING, Any
 
-from opgen.runtime.ir import TensorMeta
-
 if TYPE_CHECKING:
     from opgen.runtime.passes.fusion.gemv import Siblings
 
@@ -45,7 +43,7 @@ def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
 '''
 
 
-def kernel(group: Siblings, metas: dict[str, TensorMeta]) -> tuple[str, str]:
+def kernel(group: Siblings) -> tuple[str, str]:
     """(name, source) of the group's kernel. Both depend only on the sizes, strides and whether each
     product has a bias, never on value names: the layers of a model share one kernel, compiled and tuned
     once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`."""
@@ -65,7 +63,7 @@ def kernel(group: Siblings, metas: dict[str, TensorMeta]) -> tuple[str, str]:
         block = f"pid - ({start})" if start else "pid"
         bias = f"b{i}" if product.bias else f"out{i}"
         args = ["x", f"w{i}", bias, f"out{i}", block, product.n, group.k, group.x_meta.stride[1]]
-        args += [metas[product.w].stride[1], product.bias is not None, "BLOCK_N", "BLOCK_K"]
+        args += [product.row_stride, product.bias is not None, "BLOCK_N", "BLOCK_K"]
         calls.append((end, f"_rows({', '.join(map(str, args))})"))
         start = end
     if len(calls) == 1:

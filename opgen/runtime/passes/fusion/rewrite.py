@@ -15,10 +15,9 @@ the default pipeline has it where opgen's JIT can run (`opgen.runtime.pipeline.d
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref, Value
+from opgen.runtime.ir import FusedKernel, Program, Value
 from opgen.runtime.passes.analysis import fresh_namer
+from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.groups import find_groups
 from opgen.runtime.passes.fusion.triton import CodegenError, kernel
 from opgen.runtime.registry import KernelRegistry
@@ -29,8 +28,7 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
     if not found:
         return program
     locals_ = fresh_namer(program, "fused")
-    replaced: dict[int, Line | None] = {}
-    fused: list[FusedKernel] = []
+    placed: list[tuple[FusedKernel, tuple[int, ...], int]] = []
     for item in found:
         local = next(locals_)
         try:
@@ -50,20 +48,5 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
             describe=group.describe(),
             lines=item.lines,
         )
-        fused.append(spec)
-        for index in item.members:
-            replaced[index] = None
-        replaced[item.members[-1]] = KernelCall(
-            local,
-            tuple(Ref(n) for n in spec.inputs),
-            (),
-            spec.outputs,
-            node=", ".join(group.nodes),
-            target=f"fused Triton kernel {generated.name}",
-            unpack=len(spec.outputs) > 1,
-            jit=True,
-        )
-    if not fused:
-        return program
-    body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
-    return replace(program, body=body, fused=(*program.fused, *fused))
+        placed.append((spec, item.members, item.members[-1]))
+    return place(program, placed)

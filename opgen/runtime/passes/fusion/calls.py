@@ -1,0 +1,35 @@
+"""Putting generated kernels into a program, for the fusion and gemv passes alike: each kernel's
+member lines leave the body and one call of the kernel takes the place of one of them."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref
+
+
+def fused_call(spec: FusedKernel) -> KernelCall:
+    """The body's call of a fused kernel: its inputs in, its fresh outputs out."""
+    return KernelCall(
+        spec.local,
+        tuple(Ref(n) for n in spec.inputs),
+        (),
+        spec.outputs,
+        node=", ".join(spec.nodes),
+        target=f"fused Triton kernel {spec.name}",
+        unpack=len(spec.outputs) > 1,
+        jit=True,
+    )
+
+
+def place(program: Program, kernels: Sequence[tuple[FusedKernel, Collection[int], int]]) -> Program:
+    """`program` with each (kernel, body indices of its members, index its call goes to) applied."""
+    if not kernels:
+        return program
+    replaced: dict[int, Line | None] = {}
+    for spec, members, at in kernels:
+        replaced.update(dict.fromkeys(members))
+        replaced[at] = fused_call(spec)
+    body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
+    return replace(program, body=body, fused=(*program.fused, *(spec for spec, _, _ in kernels)))
