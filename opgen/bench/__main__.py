@@ -1,4 +1,4 @@
-"""`python -m opgen.bench {ops,graphs,jit,dynamic,gpu_work,zoo,decode,tp} [options]`: the project's benchmarks
+"""`python -m opgen.bench {ops,graphs,jit,dynamic,gpu_work,gpu_models,zoo,decode,tp} [options]`: the project's benchmarks
 (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ COMMANDS = {
     "jit": ("opgen.bench.jit", "host time per Triton launch: opgen, Triton, Inductor's launcher, bare (GPU)"),
     "dynamic": ("opgen.bench.dynamic", "a 4-layer decoder at 20 lengths: dynamic vs static vs eager vs inductor"),
     "gpu_work": ("opgen.bench.gpu_work", "GPU kernel time, launches and sync time per call, with and without fusion"),
+    "gpu_models": ("opgen.bench.gpu_models", "torchvision, timm and transformers models on the GPU vs Inductor (GPU)"),
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode", "LLM decoding, batch 1, static KV cache: per-token time and bandwidth"),
     "tp": ("opgen.bench.tp", "a Llama-style decoder split over N processes (gloo/NCCL): eager, inductor, opgen"),
