@@ -239,11 +239,13 @@ def _masked_fill(values: Mapping[str, Any], out: str) -> str | None:
 
 
 def _to_copy(values: Mapping[str, Any], out: str) -> str | None:
-    """A cast: only dtype (and memory format, which the output's strides carry) may change."""
+    """A cast: only dtype (and memory format, which the output's strides carry) may change. A `device`
+    argument is the one the group runs on (`type_as` and `.to(x)` name it): a group's values all live
+    on one device (groups._step), so a copy to another device never gets here."""
     x = values["self"]
     if not isinstance(x, Operand) or values.get("layout") not in (None, Sym("layout", "strided")):
         return None
-    if values.get("device") is not None or values.get("pin_memory") not in (None, False):
+    if values.get("pin_memory") not in (None, False):
         return None
     return cast(x, out)
 
