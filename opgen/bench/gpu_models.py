@@ -88,6 +88,26 @@ def rel_error(out: Any, ref: Any) -> float:
     return worst
 
 
+def top_kernels(call: Callable[[], Any], calls: int, count: int) -> list[tuple[str, float, float]]:
+    """The `count` GPU activities that take the most time in one call: (name, us, launches) per call."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA:
+            entry = by_name.setdefault(event.name, [0.0, 0.0])
+            entry[0] += event.time_range.elapsed_us() / calls
+            entry[1] += 1 / calls
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:count]
+    return [(name, us, launches) for name, (us, launches) in ranked]
+
+
 def cold_caches(root: Path, model: str) -> None:
     """Point Inductor, Triton and opgen at empty cache folders of their own for this model."""
     for variable in CACHE_VARIABLES:
@@ -97,7 +117,7 @@ def cold_caches(root: Path, model: str) -> None:
 
 
 def run_model(entry: zoo.GpuModel, candidates: Sequence[str], calls: int, repeats: int, cache_root: Path | None,
-              progress: Callable[[str], None], device: torch.device | None = None) -> list[Result]:  # fmt: skip
+              progress: Callable[[str], None], device: torch.device | None = None, kernels: int = 0) -> list[Result]:  # fmt: skip
     device = device or torch.device("cuda")
     results: list[Result] = []
     with torch.no_grad():
@@ -125,6 +145,9 @@ def run_model(entry: zoo.GpuModel, candidates: Sequence[str], calls: int, repeat
             running.append((name, call, seconds, err, work))
             progress(f"  {entry.name}: {LABELS[name]}: first call {seconds:.1f} s, {work[0]:.0f} us of GPU work in "
                      f"{work[1]:.0f} launches, rel err {err:.1e}")  # fmt: skip
+            if kernels and name != "eager":
+                for kernel, us, launches in top_kernels(call, calls, kernels):
+                    progress(f"    {us:8.1f} us {launches:5.1f}x  {kernel[:110]}")
         timings = interleaved([c for _, c, *_ in running], repeats=repeats, warmup=3, target_s=0.1,
                               sync=torch.cuda.synchronize)  # fmt: skip
         for (name, _, seconds, err, (kernel_us, launches)), timing in zip(running, timings, strict=True):
@@ -214,6 +237,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="default: all (eager always runs)")  # fmt: skip
     parser.add_argument("--calls", type=int, default=10, help="calls profiled per candidate (default 10)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per candidate (default 5)")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="also print each compiled candidate's N most expensive GPU kernels")  # fmt: skip
     parser.add_argument("--warm-caches", action="store_true",
                         help="keep the usual Inductor/Triton/opgen cache folders (default: fresh ones per model)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
@@ -238,7 +263,8 @@ def main(argv: list[str]) -> int:
                 print(f"  {entry.name}: skipped ({why})", flush=True)
                 continue
             print(f"{entry.what}", flush=True)
-            results += run_model(entry, candidates, args.calls, args.repeats, root, lambda s: print(s, flush=True))
+            results += run_model(entry, candidates, args.calls, args.repeats, root, lambda s: print(s, flush=True),
+                                 kernels=args.kernels)  # fmt: skip
             torch.cuda.empty_cache()
     print("\n" + results_table(results) + "\n\ntargets:\n" + "\n".join(target_lines(results)))
     if args.json:
