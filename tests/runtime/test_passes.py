@@ -376,6 +376,7 @@ def test_frees_follow_last_use_for_big_values(registry) -> None:
 
 def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registry) -> None:
     expected = {
+        "pads",
         "conv_bn",
         "onednn",
         "layout",

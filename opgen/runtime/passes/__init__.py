@@ -1,7 +1,9 @@
 """IR passes. Each is a pure function `(Program, KernelRegistry) -> Program`, optional and testable alone.
 
 `PASSES` names them; `DEFAULT_PIPELINE` is the order `opgen.compile` runs them in. Order matters
-only for quality, not correctness: batch-norm folding wants the raw conv -> bn pattern, and
+only for quality, not correctness: `pads` folds zero pads into the convolutions reading them first,
+so that every later pass sees a convolution reading its input directly; batch-norm folding wants the
+raw conv -> bn pattern, and
 oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `onednn` runs before
 `layout` so that max pooling of its channels-last values joins its region; view
 simplification and shape folding leave dead code, removed before `prepack` looks for single
@@ -44,6 +46,7 @@ from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memo import memoize_sizes
 from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.onednn import fuse_onednn
+from opgen.runtime.passes.pads import fold_pads
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.reinplace import reinplace
 from opgen.runtime.passes.shapes import fold_shapes
@@ -54,6 +57,7 @@ from opgen.runtime.registry import KernelRegistry
 Pass = Callable[[Program, KernelRegistry], Program]
 
 PASSES: dict[str, Pass] = {
+    "pads": fold_pads,
     "conv_bn": fold_conv_bn,
     "onednn": fuse_onednn,
     "layout": channels_last_pooling,
@@ -77,6 +81,7 @@ PASSES: dict[str, Pass] = {
 }
 
 DEFAULT_PIPELINE = (
+    "pads",
     "conv_bn",
     "onednn",
     "layout",

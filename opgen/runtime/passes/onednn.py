@@ -4,7 +4,8 @@ Three rewrites of 2-d float32 CPU convolutions, after batch-norm folding (the CP
 `cudnn.py`, and of what Inductor's `mkldnn_fusion.py` does under freezing):
 
 1. Packing: `convolution(x, W, b, ...)` with a constant weight (and at least `MIN_MACS`
-   multiply-adds: oneDNN's fixed cost per call makes tiny convolutions slower) becomes
+   multiply-adds: oneDNN's fixed cost per call makes tiny convolutions slower; grouped ones with a
+   kernel over 1x1 at any size, as ATen calls oneDNN for those itself) becomes
    `kernel_ops.mkldnn_convolution_pointwise(x, P, b, padding, stride, dilation, groups, "none", (), "")`,
    `P = mkldnn._reorder_convolution_weight(W, ..., input size)` computed once, at bind time, in
    oneDNN's blocked layout for that input size: no weight reorder per call.
@@ -12,8 +13,8 @@ Three rewrites of 2-d float32 CPU convolutions, after batch-norm folding (the CP
    leaky_relu, hardtanh) that is the only reader of such a convolution becomes its post-op, and
    `add(conv(x), z)` (alpha 1, `z` of the same shape), optionally followed by relu, becomes
    `kernel_ops.mkldnn_convolution_pointwise_binary(x, z, P, b, ..., "add", 1.0, "relu"|None, (), "")`.
-3. Layout: the region of values these convolutions produce, and relu/add/activations/max pooling
-   of region values, runs channels-last (oneDNN's fast layout: no input/output reorders); a
+3. Layout: the region of values these convolutions produce, and relu/add/activations/max pooling/
+   constant pads of region values, runs channels-last (oneDNN's fast layout: no input/output reorders); a
    convolution input from outside the region is copied in once, and every region value that
    something else reads (a mean, a view, the caller) is copied back to the contiguous layout the
    graph recorded.
@@ -67,6 +68,7 @@ UNARY: dict[str, tuple[str, tuple[str, ...]]] = {
     "hardtanh": ("hardtanh", ("min_val", "max_val")),
 }
 REGION_POINTWISE = {"relu", "add", *UNARY}
+REGION_PADS = {"constant_pad_nd"}  # ATen pads in the input's memory format: channels-last stays channels-last
 # Below this many multiply-adds oneDNN's fixed cost per call (about 20 us here) loses to ATen's own
 # convolution: 3x3 16->16 channels on 8x8 takes 13 us through ATen and 24 us through oneDNN, on
 # 16x16 29 and 28 us, on 32x32 142 and 100 us.
@@ -92,11 +94,19 @@ def _conv_args(
         return None
     if not isinstance(weight, Ref) or weight.name not in constant or len(metas[weight.name].shape) != 4:
         return None
-    if meta.numel * math.prod(metas[weight.name].shape[1:]) < MIN_MACS:
+    w_shape = metas[weight.name].shape
+    if meta.numel * math.prod(w_shape[1:]) < MIN_MACS and not _aten_calls_onednn(w_shape, args[6]):
         return None
     if not (bias is None or isinstance(bias, Ref)) or not all(isinstance(a, tuple) for a in args[3:6]):
         return None
     return args
+
+
+def _aten_calls_onednn(weight_shape: tuple[object, ...], groups: Arg) -> bool:
+    """A grouped convolution with a kernel larger than 1x1 (depthwise 3x3, ...): ATen runs it through oneDNN
+    itself, on the unpacked weight in NCHW, so the packed channels-last call wins at any size (a 3x3
+    depthwise convolution of 96x18x18: 55 us through ATen, 21 us packed; oneDNN's fixed cost dominates)."""
+    return type(groups) is int and groups > 1 and tuple(weight_shape[2:]) != (1, 1)
 
 
 def pack(program: Program, registry: KernelRegistry) -> Program:
@@ -269,7 +279,7 @@ def _joins_region(line: Line, region: dict[str, str]) -> bool:
     if line.kernel == "max_pool2d_with_indices":
         return line.outputs[1:] == (None,)
     return (
-        line.kernel in REGION_POINTWISE
+        line.kernel in REGION_POINTWISE | REGION_PADS
         and len(line.outputs) == 1
         and all(not isinstance(v, Ref) for _, v in line.kwargs)
     )

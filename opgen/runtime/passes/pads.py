@@ -1,0 +1,86 @@
+"""Fold zero padding into the convolutions that read it.
+
+`convolution(constant_pad_nd(x, pad, 0), W, b, stride, padding, ...)` is `convolution(x, W, b, stride,
+padding + p, ...)` when the pad adds the same `p >= 0` on both sides of each spatial dimension it
+touches: a convolution's own padding is zeros on both sides. Models ported from TensorFlow pad
+explicitly before every convolution (Hugging Face MobileNetV2's "SAME" padding: `F.pad(x, (0, 0, 0, 0))`
+before each 1x1 convolution, `(1, 1, 1, 1)` before each 3x3 of stride 1); ATen's `constant_pad_nd`
+writes a new tensor each time (fill the output, copy the input in), which this pass removes, and a
+convolution that reads the unpadded value joins the oneDNN region (`onednn`) directly.
+
+Asymmetric pads (`(0, 1, 0, 1)` before a 3x3 of stride 2 on an even size) stay: ATen's convolution
+pads symmetrically. The pad's result must be read only as the input of non-transposed convolutions
+(never returned), so every reader can take the unpadded value. Runs first, before `conv_bn`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, uses
+from opgen.runtime.passes.analysis import arg_value
+from opgen.runtime.registry import KernelRegistry
+
+PAD, CONV = "constant_pad_nd", "convolution"
+
+
+def _symmetric_pad(line: Line, registry: KernelRegistry) -> tuple[str, tuple[int, ...]] | None:
+    """(source, per-dimension padding, last dimension first) of a symmetric zero pad."""
+    if not isinstance(line, KernelCall) or line.kernel != PAD or line.fallback or len(line.outputs) != 1:
+        return None
+    info = registry.by_name[PAD]
+    source, pad, value = (arg_value(line, info, n) for n in ("self", "pad", "value"))
+    if not isinstance(source, Ref) or not isinstance(pad, tuple) or len(pad) % 2:
+        return None
+    if not all(type(p) is int and p >= 0 for p in pad):  # negative pads crop; symbolic ones vary per call
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value != 0 or math.copysign(1, value) < 0:
+        return None
+    ints = [p for p in pad if type(p) is int]
+    pairs = list(zip(ints[::2], ints[1::2], strict=True))
+    if any(left != right for left, right in pairs):
+        return None
+    return source.name, tuple(left for left, _ in pairs)
+
+
+def _padded(conv: Line | None, name: str, per_dim: tuple[int, ...], registry: KernelRegistry) -> KernelCall | None:
+    """`conv` reading `name`'s source with `per_dim` added to its padding, if `name` is only its input."""
+    if not isinstance(conv, KernelCall) or conv.kernel != CONV or conv.fallback:
+        return None
+    info = registry.by_name[CONV]
+    positional = [a.name for a in info.args if not a.kwarg_only]
+    at = positional.index("padding")
+    padding = conv.args[at] if at < len(conv.args) else None
+    if conv.args[:1] != (Ref(name),) or name in uses(replace(conv, args=conv.args[1:])):
+        return None
+    if arg_value(conv, info, "transposed") is not False or not isinstance(padding, tuple):
+        return None
+    widened = [p for p in padding if type(p) is int]
+    if len(per_dim) > len(padding) or len(widened) != len(padding):
+        return None
+    for i, p in enumerate(per_dim):  # the pad's pairs run from the last dimension backwards
+        widened[len(padding) - 1 - i] += p
+    args: tuple[Arg, ...] = (*conv.args[:at], tuple(widened), *conv.args[at + 1 :])
+    return replace(conv, args=args, target=f"{conv.target} with its input's zero pad folded")
+
+
+def fold_pads(program: Program, registry: KernelRegistry) -> Program:
+    if not {PAD, CONV} <= set(registry.by_name):
+        return program
+    body: list[Line | None] = list(program.body)
+    for i, line in enumerate(body):
+        pad = _symmetric_pad(line, registry) if line is not None else None
+        if pad is None:
+            continue
+        assert isinstance(line, KernelCall) and line.outputs[0] is not None
+        name, (source, per_dim) = line.outputs[0].name, pad
+        readers = [j for j, other in enumerate(body) if other is not None and name in uses(other)]
+        folded = [_padded(body[j], name, per_dim, registry) for j in readers]
+        if not readers or any(f is None for f in folded):
+            continue
+        for j, conv in zip(readers, folded, strict=True):
+            assert conv is not None
+            body[j] = replace(conv, args=(Ref(source), *conv.args[1:]))
+        body[i] = None
+    return replace(program, body=tuple(line for line in body if line is not None))
