@@ -490,5 +490,5 @@ const opgen::RegistryEntry kRegistry[] = {
 
 PYBIND11_MODULE(_C, m) {
   opgen::init_kernel_ops(m, {opgen_methods_0, opgen_methods_1, opgen_methods_2, opgen_methods_3}, kRegistry,
-                         "4c9401fcc5655792");
+                         "8145b18953162bee");
 }

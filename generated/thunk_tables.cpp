@@ -17,4 +17,8 @@ opgen_thunks_3,
 nullptr,
 };
 
+// The identity of these thunks (opgen.gen.emit.thunk_digest): a package records the digest it was made
+// with and runs only on thunks of the same one (csrc/opgen/package.cpp).
+extern const char kThunkDigest[] = "5da241d89db14afb";
+
 }  // namespace opgen::exec

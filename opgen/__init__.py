@@ -14,11 +14,14 @@ __all__ = [
     "InputTypeError",
     "OpgenError",
     "OpgenWarning",
+    "PackageError",
     "ProcessGroupError",
     "RequiresGradError",
     "UnsupportedOpError",
     "compile",
     "kernel_ops",
+    "load_package",
+    "package",
 ]
 
 # Resolved lazily from opgen.runtime (which imports torch) on first access.

@@ -79,7 +79,10 @@ ROOM_IMPORTS: dict[str, set[str]] = {
         "opgen.runtime.lowering", "opgen.runtime.artifact",
     },
 }  # fmt: skip
-ENTRY_POINTS = {"opgen.runtime", "opgen.runtime.api", "opgen.runtime.dynamo_backend", "opgen.runtime.pipeline"}
+ENTRY_POINTS = {
+    "opgen.runtime", "opgen.runtime.api", "opgen.runtime.dynamo_backend", "opgen.runtime.pipeline",
+    "opgen.runtime.packaging",
+}  # fmt: skip
 TORCH_FREE = (
     *("opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.report", "opgen.runtime.passes"),
     *("opgen.runtime.codegen", "opgen.runtime.artifact", "opgen.jit.errors", "opgen.errors", "opgen.disk"),

@@ -16,6 +16,7 @@
 
 #include "opgen/executor.h"
 #include "opgen/input_check.h"
+#include "opgen/package.h"
 #include "opgen/python_errors.h"
 #include "opgen/vectorcall_type.h"
 
@@ -48,6 +49,19 @@ PyObject* raise_current(const exec::Program& program) {
   } catch (...) {
     return opgen::raise_current("opgen program " + program.name() + ": ");
   }
+}
+
+// opgen.runtime.errors.<name> (imported on the error path only), or `fallback` where it cannot be.
+PyObject* opgen_error(const char* name, PyObject* fallback) {
+  PyObject* module = PyImport_ImportModule("opgen.runtime.errors");
+  PyObject* cls = module != nullptr ? PyObject_GetAttrString(module, name) : nullptr;
+  Py_XDECREF(module);
+  if (cls == nullptr) {
+    PyErr_Clear();
+    return fallback;
+  }
+  Py_DECREF(cls);  // the module keeps it alive
+  return cls;
 }
 
 // Consumes `v`: a tensor's only reference goes to its new PyObject (no reference count change).
@@ -132,7 +146,8 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
   if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) || n != expected) {
-    return PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments but %zd were given",
+    return PyErr_Format(opgen_error("InputTypeError", PyExc_TypeError),
+                        "%s() takes %zd positional arguments but %zd were given",
                         program.name().c_str(), expected, n);
   }
   bool checked =
@@ -256,6 +271,33 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   return py::reinterpret_steal<py::object>(self);
 }
 
+// `read_package(path)`: package.h's reader, for opgen.load_package; PackageError as opgen's.
+py::dict read_package_py(const std::string& path) {
+  PackageContents c;
+  try {
+    c = read_package(path);
+  } catch (const PackageError& e) {
+    PyErr_SetString(opgen_error("PackageError", PyExc_RuntimeError), e.what());
+    throw py::error_already_set();
+  }
+  py::list constants;
+  for (at::Tensor& t : c.constants)
+    constants.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))));
+  py::dict out;
+  out["name"] = c.name;
+  out["torch_version"] = c.torch_version;
+  out["thunk_digest"] = c.thunk_digest;
+  out["kernel_ops_build_id"] = c.kernel_ops_build_id;
+  out["program"] = c.program;
+  py::list keys;
+  for (const std::string& key : c.constant_keys) keys.append(key);
+  out["constant_keys"] = keys;
+  out["constants"] = constants;
+  out["output_form"] = c.output_form;
+  out["output_tree"] = c.output_tree;
+  return out;
+}
+
 }  // namespace
 
 void add_executor(py::module_& m) {
@@ -266,6 +308,12 @@ void add_executor(py::module_& m) {
         "setup; returns\n"
         "the CppFunction that runs it. ValueError on a malformed program or a kernel without a "
         "thunk.");
+  m.def("read_package", &read_package_py, py::arg("path"),
+        "Read and check an opgen package (csrc/opgen/package.h): a dict of its program, "
+        "constants and versions.\nopgen.runtime.errors.PackageError on anything wrong with "
+        "the file.");
+  m.attr("THUNK_DIGEST") = thunk_digest();
+  m.attr("PACKAGE_FORMAT") = kPackageFormat;
 }
 
 }  // namespace opgen

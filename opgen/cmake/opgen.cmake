@@ -1,11 +1,15 @@
-# opgen.cmake: build a kernel_ops extension from an op spec inside any CMake project.
+# opgen.cmake: build a kernel_ops extension from an op spec inside any CMake project, or the C++
+# runtime that runs opgen packages without Python.
 #
 #   list(APPEND CMAKE_MODULE_PATH "<output of: python -m opgen cmake-dir>")
-#   include(opgen)
+#   include(opgen)                  # or: find_package(opgen REQUIRED PATHS "<that folder>")
 #   opgen_add_extension(my_ops SPEC ${CMAKE_CURRENT_SOURCE_DIR}/my_ops.yaml MODULE _C)
+#   opgen_add_runtime(opgen_runtime)                # opgen/package.h, for programs with no Python
+#   target_link_libraries(my_app PRIVATE opgen_runtime)
 #
 # The generator runs as a build step: editing the spec (or opgen itself) regenerates the bindings,
-# and only files whose bytes changed are recompiled. Requires find_package(Python) first.
+# and only files whose bytes changed are recompiled. opgen_add_extension requires
+# find_package(Python) first; opgen_add_runtime finds an interpreter itself (it runs the generator).
 
 set(_OPGEN_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")            # the opgen Python package
 get_filename_component(_OPGEN_PYTHONPATH "${_OPGEN_ROOT}/.." ABSOLUTE)
@@ -76,7 +80,7 @@ function(opgen_add_extension target)
       "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/jit_binding.cpp"
       "${_OPGEN_CSRC}/opgen/ranged_check.cpp" "${_OPGEN_CSRC}/opgen/checks.cpp"
       "${_OPGEN_CSRC}/opgen/kernels.cpp" "${_OPGEN_CSRC}/opgen/executor.cpp" "${_OPGEN_CSRC}/opgen/executor_parse.cpp"
-      "${_OPGEN_CSRC}/opgen/executor_py.cpp")
+      "${_OPGEN_CSRC}/opgen/executor_py.cpp" "${_OPGEN_CSRC}/opgen/package.cpp")
   # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
   set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)
@@ -93,4 +97,52 @@ function(opgen_add_extension target)
     target_compile_definitions(${target} PRIVATE OPGEN_WITH_CUDA)
   endif()
   set_property(TARGET ${target} PROPERTY OPGEN_STUB "${gen_dir}/kernel_ops.pyi")
+endfunction()
+
+# opgen_add_runtime(<target> [SPEC <yaml>])
+# A static library <target> with the C++ executor, its thunks and the package reader
+# (csrc/opgen/package.h: `opgen::Package pkg(path); pkg.run(inputs)`), linked against libtorch only:
+# a program linking it runs opgen packages with no Python in the process. Python runs at build time
+# only, to generate the thunks from SPEC: by default the spec the installed opgen was built from, so
+# that the thunks are the ones packages record (a package made for other thunks is refused at load,
+# naming both digests). Torch: an existing `torch` target (find_package(Torch) with your Torch_DIR),
+# else the one the interpreter imports.
+function(opgen_add_runtime target)
+  cmake_parse_arguments(ARG "" "SPEC" "" ${ARGN})
+  if(NOT ARG_SPEC)
+    if(EXISTS "${_OPGEN_ROOT}/ops.yaml")                  # installed: the spec the build used
+      set(ARG_SPEC "${_OPGEN_ROOT}/ops.yaml")
+    else()                                                # source tree
+      get_filename_component(ARG_SPEC "${_OPGEN_ROOT}/../ops.yaml" ABSOLUTE)
+    endif()
+  endif()
+  if(NOT Python_EXECUTABLE)
+    find_package(Python 3.10 COMPONENTS Interpreter REQUIRED)
+  endif()
+  if(NOT TARGET torch)
+    opgen_find_torch()
+  endif()
+  set(gen_dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_generated")
+  set(gen_cpp "${gen_dir}/thunk_tables.cpp")
+  foreach(i RANGE 3)                                      # the generator's default 4 shards
+    list(APPEND gen_cpp "${gen_dir}/thunks_${i}.cpp")
+  endforeach()
+  file(GLOB generator_sources "${_OPGEN_ROOT}/*.py" "${_OPGEN_ROOT}/spec/*.py" "${_OPGEN_ROOT}/gen/*.py"
+       "${_OPGEN_ROOT}/jit/__init__.py" "${_OPGEN_ROOT}/jit/expr.py" "${_OPGEN_ROOT}/templates/*.j2"
+       "${_OPGEN_ROOT}/cmake/generate.py")
+  add_custom_command(
+    OUTPUT ${gen_cpp}
+    COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${_OPGEN_PYTHONPATH}"
+            "${Python_EXECUTABLE}" "${_OPGEN_ROOT}/cmake/generate.py" gen --spec "${ARG_SPEC}" --out "${gen_dir}"
+            --shards 4 --quiet
+    DEPENDS "${ARG_SPEC}" ${generator_sources}
+    COMMENT "opgen: generating the executor's thunks from ${ARG_SPEC}"
+    VERBATIM)
+  add_library(${target} STATIC ${gen_cpp}
+              "${_OPGEN_CSRC}/opgen/executor.cpp" "${_OPGEN_CSRC}/opgen/executor_parse.cpp"
+              "${_OPGEN_CSRC}/opgen/kernels.cpp" "${_OPGEN_CSRC}/opgen/package.cpp")
+  set_target_properties(${target} PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON
+                        POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(${target} PUBLIC "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})
+  target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
 endfunction()

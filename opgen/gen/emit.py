@@ -78,6 +78,17 @@ def _thunk_files(ops: tuple[OpSpec, ...], spec_name: str, shards: int) -> dict[s
             entries=[thunks.table_entry(s, k) for s, k in pairs],
         )
     files["thunk_tables.cpp"] = _TEMPLATES.get_template("thunk_tables.cpp.j2").render(
-        spec_name=spec_name, shards=shards
+        spec_name=spec_name, shards=shards, digest=thunk_digest(ops)
     )
     return files
+
+
+def thunk_digest(ops: tuple[OpSpec, ...]) -> str:
+    """The identity of the thunks of `ops`: a digest of every thunk and table entry in spec order, whatever the
+    shards or the spec's file name. A package (csrc/opgen/package.h) records it and runs only where it matches."""
+    digest = hashlib.sha256()
+    for spec in ops:
+        for kernel in thunks.thunk_kernels(spec):
+            digest.update(thunks.emit_thunk(spec, kernel).encode())
+            digest.update(thunks.table_entry(spec, kernel).encode())
+    return digest.hexdigest()[:16]

@@ -38,3 +38,8 @@ class InputMismatchError(ValueError):
 
 class InputTypeError(TypeError):
     """An input has the wrong type or dtype."""
+
+
+class PackageError(OpgenError):
+    """An opgen package cannot be made (what the C++ executor cannot run) or loaded (not a package,
+    truncated or corrupt, another format, torch version or op spec); the message names the file and what."""

@@ -1,0 +1,389 @@
+// The package reader and runner (package.h): one reader for both faces, the C++ `Package` and
+// Python's `opgen.load_package` (executor_py.cpp's `read_package`).
+#include "opgen/package.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+#include <torch/headeronly/version.h>
+
+#include <array>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <utility>
+
+#include "opgen/executor.h"
+
+namespace opgen {
+
+namespace exec {
+extern const char kThunkDigest[];  // generated: thunk_tables.cpp
+}
+
+const char* thunk_digest() { return exec::kThunkDigest; }
+
+namespace {
+
+// CRC-32 as zlib computes it (Python's zlib.crc32), eight bytes at a time.
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+
+const CrcTables& crc_tables() {
+  static const CrcTables tables = [] {
+    CrcTables t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (size_t k = 1; k < 8; ++k) {
+      for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
+    }
+    return t;
+  }();
+  return tables;
+}
+
+uint32_t crc32(const void* data, size_t n) {
+  const CrcTables& t = crc_tables();
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t crc = ~0u;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint32_t a = 0, b = 0;
+    std::memcpy(&a, p, 4);  // little-endian hosts
+    std::memcpy(&b, p + 4, 4);
+    a ^= crc;
+    crc = t[7][a & 0xFF] ^ t[6][(a >> 8) & 0xFF] ^ t[5][(a >> 16) & 0xFF] ^ t[4][a >> 24] ^
+          t[3][b & 0xFF] ^ t[2][(b >> 8) & 0xFF] ^ t[1][(b >> 16) & 0xFF] ^ t[0][b >> 24];
+  }
+  for (; n > 0; --n, ++p) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+const std::map<std::string_view, at::ScalarType>& dtypes() {
+  static const std::map<std::string_view, at::ScalarType> map = {
+      {"float64", at::kDouble},
+      {"float32", at::kFloat},
+      {"float16", at::kHalf},
+      {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong},
+      {"int32", at::kInt},
+      {"int16", at::kShort},
+      {"int8", at::kChar},
+      {"uint8", at::kByte},
+      {"bool", at::kBool},
+      {"complex64", at::kComplexFloat},
+      {"complex128", at::kComplexDouble}};
+  return map;
+}
+
+// A dtype's name as packages and programs write it (float32), or ATen's (Float) for others.
+std::string dtype_name(at::ScalarType type) {
+  for (const auto& [name, t] : dtypes()) {
+    if (t == type) return std::string(name);
+  }
+  return c10::toString(type);
+}
+
+std::vector<std::string_view> words(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= line.size(); ++i) {
+    if (i == line.size() || line[i] == ' ') {
+      if (i > start) out.push_back(line.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+// Reads one file; every error names it.
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)), file_(path_, std::ios::binary) {
+    if (!file_) fail("cannot open it for reading");
+    file_.seekg(0, std::ios::end);
+    size_ = static_cast<uint64_t>(file_.tellg());
+    file_.seekg(0);
+  }
+
+  PackageContents read() {
+    header();
+    PackageContents c;
+    c.torch_version = field("torch", 1)[0];
+    c.thunk_digest = field("thunks", 1)[0];
+    c.kernel_ops_build_id = field("kernel_ops", 1)[0];
+    c.name = field("name", 1)[0];
+    const auto output = field("output", 2);
+    c.output_form = output[0];
+    c.output_tree = output[1] == "-" ? "" : output[1];
+    check_versions(c);
+    const auto program = field("program", 3);
+    c.program = bytes(number(program[0]), number(program[1]), number(program[2], 16), "program");
+    for (const auto& record : constants_) {
+      c.constant_keys.push_back(record[0]);
+      c.constants.push_back(constant(record));
+    }
+    return c;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw PackageError("opgen package " + path_ + ": " + what);
+  }
+
+  uint64_t number(std::string_view s, int base = 10) const {
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+    if (ec != std::errc() || end != s.data() + s.size())
+      fail("corrupt header: not a number: " + std::string(s));
+    return v;
+  }
+
+  std::string unescape(std::string_view s) const {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] != '%') {
+        out.push_back(s[i]);
+        continue;
+      }
+      if (i + 2 >= s.size()) fail("corrupt header: a bad % escape in " + std::string(s));
+      out.push_back(static_cast<char>(number(s.substr(i + 1, 2), 16)));
+      i += 2;
+    }
+    return out;
+  }
+
+  // The first line and the header lines, checked: magic, format, size, checksum.
+  void header() {
+    std::string first;
+    char ch = 0;
+    while (first.size() < 128 && file_.get(ch) && ch != '\n') first.push_back(ch);
+    const std::string magic = "opgen-package ";
+    if (first.compare(0, magic.size(), magic) != 0) {
+      fail(
+          "not an opgen package (it does not start with `opgen-package`; write one with "
+          "opgen.package())");
+    }
+    const auto w = words(first);
+    if (w.size() != 4) fail("corrupt first line: " + first);
+    const uint64_t format = number(w[1]);
+    if (format != kPackageFormat) {
+      fail("written in package format " + std::to_string(format) + "; this opgen reads format " +
+           std::to_string(kPackageFormat) + " (package the model again with this opgen)");
+    }
+    const uint64_t length = number(w[2]);
+    const uint64_t start = first.size() + 1;
+    if (start + length > size_) truncated(start + length);
+    std::string text(length, '\0');
+    file_.read(text.data(), static_cast<std::streamsize>(length));
+    if (crc32(text.data(), text.size()) != number(w[3], 16))
+      fail("corrupt header (checksum mismatch)");
+    for (std::string_view line : words_by_line(text)) {
+      auto tokens = words(line);
+      if (tokens.empty()) continue;
+      std::vector<std::string> values;
+      for (size_t i = 1; i < tokens.size(); ++i) values.push_back(unescape(tokens[i]));
+      if (tokens[0] == "constant") {
+        constants_.push_back(std::move(values));
+      } else {
+        fields_[std::string(tokens[0])] = std::move(values);
+      }
+    }
+    data_start_ = start + length;
+    const uint64_t expected = data_start_ + number(field("data", 1)[0]);
+    if (size_ < expected) truncated(expected);
+    if (size_ > expected) {
+      fail("corrupt: " + std::to_string(size_) + " bytes where the header says " +
+           std::to_string(expected));
+    }
+  }
+
+  static std::vector<std::string_view> words_by_line(std::string_view text) {
+    std::vector<std::string_view> out;
+    size_t start = 0;
+    for (size_t i = 0; i <= text.size(); ++i) {
+      if (i == text.size() || text[i] == '\n') {
+        out.push_back(text.substr(start, i - start));
+        start = i + 1;
+      }
+    }
+    return out;
+  }
+
+  [[noreturn]] void truncated(uint64_t expected) const {
+    fail("truncated: " + std::to_string(size_) + " bytes, expected " + std::to_string(expected) +
+         " (an interrupted copy or write?)");
+  }
+
+  const std::vector<std::string>& field(const std::string& name, size_t count) const {
+    const auto it = fields_.find(name);
+    if (it == fields_.end()) fail("corrupt header: no `" + name + "` line");
+    if (it->second.size() != count) fail("corrupt header: a malformed `" + name + "` line");
+    return it->second;
+  }
+
+  void check_versions(const PackageContents& c) const {
+    const std::string_view made =
+        std::string_view(c.torch_version).substr(0, c.torch_version.find('+'));
+    if (made != TORCH_VERSION) {
+      fail("made with torch " + c.torch_version + ", but this runtime has torch " +
+           std::string(TORCH_VERSION) + " (package the model again with this torch)");
+    }
+    if (c.thunk_digest != thunk_digest()) {
+      fail("made for another op spec: its program calls the kernels of thunks " + c.thunk_digest +
+           " (kernel_ops build " + c.kernel_ops_build_id + "), but this runtime's thunks are " +
+           thunk_digest() +
+           " (package the model again with the opgen build, or ops.yaml, this runtime was built "
+           "from)");
+    }
+  }
+
+  // `length` bytes at `offset` in the data, checked against `crc`, into `out` (or a new string).
+  void read_into(uint64_t offset, uint64_t length, uint64_t crc, void* out,
+                 const std::string& what) {
+    const uint64_t data = size_ - data_start_;
+    if (offset > data || length > data - offset)
+      fail("corrupt header: " + what + " lies past the end");
+    file_.seekg(static_cast<std::streamoff>(data_start_ + offset));
+    file_.read(static_cast<char*>(out), static_cast<std::streamsize>(length));
+    if (!file_) fail("cannot read " + what);
+    if (crc32(out, length) != crc) fail("corrupt: " + what + " fails its checksum");
+  }
+
+  std::string bytes(uint64_t offset, uint64_t length, uint64_t crc, const std::string& what) {
+    std::string out(length, '\0');
+    read_into(offset, length, crc, out.data(), what);
+    return out;
+  }
+
+  std::vector<int64_t> ints(const std::string& s) const {
+    if (s.size() < 2 || s.front() != '[' || s.back() != ']')
+      fail("corrupt header: not a list: " + s);
+    std::vector<int64_t> out;
+    std::string_view body(s.data() + 1, s.size() - 2);
+    size_t start = 0;
+    for (size_t i = 0; i <= body.size(); ++i) {
+      if (i == body.size() || body[i] == ',') {
+        if (i > start) out.push_back(static_cast<int64_t>(number(body.substr(start, i - start))));
+        start = i + 1;
+      }
+    }
+    return out;
+  }
+
+  // `constant <key> <dtype> [sizes] [strides] <offset> <bytes> <crc32>`
+  at::Tensor constant(const std::vector<std::string>& r) {
+    if (r.size() != 7) fail("corrupt header: a malformed `constant` line");
+    const std::string what = "constant '" + r[0] + "'";
+    const auto dtype = dtypes().find(r[1]);
+    if (dtype == dtypes().end()) fail(what + " has an unknown dtype " + r[1]);
+    const auto sizes = ints(r[2]);
+    const auto strides = ints(r[3]);
+    if (sizes.size() != strides.size())
+      fail("corrupt header: " + what + " has sizes and strides of different ranks");
+    int64_t span = 1;  // the elements its sizes and strides cover, from the first
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] == 0) span = 0;
+      if (span != 0) span += (sizes[d] - 1) * strides[d];
+    }
+    const uint64_t length = number(r[5]);
+    const auto itemsize = static_cast<uint64_t>(c10::elementSize(dtype->second));
+    if (length != static_cast<uint64_t>(span) * itemsize)
+      fail("corrupt header: " + what + " has " + std::to_string(length) + " bytes for its sizes");
+    at::Tensor storage = at::empty({span}, at::TensorOptions().dtype(dtype->second));
+    read_into(number(r[4]), length, number(r[6], 16), storage.data_ptr(), what);
+    return storage.as_strided(sizes, strides);
+  }
+
+  std::string path_;
+  std::ifstream file_;
+  uint64_t size_ = 0;
+  uint64_t data_start_ = 0;  // where the data (program, constants) starts: offsets count from here
+  std::map<std::string, std::vector<std::string>> fields_;
+  std::vector<std::vector<std::string>> constants_;
+};
+
+std::string ints_text(c10::IntArrayRef v) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < v.size(); ++i) out << (i ? "," : "") << v[i];
+  out << ']';
+  return out.str();
+}
+
+}  // namespace
+
+PackageContents read_package(const std::string& path) { return Reader(path).read(); }
+
+Package::Package(const std::string& path) : path_(path) {
+  PackageContents c = read_package(path);
+  name_ = c.name;
+  output_form_ = c.output_form;
+  try {
+    program_ = exec::Program::parse(c.program);
+    program_->bind(c.constants);
+  } catch (const std::exception& e) {
+    throw PackageError("opgen package " + path + ": its program does not run here: " + e.what());
+  }
+  for (const exec::InputSpec& s : program_->inputs())
+    inputs_.push_back({s.name, s.dtype, s.device, s.sizes, s.strides});
+}
+
+Package::~Package() = default;
+Package::Package(Package&&) noexcept = default;
+Package& Package::operator=(Package&&) noexcept = default;
+
+std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) const {
+  const auto& specs = program_->inputs();
+  const std::string where = "opgen package " + name_ + " (" + path_ + "): ";
+  if (inputs.size() != specs.size()) {
+    throw PackageError(where + "takes " + std::to_string(specs.size()) + " input tensors, got " +
+                       std::to_string(inputs.size()));
+  }
+  exec::Registers regs = program_->registers();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const exec::InputSpec& s = specs[i];
+    const at::Tensor& t = inputs[i];
+    const std::string input =
+        where + "input '" + s.name + "' (position " + std::to_string(i + 1) + "): ";
+    if (!t.defined()) throw PackageError(input + "an undefined tensor");
+    if (t.layout() != at::kStrided) throw PackageError(input + "must be a dense (strided) tensor");
+    if (t.scalar_type() != s.dtype) {
+      throw PackageError(input + "expected dtype " + dtype_name(s.dtype) + ", got " +
+                         dtype_name(t.scalar_type()));
+    }
+    if (t.device() != s.device)
+      throw PackageError(input + "expected a tensor on " + s.device.str() + ", got one on " +
+                         t.device().str());
+    if (t.sizes() != c10::IntArrayRef(s.sizes)) {
+      throw PackageError(input + "expected shape " + ints_text(s.sizes) + ", got " +
+                         ints_text(t.sizes()) + " (a package runs the shapes it was made for)");
+    }
+    if (t.strides() != c10::IntArrayRef(s.strides)) {
+      throw PackageError(input + "expected strides " + ints_text(s.strides) + ", got " +
+                         ints_text(t.strides()) +
+                         " (pass .contiguous() or the layout it was made with)");
+    }
+    regs[i] = t;
+  }
+  exec::Results results;
+  {
+    const auto lock = program_->lock();
+    program_->run(regs, results);
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(results.size());
+  for (size_t k = 0; k < results.size(); ++k) {
+    if (!results[k].isTensor())
+      throw PackageError(where + "output " + std::to_string(k) + " is not a tensor (" +
+                         results[k].tagKind() + ")");
+    out.push_back(std::move(results[k]).toTensor());
+  }
+  return out;
+}
+
+}  // namespace opgen

@@ -1,0 +1,119 @@
+"""The bytes of an opgen package file: what `opgen.package` writes and csrc/opgen/package.cpp reads.
+
+A package is one file: a first line (`opgen-package <format> <header bytes> <header crc32>`), a
+header of text lines (versions, the model's name and output form, where the program and each
+constant lie, with their sizes, strides and checksums) and the data: the executor program's text
+and the constants' raw bytes, each at a 64-byte aligned offset from the data's start. C++ reads it
+with libtorch only (no pickle, no JSON parser); csrc/opgen/package.h documents the lines. Strings
+are %-escaped as in executor programs (`codegen.cpp.escape`), so every line splits on spaces.
+
+Plain data and bytes, no torch: the tensors come in as `ConstantBytes` (package.py makes them).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from opgen.runtime.codegen.cpp import escape
+
+FORMAT = 1  # csrc/opgen/package.h: kPackageFormat
+MAGIC = "opgen-package"
+ALIGN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantBytes:
+    """One constant: its key (the program's `constant` line), dtype name, sizes, strides and the bytes of
+    the storage span they cover from its first element."""
+
+    key: str
+    dtype: str
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PackageHeader:
+    """What a package records besides its constants."""
+
+    name: str  # the model's
+    torch_version: str
+    thunk_digest: str  # the thunks the program calls (opgen.gen.emit.thunk_digest; _C.THUNK_DIGEST)
+    kernel_ops_build_id: str
+    output_form: str  # single | tuple | list | pytree
+    output_tree: str  # pytree: torch's treespec JSON; else ""
+    program: str  # the C++ executor's program text
+
+
+def _ints(values: Sequence[int]) -> str:
+    return "[" + ",".join(str(v) for v in values) + "]"
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _word(text: str) -> str:
+    return escape(text) if text else "-"
+
+
+def encode(header: PackageHeader, constants: Sequence[ConstantBytes]) -> Iterator[bytes]:
+    """The file's bytes, in pieces (the constants' bytes are not copied into one buffer)."""
+    program = header.program.encode()
+    lines = [
+        f"torch {_word(header.torch_version)}",
+        f"thunks {_word(header.thunk_digest)}",
+        f"kernel_ops {_word(header.kernel_ops_build_id)}",
+        f"name {_word(header.name)}",
+        f"output {header.output_form} {_word(header.output_tree)}",
+        f"program 0 {len(program)} {zlib.crc32(program):x}",
+    ]
+    pieces = [program]
+    offset = len(program)
+    for c in constants:
+        start = _aligned(offset)
+        pieces += [bytes(start - offset), c.data]
+        offset = start + len(c.data)
+        where = f"{start} {len(c.data)} {zlib.crc32(c.data):x}"
+        lines.append(f"constant {escape(c.key)} {c.dtype} {_ints(c.sizes)} {_ints(c.strides)} {where}")
+    lines.append(f"data {offset}")
+    text = ("\n".join(lines) + "\n").encode()
+    yield f"{MAGIC} {FORMAT} {len(text)} {zlib.crc32(text):x}\n".encode()
+    yield text
+    yield from pieces
+
+
+def write(path: Path, header: PackageHeader, constants: Sequence[ConstantBytes]) -> int:
+    """Write the package to `path` through a temporary file renamed into place (a reader never sees half a
+    package), piece by piece, with the permissions a new file gets (not a private temporary's); the bytes written.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    written = 0
+    try:
+        with open(tmp, "wb") as f:
+            for piece in encode(header, constants):
+                written += f.write(piece)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no temporary file behind
+        raise
+    return written
+
+
+def replace_header(data: bytes, **fields: str) -> bytes:
+    """The package `data` with header lines replaced (`torch="1.0"`), checksums made right again; for
+    tests and tools that need a package made elsewhere."""
+    first, _, rest = data.partition(b"\n")
+    _, _, length, _ = first.decode().split(" ")
+    text, body = rest[: int(length)].decode(), rest[int(length) :]
+    lines = text.splitlines()
+    for key, value in fields.items():
+        lines = [f"{key} {escape(value)}" if line.split(" ", 1)[0] == key else line for line in lines]
+    new = ("\n".join(lines) + "\n").encode()
+    return f"{MAGIC} {FORMAT} {len(new)} {zlib.crc32(new):x}\n".encode() + new + body
