@@ -124,8 +124,10 @@ def test_a_kernel_that_fails_to_compile_falls_back_with_a_warning(monkeypatch: p
     model = ResidualNorm().cuda()
     inputs = (torch.randn(3, 7, 48, device="cuda"), torch.randn(3, 7, 48, device="cuda"))
     with torch.no_grad():
-        compiled = opgen.compile(model, inputs, cache=False)
+        # The kernel compiles in the background from load on: the failure may surface while the
+        # model loads or at the first call; either way one warning, and the ATen calls run.
         with pytest.warns(OpgenWarning, match="candidate 'triton' failed"):
+            compiled = opgen.compile(model, inputs, cache=False)
             got = compiled(*inputs)
         torch.testing.assert_close(got, model(*inputs))
         with warnings.catch_warnings():
