@@ -389,6 +389,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "prepack",
         "dead_code",
         "collectives",
+        "decode_attention",
         "gemv",
         "fusion",
         "memory",

@@ -18,7 +18,8 @@ setup; `hoist_views` then moves views of setup values out of the call; `memo` mo
 only on the size symbols of dynamic shapes (views of buffers and constants, calls on constants)
 into the size memo, recomputed only when the sizes change: before memory planning (calls on
 constants keep their own results) and after it (views of the buffers it made);
-`gemv` (CUDA, static sizes) makes one-row matrix products on constant weights (siblings over one
+`decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
+Triton kernel reading grouped heads in place (no repeat of the cache); `gemv` (CUDA, static sizes) makes one-row matrix products on constant weights (siblings over one
 input together) Triton kernels, and `fusion` turns groups of pointwise nodes and row reductions into generated
 Triton kernels once the graph is simplified, before memo and memory planning see the calls;
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
@@ -39,6 +40,7 @@ from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.kernel_choice import choose_kernels
@@ -70,6 +72,7 @@ PASSES: dict[str, Pass] = {
     "prepack": prepack_linear,
     "dead_code": eliminate_dead_code,
     "collectives": overlap_collectives,
+    "decode_attention": fuse_decode_attention,
     "gemv": fuse_gemv,
     "fusion": fuse,
     "memory": plan_memory,
@@ -95,6 +98,7 @@ DEFAULT_PIPELINE = (
     "prepack",
     "dead_code",
     "collectives",
+    "decode_attention",
     "gemv",
     "fusion",
     "memo",

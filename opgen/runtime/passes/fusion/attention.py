@@ -1,0 +1,220 @@
+"""Decode attention: scaled-dot-product attention of one query position over a key/value cache, as
+one generated Triton kernel that reads grouped key/value heads where they are.
+
+A decode step attends with one new token: per head, one query row against every cached key. Eager
+and the fused SDPA kernels pay a launch and a fixed cost of several microseconds for that small
+problem, and grouped-query models first copy the cache for every query head (`repeat_kv` in
+transformers, `repeat_interleave` in gpt-fast: `view(clone(expand(unsqueeze(cache, 2))))`, two
+launches and the whole cache written once more, per layer). Here `scaled_dot_product_attention`
+with one query row, no dropout and no causal flag (the mask, boolean or additive, carries the
+positions) becomes one kernel that maps each query head to its key/value head and reads the cache
+itself; the repeat's copies leave the program with it.
+
+The kernel is a `FusedKernel`, bound like the fusion pass's kernels: a multi-kernel choice between
+it and the ATen calls it replaced (the repeat included), timed on the first call. CUDA, static
+sizes, float16/bfloat16/float32, head sizes that are powers of two up to 256.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from opgen.runtime.ir import (
+    FusedKernel,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    TensorMeta,
+    contiguous_strides,
+    meta_table,
+    uses,
+)
+from opgen.runtime.passes.analysis import fresh_namer
+from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.fusion.attention_triton import configs, kernel
+from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.registry import BindError, KernelRegistry, bind
+
+SDPA = "aten.scaled_dot_product_attention.default"
+RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+DTYPES = ("float16", "bfloat16", "float32")
+MAX_HEAD = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """A tensor the kernel reads: its value and meta."""
+
+    name: str
+    meta: TensorMeta
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeAttention:
+    """One match: where the SDPA call is, what the kernel reads, and the lines it replaces."""
+
+    index: int  # the SDPA call in the body
+    line: KernelCall
+    query: Operand  # [B, H, 1, D]
+    key: Operand  # [B, H / group, S, D]: the cache itself, not its repeat
+    value: Operand
+    mask: Operand | None  # broadcast to [B, H, 1, S]: bool (keep where true) or additive
+    group: int  # query heads per key/value head
+    scale: float | None  # None: 1 / sqrt(D)
+    members: tuple[int, ...]  # body indices of the repeat's lines and the SDPA call, in order
+
+    @property
+    def heads(self) -> int:
+        return int(self.query.meta.shape[1])  # type: ignore[arg-type]
+
+
+def fuse_decode_attention(program: Program, registry: KernelRegistry) -> Program:
+    found = list(find_decode_attention(program, registry))
+    if not found:
+        return program
+    locals_ = fresh_namer(program, "attention")
+    placed = [(fused_kernel(program, match, next(locals_)), match.members, match.index) for match in found]
+    return eliminate_dead_code(place(program, placed), registry)
+
+
+def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterator[DecodeAttention]:
+    metas = meta_table(program)
+    body = program.body
+    producers = {v.name: i for i, line in enumerate(body) if isinstance(line, KernelCall) for v in line.outputs if v}
+    readers: dict[str, list[int]] = {}
+    for i, line in enumerate(body):
+        for name in uses(line):
+            readers.setdefault(name, []).append(i)
+    for index, line in enumerate(body):
+        if isinstance(line, KernelCall) and line.target == SDPA and not (line.mutates or line.fallback or line.jit):
+            match = _match(index, line, body, registry, metas, producers, readers)
+            if match is not None:
+                yield match
+
+
+def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: KernelRegistry,
+           metas: dict[str, TensorMeta], producers: dict[str, int], readers: dict[str, list[int]]) -> DecodeAttention | None:  # fmt: skip
+    info = registry.by_name.get(line.kernel)
+    if info is None or len(line.outputs) != 1 or line.outputs[0] is None or line.outputs[0].meta is None:
+        return None
+    try:
+        values = bind(info, line.args, dict(line.kwargs))
+    except BindError:
+        return None
+    if values.get("dropout_p") not in (0, 0.0) or values.get("is_causal") not in (False, None):
+        return None
+    scale = values.get("scale")
+    if scale is not None and not isinstance(scale, float | int):
+        return None
+    q, k, v, mask = (_operand(values.get(n), metas) for n in ("query", "key", "value", "attn_mask"))
+    out = line.outputs[0].meta
+    if q is None or k is None or v is None or (values.get("attn_mask") is not None and mask is None):
+        return None
+    batch, heads, rows, dim = q.meta.shape  # type: ignore[misc]
+    if rows != 1 or out.shape != q.meta.shape or dim & (dim - 1) or not 0 < dim <= MAX_HEAD:  # type: ignore[operator]
+        return None
+    metas_all = [q.meta, k.meta, v.meta, out]
+    if any(not m.is_static or not m.device.startswith("cuda") for m in [*metas_all, *([mask.meta] if mask else [])]):
+        return None
+    if len({m.device for m in metas_all}) != 1 or {m.dtype for m in metas_all} != {q.meta.dtype} or q.meta.dtype not in DTYPES:
+        return None
+    members: list[int] = []
+    (key, k_group), (value, v_group) = (_unrepeat(o, body, metas, producers, readers, index, members) for o in (k, v))
+    group = k_group
+    if values.get("enable_gqa") and k_group == 1 and key.meta.shape[1] != heads:
+        group = heads // key.meta.shape[1] if heads % key.meta.shape[1] == 0 else 0  # type: ignore[operator]
+        v_group = group if v_group == 1 and value.meta.shape[1] == key.meta.shape[1] else 0
+    if group < 1 or v_group != group or key.meta.shape != value.meta.shape:
+        return None
+    kb, kh, length, kd = key.meta.shape  # type: ignore[misc]
+    if kb != batch or kh * group != heads or kd != dim:  # type: ignore[operator]
+        return None
+    if mask is not None and not _mask_fits(mask.meta, batch, heads, length, q.meta.dtype):  # type: ignore[arg-type]
+        return None
+    if members and _writes_between(body, min(members), index):
+        return None  # the repeat copied the cache before a write that the kernel would see
+    return DecodeAttention(index, line, q, key, value, mask, group, None if scale is None else float(scale),
+                           (*sorted(members), index))  # fmt: skip
+
+
+def _operand(arg: object, metas: dict[str, TensorMeta]) -> Operand | None:
+    if not isinstance(arg, Ref) or arg.name not in metas:
+        return None
+    meta = metas[arg.name]
+    return Operand(arg.name, meta) if len(meta.shape) == 4 else None
+
+
+def _unrepeat(operand: Operand, body: tuple[Line, ...], metas: dict[str, TensorMeta], producers: dict[str, int],
+              readers: dict[str, list[int]], sdpa: int, members: list[int]) -> tuple[Operand, int]:  # fmt: skip
+    """(the cache, heads per cache head) for `view(clone(expand(unsqueeze(cache, 2), [B, KVH, G, S, D])))`, read
+    by nothing but the attention; else (the operand itself, 1). The repeat's lines go to `members`."""
+    chain: list[int] = []
+    name = operand.name
+    for targets in (RESHAPES, ("aten.clone.default",), ("aten.expand.default",), ("aten.unsqueeze.default",)):
+        at = producers.get(name)
+        line = body[at] if at is not None else None
+        if not isinstance(line, KernelCall) or line.target not in targets or not line.args:
+            return operand, 1
+        if readers.get(name) != [chain[-1] if chain else sdpa] or not isinstance(line.args[0], Ref):
+            return operand, 1
+        if line.target == "aten.clone.default" and not _contiguous(metas[name]):
+            return operand, 1  # the view after it assumes the repeat's dense layout
+        if line.target == "aten.unsqueeze.default" and line.args[1:] != (2,):
+            return operand, 1
+        chain.append(at)  # type: ignore[arg-type]
+        name = line.args[0].name
+    root = metas.get(name)
+    expanded = metas.get(_output(body[chain[2]]))
+    if root is None or expanded is None or len(root.shape) != 4 or len(expanded.shape) != 5:
+        return operand, 1
+    b, kvh, s, d = root.shape
+    group = expanded.shape[2]
+    if expanded.shape != (b, kvh, group, s, d) or operand.meta.shape != (b, kvh * group, s, d):  # type: ignore[operator]
+        return operand, 1
+    members.extend(chain)
+    return Operand(name, root), int(group)  # type: ignore[arg-type]
+
+
+def _contiguous(meta: TensorMeta) -> bool:
+    return tuple(meta.stride) == contiguous_strides(meta.shape)  # type: ignore[arg-type]
+
+
+def _output(line: Line) -> str:
+    assert isinstance(line, KernelCall) and line.outputs[0] is not None
+    return line.outputs[0].name
+
+
+def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int, dtype: str) -> bool:
+    """Broadcast to [B, H, 1, S] along its size-1 dims: a boolean mask, or an additive one of a float type."""
+    if len(meta.shape) != 4 or meta.shape[2] != 1 or meta.shape[3] != length:
+        return False
+    if meta.shape[0] not in (1, batch) or meta.shape[1] not in (1, heads):
+        return False
+    return meta.dtype == "bool" or meta.dtype in DTYPES
+
+
+def _writes_between(body: tuple[Line, ...], start: int, end: int) -> bool:
+    return any(isinstance(line, KernelCall) and (line.mutates or line.fallback) for line in body[start:end])
+
+
+def fused_kernel(program: Program, match: DecodeAttention, local: str) -> FusedKernel:
+    name, source = kernel(match)
+    lines = tuple(program.body[i] for i in match.members)
+    inputs = (match.query.name, match.key.name, match.value.name, *((match.mask.name,) if match.mask else ()))
+    dtypes = (match.query.meta.dtype,) * 3 + ((match.mask.meta.dtype,) if match.mask else ())
+    length = match.key.meta.shape[2]
+    return FusedKernel(
+        local=local,
+        name=name,
+        source=source,
+        inputs=inputs,
+        input_dtypes=dtypes,
+        outputs=match.line.outputs,  # type: ignore[arg-type]
+        configs=configs(match),
+        nodes=tuple(line.node for line in lines if isinstance(line, KernelCall)),
+        describe=f"decode attention, {match.heads} heads of one query over {length} keys"
+        + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else ""),
+        lines=lines,  # type: ignore[arg-type]
+    )

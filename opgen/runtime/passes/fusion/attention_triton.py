@@ -1,0 +1,104 @@
+"""The Triton source of a decode-attention kernel (`opgen.runtime.passes.fusion.attention`).
+
+One program per (batch, query head): it loads the query row, walks the keys in blocks of BLOCK_S
+with an online softmax in float32 (running maximum and sum, as flash attention does), and
+accumulates the value rows. Query head `h` reads key/value head `h // group` of the cache, where
+the cache is. Sizes, strides and the scale are literals; names are not (see `kernel`), so a
+model's layers share one kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opgen.runtime.passes.fusion.attention import DecodeAttention
+
+Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
+BLOCKS = (32, 64, 128)  # keys per step; the first call's autotuning keeps the fastest
+
+_LOOP = """\
+    for start in range(0, {length}, BLOCK_S):
+        s = start + tl.arange(0, BLOCK_S)
+        s_ok = s < {length}
+        keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None], other=0.0)
+        scores = tl.sum(keys.to(tl.float32) * qv[None, :], 1)
+{mask}\
+        scores = tl.where(s_ok, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * vals.to(tl.float32), 0)
+        m_i = m_new
+"""
+
+
+def _stride(meta: Any, dim: int) -> int:
+    """The stride to step along `dim`: 0 where the tensor broadcasts there (size 1)."""
+    return 0 if meta.shape[dim] == 1 else int(meta.stride[dim])
+
+
+def kernel(match: DecodeAttention) -> tuple[str, str]:
+    """(name, source): parameters q, k, v, (mask,) out, then BLOCK_S."""
+    q, key, value, mask, out = match.query.meta, match.key.meta, match.value.meta, match.mask, match.line.outputs[0]
+    assert out is not None and out.meta is not None
+    batch, heads, _, dim = q.shape
+    length = key.shape[2]
+    scale = match.scale if match.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
+    kind = "no mask" if mask is None else ("a boolean mask" if mask.meta.dtype == "bool" else "an additive mask")
+    mask_lines = ""
+    if mask is not None:
+        m = mask.meta
+        at = f"mask + b * {_stride(m, 0)} + h * {_stride(m, 1)} + s * {_stride(m, 3)}"
+        if m.dtype == "bool":
+            mask_lines = f'        scores = tl.where(tl.load({at}, mask=s_ok, other=0) != 0, scores, float("-inf"))\n'
+        else:
+            mask_lines = f"        scores += tl.load({at}, mask=s_ok, other=0.0).to(tl.float32)\n"
+    body = [
+        f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
+        f"{match.group} per key/value head, {kind}",
+        "    pid = tl.program_id(0)",
+        f"    b = pid // {heads}",
+        f"    h = pid % {heads}",
+        f"    g = h // {match.group}",
+        f"    d = tl.arange(0, {dim})",
+        f"    qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32) * {scale!r}",
+        "    m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
+        "    l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)",
+        f"    acc = tl.zeros(({dim},), dtype=tl.float32)",
+        _LOOP.format(
+            length=length, mask=mask_lines,
+            k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
+            v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
+        ).rstrip("\n"),
+        f"    tl.store(out + b * {out.meta.stride[0]} + h * {out.meta.stride[1]} + d * {out.meta.stride[3]}, "
+        "(acc / l_i).to(out.dtype.element_ty))",
+    ]  # fmt: skip
+    name = "attention_" + hashlib.sha256("\n".join(body).encode()).hexdigest()[:12]
+    params = ["q", "k", "v", *(["mask"] if mask is not None else []), "out"]
+    lines = [
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+        "@triton.jit",
+        f"def {name}({', '.join(params)}, BLOCK_S: tl.constexpr):",
+        *body,
+    ]
+    return name, "\n".join(lines) + "\n"
+
+
+def configs(match: DecodeAttention) -> tuple[Config, ...]:
+    length = int(match.key.meta.shape[2])  # type: ignore[arg-type]
+    longest = 1 << max(4, math.ceil(math.log2(length)))  # the smallest power of two >= S (at least 16)
+    grid = (int(match.query.meta.shape[0]) * match.heads,)  # type: ignore[arg-type]
+    found: list[Config] = []
+    for block in BLOCKS:
+        config: Config = ((("BLOCK_S", min(block, longest)),), 4, 1, grid)
+        if config not in found:
+            found.append(config)
+    return tuple(found)

@@ -1,0 +1,213 @@
+"""The decode-attention pass: which attention calls it takes (one query row over a cache, the cache's
+grouped heads read in place), the ATen side it keeps, and the Triton kernel itself.
+
+On the CPU the program is relabelled as CUDA around the pass (as for the fusion and gemv passes);
+each kernel is bound to its ATen calls, or, where triton is installed and there is no GPU, run in
+Triton's interpreter with every config and checked against them. With a GPU the kernels run for
+real, plain and in CUDA-graph mode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+from fusion_interp import InterpretedBinding, _relabel, ran_in_fresh_interpreter
+from torch import nn
+from torch.nn import functional as F
+
+import opgen
+from opgen.runtime import passes
+from opgen.runtime.execution import fused as fused_module
+from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.passes.fusion.attention import fuse_decode_attention
+from opgen.runtime.pipeline import default_pipeline
+from opgen.runtime.registry import KernelRegistry
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton, run in its interpreter on a machine without a GPU",
+)
+
+
+class CacheAttention(nn.Module):
+    """One decode step's attention: q [1, H, 1, D] over a cache [1, KVH, S, D] written at `pos`."""
+
+    def __init__(self, heads: int = 8, kv_heads: int = 2, length: int = 40, dim: int = 16, how: str = "repeat_kv",
+                 mask: str = "bool", dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+        super().__init__()
+        self.heads, self.kv_heads, self.how, self.mask = heads, kv_heads, how, mask
+        self.register_buffer("k_cache", torch.randn(1, kv_heads, length, dim, dtype=dtype))
+        self.register_buffer("v_cache", torch.randn(1, kv_heads, length, dim, dtype=dtype))
+        self.register_buffer("causal", torch.tril(torch.ones(length, length, dtype=torch.bool)))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.k_cache[:, :, pos] = k
+        self.v_cache[:, :, pos] = v
+        keys, values = self.k_cache, self.v_cache
+        group = self.heads // self.kv_heads
+        if self.how == "repeat_kv":  # transformers' repeat_kv
+            b, h, s, d = keys.shape
+            keys = keys[:, :, None].expand(b, h, group, s, d).reshape(b, h * group, s, d)
+            values = values[:, :, None].expand(b, h, group, s, d).reshape(b, h * group, s, d)
+        elif self.how == "repeat_interleave":  # gpt-fast's
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        row = self.causal[None, None, pos]
+        mask = row if self.mask == "bool" else torch.zeros(row.shape, dtype=q.dtype).masked_fill(~row, -1e4)
+        extra = {"enable_gqa": True} if self.how == "gqa" else {}
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **extra)
+
+
+def inputs(model: CacheAttention, pos: int = 7, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple:
+    dim = model.k_cache.shape[-1]
+    gen = torch.Generator().manual_seed(pos)
+    q = torch.randn(1, model.heads, 1, dim, generator=gen, dtype=dtype)
+    k = torch.randn(1, model.kv_heads, 1, dim, generator=gen, dtype=dtype)
+    v = torch.randn(1, model.kv_heads, 1, dim, generator=gen, dtype=dtype)
+    return tuple(t.to(device) for t in (q, k, v, torch.tensor([pos])))
+
+
+def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: tuple, interpret: bool = False,
+                   checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
+    """Compiled with the pass (as if on CUDA); kernels bound to their ATen side, or to the interpreter."""
+    specs: list[FusedKernel] = []
+
+    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
+        out = _relabel(fuse_decode_attention(_relabel(program, "cuda:0"), registry), "cpu")
+        specs.extend(out.fused)
+        return out
+
+    monkeypatch.setitem(passes.PASSES, "attention_on_cpu", on_cpu)
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        tolerance = {"atol": 1e-5, "rtol": 1e-5}
+        monkeypatch.setattr(fused_module, "bindings",
+                            lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found})  # fmt: skip
+    else:
+        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
+    pipeline = [p for p in default_pipeline() if p not in ("decode_attention", "gemv", "fusion")]
+    pipeline.insert(pipeline.index("memo"), "attention_on_cpu")
+    with torch.no_grad():
+        return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs
+
+
+def run_steps(compiled: object, eager: CacheAttention, model: CacheAttention, positions: range, **kw) -> None:
+    for pos in positions:
+        example = inputs(model, pos, **kw)
+        with torch.no_grad():
+            want = eager(*example)
+            got = compiled(*example)  # type: ignore[operator]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(model.k_cache, eager.k_cache)  # the cache writes still land
+
+
+@pytest.mark.parametrize("how", ["repeat_kv", "repeat_interleave", "gqa", "none"])
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+def test_one_kernel_reads_the_cache_in_place_and_the_aten_side_matches(
+    monkeypatch: pytest.MonkeyPatch, how: str, mask: str
+) -> None:
+    kv_heads = 8 if how == "none" else 2
+    model, eager = (CacheAttention(kv_heads=kv_heads, how=how, mask=mask) for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert len(specs) == 1, compiled.report()  # type: ignore[attr-defined]
+    (spec,) = specs
+    group = 1 if how == "none" else 4
+    assert spec.inputs[1:3] == ("b_k_cache", "b_v_cache")  # the buffers themselves, never a repeat of them
+    assert f"{group} per key/value head" in spec.source and len(spec.outputs) == 1
+    if how in ("repeat_kv", "repeat_interleave"):  # the repeat's copies left the program with the call
+        forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
+        assert sum("clone" in n for n in spec.nodes) == 2 and "copy_(" not in forward and "clone(" not in forward
+    run_steps(compiled, eager, model, range(3, 12))
+
+
+def test_the_kernel_source_reads_like_a_flash_decoding_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = CacheAttention(heads=8, kv_heads=2, length=40, dim=16)
+    _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert spec.name.startswith("attention_") and f"def {spec.name}(q, k, v, mask, out, BLOCK_S" in spec.source
+    assert "g = h // 4" in spec.source and f"* {1 / math.sqrt(16)!r}" in spec.source
+    assert "for start in range(0, 40, BLOCK_S)" in spec.source and "tl.where(tl.load(mask" in spec.source
+    assert {dict(meta)["BLOCK_S"] for meta, *_ in spec.configs} == {32, 64} and spec.configs[0][3] == (8,)
+    assert "decode attention, 8 heads of one query over 40 keys (4 per key/value head" in spec.describe
+
+
+def test_layers_share_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = CacheAttention(), CacheAttention()
+
+        def forward(self, q, k, v, pos):  # type: ignore[no-untyped-def]
+            return self.b(self.a(q, k, v, pos), k, v, pos)
+
+    model = Two()
+    _, specs = compile_on_cpu(monkeypatch, model, inputs(model.a))
+    assert len(specs) == 2 and len({s.source for s in specs}) == 1
+
+
+class Untouched(nn.Module):
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        self.case = case
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.case == "causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.case == "dropout":
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        if self.case == "odd_head":
+            return F.scaled_dot_product_attention(q[..., :12], k[..., :12], v[..., :12])
+        return F.scaled_dot_product_attention(q, k, v)  # "prefill": several query rows
+
+
+@pytest.mark.parametrize("case", ["causal", "dropout", "odd_head", "prefill"])
+def test_what_is_not_one_query_row_stays_with_aten(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    rows = 5 if case == "prefill" else 1
+    example = (torch.randn(1, 4, rows, 16), torch.randn(1, 4, 9, 16), torch.randn(1, 4, 9, 16))
+    _, specs = compile_on_cpu(monkeypatch, Untouched(case), example)
+    assert specs == []
+
+
+def test_nothing_changes_on_the_cpu() -> None:
+    model = CacheAttention()
+    with torch.no_grad():
+        plain = opgen.compile(model.eval(), inputs(model), passes=("decode_attention",), cache=False)
+    assert plain.artifact.fused == ()  # type: ignore[attr-defined]
+
+
+@interpreter
+@pytest.mark.parametrize("how", ["repeat_kv", "none"])
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                how: str, mask: str) -> None:  # fmt: skip
+    if ran_in_fresh_interpreter(request):
+        return
+    kv_heads = 8 if how == "none" else 2
+    model, eager = (CacheAttention(kv_heads=kv_heads, how=how, mask=mask, length=70) for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    checks: list[str] = []
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model), interpret=True, checks=checks)
+    run_steps(compiled, eager, model, (0, 5, 69))  # the first position, one inside, the last
+    assert len(checks) == 3 and checks[0] == specs[0].name
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("how", ["repeat_kv", "repeat_interleave", "gqa"])
+def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, how: str) -> None:
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    for graphs in (False, True):
+        model, eager = (CacheAttention(heads=32, kv_heads=8, length=300, dim=64, how=how, mask="additive",
+                                       dtype=dtype).cuda() for _ in range(2))  # fmt: skip
+        eager.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            compiled = opgen.compile(model, inputs(model, 0, dtype, "cuda"), cuda_graphs=graphs, cache=False)
+            assert "decode attention" in str(compiled.report())
+            for pos in (0, 1, 150, 299):
+                example = inputs(model, pos, dtype, "cuda")
+                torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
+        torch.testing.assert_close(model.v_cache, eager.v_cache)
