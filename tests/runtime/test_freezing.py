@@ -14,13 +14,15 @@ from opgen.runtime import dynamo_backend
 from opgen.runtime.execution.frozen import KEEP, frozen_function
 from opgen.runtime.pipeline import default_pipeline
 
+CHANNELS, FEATURES = 256, 512  # a linear weight of prepack.MIN_WEIGHT elements: prepack packs it
+
 
 class ConvBnLinear(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8, 4)
+        self.conv = nn.Conv2d(3, CHANNELS, 3)
+        self.bn = nn.BatchNorm2d(CHANNELS)
+        self.fc = nn.Linear(CHANNELS, FEATURES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
@@ -85,7 +87,7 @@ def test_frozen_weights_fold_and_pack_and_match_eager(compiled: list[Any]) -> No
     forward_line = next(line for line in source.splitlines() if "def forward(" in line)
     assert forward_line.count(",") == 0  # the image alone: weights, biases and statistics are constants
     assert any(note.startswith("frozen: 8 parameters and buffers") for note in report.notes), report
-    if "prepack" in default_pipeline():  # 8 rows: the linear weight is packed once, at bind time
+    if "prepack" in default_pipeline():  # a large linear weight is packed once, at bind time
         assert "mkldnn._reorder_linear_weight.default" in report.torch_ops
         assert "mkldnn_linear_pointwise" in source
 
@@ -128,8 +130,8 @@ def test_replaced_parameter_is_bound_anew_without_recompiling(compiled: list[Any
     fn = backend()(m)
     with torch.no_grad():
         fn(X)
-        m.fc.weight = nn.Parameter(torch.randn(4, 8))
-        m.bn.running_mean = torch.randn(8)
+        m.fc.weight = nn.Parameter(torch.randn(FEATURES, CHANNELS))
+        m.bn.running_mean = torch.randn(CHANNELS)
         torch.testing.assert_close(fn(X), m(X))
         torch.testing.assert_close(fn(X), m(X))
     (made,) = compiled  # no recompile

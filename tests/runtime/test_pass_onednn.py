@@ -168,8 +168,8 @@ def test_grouped_strided_and_dilated_convs_match_eager() -> None:
 
 class Mlp(nn.Module):
     def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 32)
+        super().__init__()  # weights of prepack.MIN_WEIGHT elements: packed at any row count from MIN_ROWS
+        self.fc1, self.fc2 = nn.Linear(256, 512), nn.Linear(512, 256)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(nn.functional.gelu(self.fc1(x)))  # linear+gelu, linear+add
@@ -178,9 +178,20 @@ class Mlp(nn.Module):
 @needs_onednn
 def test_linear_gelu_and_linear_add_match_eager() -> None:
     torch.manual_seed(0)
-    compiled = compile_and_compare(Mlp(), (torch.randn(16, 32),))
+    compiled = compile_and_compare(Mlp(), (torch.randn(16, 256),))
     source = compiled.artifact.source
     assert "'gelu', (), 'none')" in source and "mkldnn_linear_pointwise_binary(" in source
+
+
+@needs_onednn
+def test_only_large_linear_layers_are_packed() -> None:
+    """32x128 @ 128x128 (2^19 multiply-adds) stays addmm, where MKL is faster; 128x1024 is packed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1024))
+    compiled = compile_and_compare(model, (torch.randn(32, 128),))
+    source = compiled.artifact.source
+    assert "reorder_linear_weight(p_2_weight" in source and "reorder_linear_weight(p_0_weight" not in source
+    assert "addmm_out(p_0_bias" in source and "mkldnn_linear_pointwise(buf1, packed0, p_2_bias" in source
 
 
 @needs_onednn

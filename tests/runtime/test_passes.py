@@ -19,6 +19,7 @@ from opgen.runtime.ir import (
     Program,
     Ref,
     Return,
+    SizeExpr,
     Sym,
     TensorConstant,
     TensorMeta,
@@ -32,7 +33,7 @@ from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
-from opgen.runtime.passes.prepack import prepack_linear
+from opgen.runtime.passes.prepack import MIN_MACS, MIN_WEIGHT, prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
 
@@ -251,14 +252,29 @@ def test_conv_bn_folding_rewrites_and_computes_the_same(registry, bias: bool) ->
     torch.testing.assert_close(fn(img), ref, atol=1e-5, rtol=1e-5)
 
 
-def linear_program(rows: int) -> Program:
+def linear_program(rows: int | SizeExpr, features: tuple[int, int] = (256, 512)) -> Program:
+    """`addmm(b, xs, w.T)`: `rows` x in x out; by default a weight of MIN_WEIGHT elements, which prepack packs."""
+    n_in, n_out = features
+    product = KernelCall(
+        "addmm", (Ref("b"), Ref("xs"), Ref("buf0")), (),
+        (Value("buf1", TensorMeta((rows, n_out), (n_out, 1), "float32", "cpu")),), "buf1", "aten.addmm",
+    )  # fmt: skip
     return program(
-        call("permute", Ref("w"), (1, 0), out="buf0", shape=(32, 24)),
-        call("addmm", Ref("b"), Ref("xs"), Ref("buf0"), out="buf1", shape=(rows, 24)),
+        call("permute", Ref("w"), (1, 0), out="buf0", shape=(n_in, n_out)),
+        product,
         Return((Ref("buf1"),), "single"),
-        inputs=(Input("xs", meta(rows, 32)),),
-        constants=(TensorConstant("w", "w", meta(24, 32)), TensorConstant("b", "b", meta(24))),
+        inputs=(Input("xs", TensorMeta((rows, n_in), (n_in, 1), "float32", "cpu")),),
+        constants=(TensorConstant("w", "w", meta(n_out, n_in)), TensorConstant("b", "b", meta(n_out))),
     )
+
+
+def run_linear(out: Program, rows: int, features: tuple[int, int] = (256, 512)) -> None:
+    """Bind `out` (a rewritten `linear_program`) and check it against `F.linear`."""
+    n_in, n_out = features
+    values = {"w": torch.randn(n_out, n_in), "b": torch.randn(n_out)}
+    xs = torch.randn(rows, n_in)
+    fn = executor.bind(compiled_graph("p" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
+    torch.testing.assert_close(fn(xs), torch.nn.functional.linear(xs, values["w"], values["b"]), atol=1e-4, rtol=1e-4)
 
 
 def test_prepack_runs_linear_layers_through_onednn_with_packed_weights(registry) -> None:
@@ -269,10 +285,35 @@ def test_prepack_runs_linear_layers_through_onednn_with_packed_weights(registry)
         Ref("packed0"),
         Ref("b"),
     )
-    values = {"w": torch.randn(24, 32), "b": torch.randn(24)}
-    xs = torch.randn(16, 32)
-    fn = executor.bind(compiled_graph("p" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
-    torch.testing.assert_close(fn(xs), torch.nn.functional.linear(xs, values["w"], values["b"]), atol=1e-5, rtol=1e-5)
+    run_linear(out, 16)
+
+
+@pytest.mark.parametrize(
+    ("rows", "features", "packed"),
+    [
+        (32, (128, 128), False),  # 2^19 multiply-adds, a 2^14-element weight: addmm is 1.5x faster
+        (128, (128, 128), False),  # 2^21
+        (256, (128, 128), True),  # MIN_MACS (2^22) with a small weight
+        (16, (256, 256), False),  # 2^20, a 2^16-element weight
+        (8, (256, 512), True),  # 2^20, but a weight of MIN_WEIGHT (2^17) elements
+    ],
+)
+def test_prepack_packs_only_large_linear_layers(registry, rows, features, packed) -> None:
+    assert 1 << 22 == MIN_MACS and 1 << 17 == MIN_WEIGHT  # the sizes above sit on these thresholds
+    p = fold_constants(linear_program(rows, features), registry)
+    out = eliminate_dead_code(prepack_linear(p, registry), registry)
+    assert (out.body[0].kernel == "mkldnn_linear_pointwise") == packed
+    assert (out == eliminate_dead_code(p, registry)) == (not packed)
+    run_linear(out, rows, features)
+
+
+def test_prepack_takes_symbolic_rows_at_their_upper_bound(registry) -> None:
+    p = fold_constants(linear_program(SizeExpr("s0", ("s0",)), (128, 128)), registry)
+    assert prepack_linear(replace(p, ranges=(("s0", 8, 64),)), registry) == replace(p, ranges=(("s0", 8, 64),))
+    big = prepack_linear(replace(p, ranges=(("s0", 8, 256),)), registry)  # 256 x 128 x 128 = MIN_MACS
+    unbounded = prepack_linear(replace(p, ranges=(("s0", 8, None),)), registry)  # unknown: taken as large
+    assert "mkldnn._reorder_linear_weight.default" in kernels(big.setup)
+    assert kernels(unbounded.setup) == kernels(big.setup)
 
 
 def test_prepack_leaves_single_rows_and_runtime_weights_alone(registry) -> None:
@@ -280,8 +321,8 @@ def test_prepack_leaves_single_rows_and_runtime_weights_alone(registry) -> None:
     assert prepack_linear(single, registry) == single
     weight_as_input = replace(
         linear_program(16),
-        constants=(TensorConstant("b", "b", meta(24)),),
-        inputs=(Input("xs", meta(16, 32)), Input("w", meta(24, 32))),
+        constants=(TensorConstant("b", "b", meta(512)),),
+        inputs=(Input("xs", meta(16, 256)), Input("w", meta(512, 256))),
     )
     assert prepack_linear(weight_as_input, registry) == weight_as_input
 
@@ -436,15 +477,15 @@ def test_prepack_fuses_a_following_gelu(registry) -> None:
         linear_program(16),
         body=(
             *linear_program(16).body[:2],
-            call("gelu", Ref("buf1"), out="buf2", shape=(16, 24), approximate="tanh"),
+            call("gelu", Ref("buf1"), out="buf2", shape=(16, 512), approximate="tanh"),
             Return((Ref("buf2"),), "single"),
         ),
     )
     out = eliminate_dead_code(prepack_linear(fold_constants(p, registry), registry), registry)
     assert [line.kernel for line in out.body[:-1]] == ["mkldnn_linear_pointwise"]
     assert out.body[0].args[3:] == ("gelu", (), "tanh") and out.body[0].outputs[0].name == "buf2"
-    values = {"w": torch.randn(24, 32), "b": torch.randn(24)}
-    xs = torch.randn(16, 32)
+    values = {"w": torch.randn(512, 256), "b": torch.randn(512)}
+    xs = torch.randn(16, 256)
     fn = executor.bind(compiled_graph("g" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
     expected = torch.nn.functional.gelu(torch.nn.functional.linear(xs, values["w"], values["b"]), approximate="tanh")
     torch.testing.assert_close(fn(xs), expected, atol=1e-4, rtol=1e-4)

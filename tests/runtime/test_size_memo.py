@@ -38,18 +38,21 @@ def _cell(fn, name: str):  # type: ignore[no-untyped-def]
     return fn.__closure__[fn.__code__.co_freevars.index(name)].cell_contents
 
 
+WIDTH = 128  # the MLP's 128x512 linears reach prepack.MIN_MACS at 64 rows: packed, split at MIN_ROWS
+
+
 def _block() -> nn.Module:
     torch.manual_seed(0)
-    return GPTBlock(width=32, heads=2, tokens=65).eval()
+    return GPTBlock(width=WIDTH, heads=2, tokens=65).eval()
 
 
 def test_sizes_back_and_forth_match_eager_including_1_and_the_bounds() -> None:
     model = _block()
     with torch.no_grad():
-        fn = opgen.compile(model, (torch.randn(1, 9, 32),), dynamic_shapes=({1: SEQ},), cache=False)
+        fn = opgen.compile(model, (torch.randn(1, 9, WIDTH),), dynamic_shapes=({1: SEQ},), cache=False)
         assert "size memo" in fn.artifact.source
         for t in (1, 64, 1, 7, 8, 64, 33, 33, 1, 2, 2, 64, 9, 9):
-            x = torch.randn(1, t, 32)
+            x = torch.randn(1, t, WIDTH)
             torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4)
             if 8 <= t:  # the handle serves the size class from 8 rows; its memo holds the last of its sizes
                 assert _cell(fn, "_memo_key") == t
@@ -59,9 +62,9 @@ def test_sizes_back_and_forth_match_eager_including_1_and_the_bounds() -> None:
 def test_a_range_crossing_min_rows_compiles_two_size_classes_without_the_per_call_choice() -> None:
     model = _block()
     with torch.no_grad():
-        fn = opgen.compile(model, (torch.randn(1, 3, 32),), dynamic_shapes=({1: SEQ},), cache=False)
+        fn = opgen.compile(model, (torch.randn(1, 3, WIDTH),), dynamic_shapes=({1: SEQ},), cache=False)
         small = fn.artifact  # the handle: the class of the example's size
-        x = torch.randn(1, 20, 32)
+        x = torch.randn(1, 20, WIDTH)
         torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4)  # served by the other class
     assert small.ranges[0][1:] == (1, 7) and not small.splits
     assert "linear_rows" not in small.source and "addmm_out" in small.source  # planned like a static product
@@ -167,8 +170,8 @@ def test_the_memo_does_not_survive_as_module_state() -> None:
     """Two compiles of one model keep separate memos (closure variables of each function)."""
     model = _block()
     with torch.no_grad():
-        a = opgen.compile(model, (torch.randn(1, 9, 32),), dynamic_shapes=({1: SEQ},), cache=False)
-        b = opgen.compile(copy.deepcopy(model), (torch.randn(1, 9, 32),), dynamic_shapes=({1: SEQ},), cache=False)
-        a(torch.randn(1, 12, 32))
-        b(torch.randn(1, 20, 32))
+        a = opgen.compile(model, (torch.randn(1, 9, WIDTH),), dynamic_shapes=({1: SEQ},), cache=False)
+        b = opgen.compile(copy.deepcopy(model), (torch.randn(1, 9, WIDTH),), dynamic_shapes=({1: SEQ},), cache=False)
+        a(torch.randn(1, 12, WIDTH))
+        b(torch.randn(1, 20, WIDTH))
     assert _cell(a, "_memo_key") == 12 and _cell(b, "_memo_key") == 20

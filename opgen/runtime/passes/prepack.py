@@ -3,8 +3,10 @@
 `addmm(b, x, permute(W, (1, 0)))` and `mm(x, permute(W, (1, 0)))` with a constant float32 CPU
 weight become `kernel_ops.mkldnn_linear_pointwise(x, packed, b, "none", (), "")`, `packed` computed in setup by
 `mkldnn._reorder_linear_weight(W, rows)`. On this kind of machine that is 10-40% faster than MKL's
-sgemm for 10 to 256 rows (16x256 @ 256x1024: 109 us against 130 us); for one row it is not, so
-single-row products stay as they are. A symbolic row count (dynamic shapes) is packed for the
+sgemm for 8 rows and more on large products (16x256 @ 256x1024: 98 us against 122 us), and slower on
+small ones (32x128 @ 128x128: 22 us against 14), so products under MIN_MACS multiply-adds (rows x
+in x out, the rows at their range's upper bound) with a weight under MIN_WEIGHT elements stay as they
+are, as do single-row ones. A symbolic row count (dynamic shapes) is packed for the
 largest row count its range allows (packing for 8 rows runs 256 rows 1.7x slower than packing for
 256; for small counts the largest costs nothing) and calls `opgen.runtime.execution.linear_rows.linear`,
 which takes the oneDNN path from MIN_ROWS rows and the plain product below, per call (its post-ops
@@ -23,6 +25,7 @@ this pass only where oneDNN is available (`opgen.runtime.pipeline.default_pipeli
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, SizeExpr, TensorMeta, Value, meta_table, uses
@@ -39,6 +42,18 @@ BINARY = "mkldnn_linear_pointwise_binary"
 LINEAR_ROWS = "py:opgen.runtime.execution.linear_rows.linear"  # the same arguments + the transposed weight
 ROWS_POST_OPS = ("relu", "gelu")  # what linear_rows applies itself below MIN_ROWS
 MIN_ROWS = 8
+# oneDNN's linear pays a fixed cost per call that MKL's sgemm (addmm) does not, so it only wins on
+# larger products. Measured on 1 thread of this kind of machine, packed oneDNN against addmm: 32x128 @
+# 128x128 22 us against 14 (30 against 19 under load), 64x128 @ 128x256 50 against 46, a tie at 2^21
+# multiply-adds (32x256 @ 256x256: 51 against 50); from 2^22 it wins or ties at every shape tried
+# (32x512 @ 512x512: 170 against 200, 223 against 434 under load; 1024x128 @ 128x128: 313 against
+# 339; 256x128 @ 128x128: 87 against 88). A large weight wins from MIN_ROWS rows at any product size,
+# MKL streaming it badly for few rows (8x256 @ 256x512: 34 against 39; 16x256 @ 256x768: 73 against
+# 89; a GPT block of 8 tokens, width 256: 0.55x eager packed, 0.70x on addmm). So a linear is packed
+# from MIN_MACS rows x in x out or from MIN_WEIGHT weight elements, and below both stays addmm/mm: the
+# zoo's transformers (hidden size 128, 32 tokens) run 0.28-0.44x eager so, 0.42-0.62x all packed.
+MIN_MACS = 1 << 22
+MIN_WEIGHT = 1 << 17
 
 
 def _transposed_weight(
@@ -91,7 +106,15 @@ def _linear(
     x_meta = metas.get(x.name) if isinstance(x, Ref) else None
     if weight is None or x_meta is None or len(x_meta.shape) != 2 or not x_meta.is_contiguous():
         return None
+    if not _large(most, metas[weight].shape):
+        return None
     return bias, weight
+
+
+def _large(rows: int | None, weight_shape: tuple[object, ...]) -> bool:
+    """Whether oneDNN beats addmm here: `rows` (None: unbounded, taken as large) x the weight's elements."""
+    elements = math.prod(weight_shape)  # type: ignore[arg-type]  # a constant: static
+    return elements >= MIN_WEIGHT or rows is None or rows * elements >= MIN_MACS
 
 
 def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
