@@ -56,7 +56,8 @@ class CacheAttention(nn.Module):
         elif self.how == "repeat_interleave":  # gpt-fast's
             keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         row = self.causal[None, None, pos]
-        mask = row if self.mask == "bool" else torch.zeros(row.shape, dtype=q.dtype).masked_fill(~row, -1e4)
+        additive = torch.zeros(row.shape, dtype=q.dtype, device=q.device).masked_fill(~row, -1e4)
+        mask = row if self.mask == "bool" else additive
         extra = {"enable_gqa": True} if self.how == "gqa" else {}
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **extra)
 
