@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from opgen.runtime.passes.fusion.gemv import Siblings
 
 Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
-# (BLOCK_N, BLOCK_K, warps, stages): shapes of tile (each one compile); the first call's autotuning keeps
-# the fastest. The 8-warp ones keep more loads in flight per program, for products with few rows per SM.
-TILES = ((8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (32, 256, 8, 3), (16, 512, 8, 3), (64, 128, 8, 3))
+# (BLOCK_N, BLOCK_K, warps, stages): three shapes of tile (each one compile); the first call's autotuning
+# keeps the fastest.
+TILES = ((8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2))
 
 _ROWS = '''@triton.jit
 def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.constexpr, SW: tl.constexpr,
