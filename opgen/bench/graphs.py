@@ -28,13 +28,14 @@ import torch
 from opgen.bench import models
 from opgen.bench.timing import Timing, format_table, interleaved, max_error
 
-CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_backend")
+CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_package", "opgen_backend")
 LABELS = {
     "eager": "eager",
     "inductor": "torch.compile (inductor)",
     "aoti": "AOTInductor",
     "opgen": "opgen.compile",
     "opgen_cpp": 'opgen.compile(backend="cpp")',
+    "opgen_package": "opgen.package + load_package",
     "opgen_backend": 'torch.compile(backend="opgen")',
 }
 # Targets for opgen.compile, as ratios to eager (the issue's definition of done).
@@ -63,9 +64,26 @@ def _compile_inductor(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) 
 
 def _compile_aoti(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
     ep = torch.export.export(model, inputs)
-    path = os.path.join(tempfile.mkdtemp(prefix="opgen-bench-aoti-"), "model.pt2")
-    runner = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(ep, package_path=path))
-    return functools.partial(runner, *inputs)
+    path = torch._inductor.aoti_compile_and_package(
+        ep, package_path=os.path.join(tempfile.mkdtemp(prefix="opgen-bench-aoti-"), "model.pt2")
+    )
+    return _loaded("AOTInductor", lambda: torch._inductor.aoti_load_package(path), inputs)
+
+
+def _compile_opgen_package(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    import opgen
+
+    path = opgen.package(model, inputs, os.path.join(tempfile.mkdtemp(prefix="opgen-bench-package-"), "model.opgen"))
+    return _loaded("opgen package", lambda: opgen.load_package(path), inputs)
+
+
+def _loaded(label: str, load: Callable[[], Any], inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """Load a package and make its first call, printing how long that took (a deployment's start-up)."""
+    start = time.perf_counter()
+    fn = load()
+    fn(*inputs)
+    print(f"    {label}: load + first call {time.perf_counter() - start:.3f} s", flush=True)
+    return functools.partial(fn, *inputs)
 
 
 def _compile_opgen(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
@@ -94,6 +112,7 @@ BUILDERS = {
     "aoti": _compile_aoti,
     "opgen": _compile_opgen,
     "opgen_cpp": _compile_opgen_cpp,
+    "opgen_package": _compile_opgen_package,
     "opgen_backend": _compile_opgen_backend,
 }
 

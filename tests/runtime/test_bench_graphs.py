@@ -25,6 +25,13 @@ def test_graphs_writes_a_table_and_json(tmp_path: Path, capsys: pytest.CaptureFi
     assert all(r["max_abs_err"] == 0.0 and r["ratio"] > 0 for r in rows)
 
 
+def test_the_package_is_a_candidate_with_its_load_time(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--cases", "single_add", "--candidates", "opgen_package", "--repeats", "1", "--threads", "1"]
+    assert graphs.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "opgen package: load + first call" in text and "| single_add | 1       | opgen.package + load_package" in text
+
+
 def test_png_without_matplotlib_is_a_message_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = graphs.Result("single_add", "opgen", 1.0, 1.0, 1.0, 0.8, 0.1, 0.01, 0.0)
