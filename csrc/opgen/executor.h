@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "opgen/thunk.h"
@@ -59,6 +60,9 @@ struct Step {
   std::optional<c10::OperatorHandle>
       op;  // op: the operator, its arguments in `instr.args` by schema position
 };
+
+// The dtypes programs and packages name (float32, bfloat16, bool, ...), by name.
+const std::unordered_map<std::string_view, at::ScalarType>& dtypes_by_name();
 
 using Registers = c10::SmallVector<c10::IValue, 32>;
 using Results = c10::SmallVector<c10::IValue, 4>;

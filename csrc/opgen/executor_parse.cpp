@@ -31,23 +31,6 @@ const ThunkEntry* find_thunk(const std::string& name, const std::string& backend
   return it == table->end() ? nullptr : it->second;
 }
 
-const std::unordered_map<std::string_view, at::ScalarType>& dtypes() {
-  static const std::unordered_map<std::string_view, at::ScalarType> map = {
-      {"float64", at::kDouble},
-      {"float32", at::kFloat},
-      {"float16", at::kHalf},
-      {"bfloat16", at::kBFloat16},
-      {"int64", at::kLong},
-      {"int32", at::kInt},
-      {"int16", at::kShort},
-      {"int8", at::kChar},
-      {"uint8", at::kByte},
-      {"bool", at::kBool},
-      {"complex64", at::kComplexFloat},
-      {"complex128", at::kComplexDouble}};
-  return map;
-}
-
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> out;
   size_t start = 0;
@@ -65,6 +48,23 @@ bool starts_with(std::string_view s, std::string_view prefix) {
 }
 
 }  // namespace
+
+const std::unordered_map<std::string_view, at::ScalarType>& dtypes_by_name() {
+  static const std::unordered_map<std::string_view, at::ScalarType> map = {
+      {"float64", at::kDouble},
+      {"float32", at::kFloat},
+      {"float16", at::kHalf},
+      {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong},
+      {"int32", at::kInt},
+      {"int16", at::kShort},
+      {"int8", at::kChar},
+      {"uint8", at::kByte},
+      {"bool", at::kBool},
+      {"complex64", at::kComplexFloat},
+      {"complex128", at::kComplexDouble}};
+  return map;
+}
 
 // Reads a program's text line by line; every error names the line.
 class Parser {
@@ -179,8 +179,8 @@ class Parser {
     }
     if (s.front() == '[') return list(s);
     if (starts_with(s, "torch.")) {
-      const auto it = dtypes().find(s.substr(6));
-      expect(it != dtypes().end(), "unknown dtype " + std::string(s));
+      const auto it = dtypes_by_name().find(s.substr(6));
+      expect(it != dtypes_by_name().end(), "unknown dtype " + std::string(s));
       return c10::IValue(it->second);
     }
     if (starts_with(s, "device("))
@@ -268,8 +268,8 @@ class Parser {
     expect(t.size() == 7 && index(t[1], 'r') == static_cast<int32_t>(p_.inputs_.size()),
            "inputs are `input r<k> <name> <dtype> <device> [sizes] [strides]`, numbered from r0 in "
            "order");
-    const auto dtype = dtypes().find(t[3]);
-    expect(dtype != dtypes().end(), "unknown dtype " + std::string(t[3]));
+    const auto dtype = dtypes_by_name().find(t[3]);
+    expect(dtype != dtypes_by_name().end(), "unknown dtype " + std::string(t[3]));
     p_.inputs_.push_back(
         {std::string(t[2]), dtype->second, c10::Device(std::string(t[4])), ints(t[5]), ints(t[6])});
   }

@@ -63,26 +63,9 @@ uint32_t crc32(const void* data, size_t n) {
   return ~crc;
 }
 
-const std::map<std::string_view, at::ScalarType>& dtypes() {
-  static const std::map<std::string_view, at::ScalarType> map = {
-      {"float64", at::kDouble},
-      {"float32", at::kFloat},
-      {"float16", at::kHalf},
-      {"bfloat16", at::kBFloat16},
-      {"int64", at::kLong},
-      {"int32", at::kInt},
-      {"int16", at::kShort},
-      {"int8", at::kChar},
-      {"uint8", at::kByte},
-      {"bool", at::kBool},
-      {"complex64", at::kComplexFloat},
-      {"complex128", at::kComplexDouble}};
-  return map;
-}
-
 // A dtype's name as packages and programs write it (float32), or ATen's (Float) for others.
 std::string dtype_name(at::ScalarType type) {
-  for (const auto& [name, t] : dtypes()) {
+  for (const auto& [name, t] : exec::dtypes_by_name()) {
     if (t == type) return std::string(name);
   }
   return c10::toString(type);
@@ -279,8 +262,8 @@ class Reader {
   at::Tensor constant(const std::vector<std::string>& r) {
     if (r.size() != 7) fail("corrupt header: a malformed `constant` line");
     const std::string what = "constant '" + r[0] + "'";
-    const auto dtype = dtypes().find(r[1]);
-    if (dtype == dtypes().end()) fail(what + " has an unknown dtype " + r[1]);
+    const auto dtype = exec::dtypes_by_name().find(r[1]);
+    if (dtype == exec::dtypes_by_name().end()) fail(what + " has an unknown dtype " + r[1]);
     const auto sizes = ints(r[2]);
     const auto strides = ints(r[3]);
     if (sizes.size() != strides.size())

@@ -98,10 +98,12 @@ _QWEN2 = dict(hidden_size=896, num_hidden_layers=12, num_attention_heads=14, num
               intermediate_size=4864, vocab_size=32000)  # fmt: skip
 
 MODELS: tuple[GpuModel, ...] = (
-    GpuModel("resnet50", "torchvision", torch.float32, "torchvision ResNet-50 fp32, batch 8", _torchvision("resnet50", 8)),
+    GpuModel("resnet50", "torchvision", torch.float32, "torchvision ResNet-50 fp32, batch 8",
+             _torchvision("resnet50", 8)),
     GpuModel("mobilenet_v3", "torchvision", torch.float32, "torchvision MobileNetV3-Large fp32, batch 1",
              _torchvision("mobilenet_v3_large", 1)),
-    GpuModel("efficientnet_b0", "timm", torch.float32, "timm EfficientNet-B0 fp32, batch 4", _timm("efficientnet_b0", 4)),
+    GpuModel("efficientnet_b0", "timm", torch.float32, "timm EfficientNet-B0 fp32, batch 4",
+             _timm("efficientnet_b0", 4)),
     GpuModel("convnext_tiny", "timm", torch.float32, "timm ConvNeXt-Tiny fp32, batch 1", _timm("convnext_tiny", 1)),
     GpuModel("vit_b16", "timm", torch.bfloat16, "timm ViT-B/16 bf16, batch 4", _timm("vit_base_patch16_224", 4)),
     GpuModel("swin_tiny", "timm", torch.float16, "timm Swin-Tiny fp16, batch 2",

@@ -28,7 +28,7 @@ import torch
 
 from opgen.bench import gpu_model_zoo as zoo
 from opgen.bench.gpu_work import gpu_work
-from opgen.bench.graphs_cuda import ready
+from opgen.bench.graphs_cuda import build_candidate, ready
 from opgen.bench.timing import format_table, interleaved, target_line
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
@@ -56,25 +56,6 @@ class Result:
     first_call_s: float | None = None
     rel_err: float | None = None
     failed: str | None = None  # why the candidate did not run
-
-
-def _build(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
-    import opgen
-
-    match name:
-        case "eager":
-            fn: Callable[..., Any] = model
-        case "inductor":
-            fn = torch.compile(model)
-        case "reduce_overhead":
-            fn = torch.compile(model, mode="reduce-overhead")
-        case "opgen":
-            fn = opgen.compile(model, inputs)
-        case "opgen_graphs":
-            fn = opgen.compile(model, inputs, cuda_graphs=True)
-        case _:
-            raise ValueError(f"unknown candidate {name}")
-    return functools.partial(fn, *inputs)
 
 
 def rel_error(out: Any, ref: Any) -> float:
@@ -117,7 +98,8 @@ def cold_caches(root: Path, model: str) -> None:
 
 
 def run_model(entry: zoo.GpuModel, candidates: Sequence[str], calls: int, repeats: int, cache_root: Path | None,
-              progress: Callable[[str], None], device: torch.device | None = None, kernels: int = 0) -> list[Result]:  # fmt: skip
+              progress: Callable[[str], None], device: torch.device | None = None,
+              kernels: int = 0) -> list[Result]:  # fmt: skip
     device = device or torch.device("cuda")
     results: list[Result] = []
     with torch.no_grad():
@@ -131,7 +113,8 @@ def run_model(entry: zoo.GpuModel, candidates: Sequence[str], calls: int, repeat
         running: list[tuple[str, Callable[[], Any], float, float, tuple[float, float]]] = []
         for name in candidates:
             try:
-                call, out, seconds = ready(lambda name=name: _build(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
+                build = functools.partial(build_candidate, name, model, inputs)
+                call, out, seconds = ready(build, FIRST_CALLS.get(name, 1))
                 for _ in range(3):
                     call()
                 work = gpu_work(call, calls)
@@ -180,15 +163,11 @@ def target_lines(results: Sequence[Result]) -> list[str]:
     dtypes = {m.name: m.dtype for m in zoo.MODELS}
     lines = []
     for model in dict.fromkeys(r.model for r in results):
-
-        def pair(ours: str, theirs: str) -> tuple[Result, Result] | tuple[None, None]:
-            a, b = by.get((model, ours)), by.get((model, theirs))
-            return (a, b) if a and b else (None, None)
-
-        graphs, reduce_overhead = pair("opgen_graphs", "reduce_overhead")
+        graphs, reduce_overhead = _pair(by, model, "opgen_graphs", "reduce_overhead")
         if graphs and reduce_overhead:
-            lines.append(target_line(f"{model} graph mode / reduce-overhead", graphs.sync_us / reduce_overhead.sync_us, 1))  # type: ignore[operator]
-        plain, inductor = pair("opgen", "inductor")
+            ratio = graphs.sync_us / reduce_overhead.sync_us  # type: ignore[operator]
+            lines.append(target_line(f"{model} graph mode / reduce-overhead", ratio, 1))
+        plain, inductor = _pair(by, model, "opgen", "inductor")
         if plain and inductor:
             lines.append(target_line(f"{model} plain / Inductor default", plain.sync_us / inductor.sync_us, 1))  # type: ignore[operator]
             lines.append(target_line(f"{model} first call / Inductor's cold compile",
@@ -201,6 +180,11 @@ def target_lines(results: Sequence[Result]) -> list[str]:
         if failed:
             lines.append(f"  {model}: {', '.join(failed)} failed: NOT met")
     return lines
+
+
+def _pair(by: dict[tuple[str, str], Result], model: str, ours: str, theirs: str) -> tuple[Result | None, Result | None]:
+    a, b = by.get((model, ours)), by.get((model, theirs))
+    return (a, b) if a and b else (None, None)
 
 
 def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -> str:
@@ -239,8 +223,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per candidate (default 5)")
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also print each compiled candidate's N most expensive GPU kernels")  # fmt: skip
-    parser.add_argument("--warm-caches", action="store_true",
-                        help="keep the usual Inductor/Triton/opgen cache folders (default: fresh ones per model)")  # fmt: skip
+    parser.add_argument(
+        "--warm-caches",
+        action="store_true",
+        help="keep the usual Inductor/Triton/opgen cache folders (default: fresh ones per model)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument("--png", type=Path, help="also write a bar chart of time / eager (needs matplotlib)")
     return parser

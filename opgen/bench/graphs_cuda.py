@@ -52,7 +52,8 @@ class Result:
     max_abs_err: float
 
 
-def _build(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+def build_candidate(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """One candidate of the GPU benchmarks (this one and gpu_models), ready to call on `inputs`."""
     import opgen
 
     match name:
@@ -81,7 +82,7 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
         # reduce-overhead model built before it, which later replays through freed memory.
         torch._dynamo.reset()
         for name in candidates:
-            call, out, seconds = ready(lambda name=name: _build(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
+            call, out, seconds = ready(lambda name=name: build_candidate(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
             compile_s.append(seconds)
             errors.append(max_error(out, reference))
             calls.append(call)

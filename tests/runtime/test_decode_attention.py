@@ -85,8 +85,9 @@ def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: t
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         tolerance = {"atol": 1e-5, "rtol": 1e-5}
-        monkeypatch.setattr(fused_module, "bindings",
-                            lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found})  # fmt: skip
+        monkeypatch.setattr(
+            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
+        )
     else:
         monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
     pipeline = [p for p in default_pipeline() if p not in ("decode_attention", "gemv", "fusion")]

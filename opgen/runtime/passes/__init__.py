@@ -19,9 +19,10 @@ only on the size symbols of dynamic shapes (views of buffers and constants, call
 into the size memo, recomputed only when the sizes change: before memory planning (calls on
 constants keep their own results) and after it (views of the buffers it made);
 `decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
-Triton kernel reading grouped heads in place (no repeat of the cache); `gemv` (CUDA, static sizes) makes one-row matrix products on constant weights (siblings over one
-input together) Triton kernels, and `fusion` turns groups of pointwise nodes and row reductions into generated
-Triton kernels once the graph is simplified, before memo and memory planning see the calls;
+Triton kernel reading grouped heads in place (no repeat of the cache); `gemv` (CUDA, static sizes)
+makes one-row matrix products on constant weights (siblings over one input together) Triton kernels,
+and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels once
+the graph is simplified, before memo and memory planning see the calls;
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
 oneDNN, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,

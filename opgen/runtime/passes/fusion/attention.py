@@ -95,7 +95,8 @@ def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterato
 
 
 def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: KernelRegistry,
-           metas: dict[str, TensorMeta], producers: dict[str, int], readers: dict[str, list[int]]) -> DecodeAttention | None:  # fmt: skip
+           metas: dict[str, TensorMeta], producers: dict[str, int],
+           readers: dict[str, list[int]]) -> DecodeAttention | None:  # fmt: skip
     info = registry.by_name.get(line.kernel)
     if info is None or len(line.outputs) != 1 or line.outputs[0] is None or line.outputs[0].meta is None:
         return None
@@ -118,7 +119,9 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
     metas_all = [q.meta, k.meta, v.meta, out]
     if any(not m.is_static or not m.device.startswith("cuda") for m in [*metas_all, *([mask.meta] if mask else [])]):
         return None
-    if len({m.device for m in metas_all}) != 1 or {m.dtype for m in metas_all} != {q.meta.dtype} or q.meta.dtype not in DTYPES:
+    if len({m.device for m in metas_all}) != 1 or {m.dtype for m in metas_all} != {q.meta.dtype}:
+        return None
+    if q.meta.dtype not in DTYPES:
         return None
     members: list[int] = []
     (key, k_group), (value, v_group) = (_unrepeat(o, body, metas, producers, readers, index, members) for o in (k, v))
