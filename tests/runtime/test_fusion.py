@@ -322,6 +322,26 @@ def test_groups_close_at_writes_and_outside_readers(registry: object) -> None:
     assert math.prod(first.shape) == 16
 
 
+class OddPower(nn.Module):
+    """A pointwise chain through pow with an exponent the Triton backend has no expression for."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).abs().pow(2.7) + 1
+
+
+def test_a_group_the_backend_cannot_write_stays_aten_with_a_comment_saying_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = torch.rand(4, 8)
+    with torch.no_grad():
+        compiled, ran = compile_fused(monkeypatch, OddPower(), (x,), run_triton=False)
+        torch.testing.assert_close(compiled(x), OddPower()(x))
+    source = compiled.artifact.source
+    assert ran == [] and "fused0" not in source
+    note = "# not fused (mul, abs_1, pow_1, add): node 'pow_1' (aten.pow.Tensor_Scalar): no Triton expression"
+    assert note in source and source.index(note) < source.index("mul_scalar(x, 2)")  # above the group
+
+
 def test_expressions_promote_like_aten() -> None:
     i64, f32, b = Op("n", "int64"), Op("x", "float32"), Op("m", "bool")
     assert common_type(i64, 2.5) == "float32" and common_type(f32, 3) == "float32" and common_type(b, 1) == "int64"

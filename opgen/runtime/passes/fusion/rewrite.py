@@ -15,7 +15,9 @@ the default pipeline has it where opgen's JIT can run (`opgen.runtime.pipeline.d
 
 from __future__ import annotations
 
-from opgen.runtime.ir import FusedKernel, Program, Value
+from dataclasses import replace
+
+from opgen.runtime.ir import Comment, FusedKernel, KernelCall, Line, Program, Value
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.groups import find_groups
@@ -29,11 +31,13 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
         return program
     locals_ = fresh_namer(program, "fused")
     placed: list[tuple[FusedKernel, tuple[int, ...], int]] = []
+    unfused: list[tuple[KernelCall, str]] = []  # a group the backend cannot write: its first line, and why
     for item in found:
         local = next(locals_)
         try:
             generated = kernel(item.group)
-        except CodegenError:
+        except CodegenError as exc:
+            unfused.append((item.lines[0], f"not fused ({', '.join(item.group.nodes)}): {exc}"))
             continue
         group = item.group
         spec = FusedKernel(
@@ -49,4 +53,18 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
             lines=item.lines,
         )
         placed.append((spec, item.members, item.members[-1]))
-    return place(program, placed)
+    return _noted(place(program, placed), unfused)
+
+
+def _noted(program: Program, unfused: list[tuple[KernelCall, str]]) -> Program:
+    """A comment in the generated code above each group that stays ATen calls, saying why (a kernel the
+    backend could not write is otherwise invisible)."""
+    if not unfused:
+        return program
+    notes = {id(line): text for line, text in unfused}
+    body: list[Line] = []
+    for line in program.body:
+        if id(line) in notes:
+            body.append(Comment(notes[id(line)]))
+        body.append(line)
+    return replace(program, body=tuple(body))
