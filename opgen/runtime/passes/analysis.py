@@ -31,6 +31,21 @@ def use_counts(lines: Iterable[Line | None]) -> Counter[str]:
     return counts
 
 
+def readers(lines: Sequence[Line]) -> dict[str, set[int]]:
+    """Value name -> the indices of the lines reading it (a Return included)."""
+    found: dict[str, set[int]] = {}
+    for i, line in enumerate(lines):
+        for name in uses(line):
+            found.setdefault(name, set()).add(i)
+    return found
+
+
+def writes_memory(line: Line) -> bool:
+    """A call that may write memory besides its fresh outputs (in-place and out= calls, ATen fallbacks,
+    Triton kernels): nothing is moved, fused or grouped across it."""
+    return isinstance(line, KernelCall) and bool(line.mutates or line.fallback or line.jit)
+
+
 def last_uses(lines: Sequence[Line]) -> dict[str, int]:
     last: dict[str, int] = {}
     for i, line in enumerate(lines):

@@ -29,9 +29,8 @@ from opgen.runtime.ir import (
     TensorMeta,
     contiguous_strides,
     meta_table,
-    uses,
 )
-from opgen.runtime.passes.analysis import fresh_namer
+from opgen.runtime.passes.analysis import fresh_namer, readers, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.attention_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
@@ -83,20 +82,17 @@ def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterato
     metas = meta_table(program)
     body = program.body
     producers = {v.name: i for i, line in enumerate(body) if isinstance(line, KernelCall) for v in line.outputs if v}
-    readers: dict[str, list[int]] = {}
-    for i, line in enumerate(body):
-        for name in uses(line):
-            readers.setdefault(name, []).append(i)
+    read_by = readers(body)
     for index, line in enumerate(body):
-        if isinstance(line, KernelCall) and line.target == SDPA and not (line.mutates or line.fallback or line.jit):
-            match = _match(index, line, body, registry, metas, producers, readers)
+        if isinstance(line, KernelCall) and line.target == SDPA and not writes_memory(line):
+            match = _match(index, line, body, registry, metas, producers, read_by)
             if match is not None:
                 yield match
 
 
 def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: KernelRegistry,
            metas: dict[str, TensorMeta], producers: dict[str, int],
-           readers: dict[str, list[int]]) -> DecodeAttention | None:  # fmt: skip
+           read_by: dict[str, set[int]]) -> DecodeAttention | None:  # fmt: skip
     info = registry.by_name.get(line.kernel)
     if info is None or len(line.outputs) != 1 or line.outputs[0] is None or line.outputs[0].meta is None:
         return None
@@ -124,7 +120,7 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
     if q.meta.dtype not in DTYPES:
         return None
     members: list[int] = []
-    (key, k_group), (value, v_group) = (_unrepeat(o, body, metas, producers, readers, index, members) for o in (k, v))
+    (key, k_group), (value, v_group) = (_unrepeat(o, body, metas, producers, read_by, index, members) for o in (k, v))
     group = k_group
     if values.get("enable_gqa") and k_group == 1 and key.meta.shape[1] != heads:
         group = heads // key.meta.shape[1] if heads % key.meta.shape[1] == 0 else 0  # type: ignore[operator]
@@ -134,7 +130,7 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
     kb, kh, length, kd = key.meta.shape  # type: ignore[misc]
     if kb != batch or kh * group != heads or kd != dim:  # type: ignore[operator]
         return None
-    if mask is not None and not _mask_fits(mask.meta, batch, heads, length, q.meta.dtype):  # type: ignore[arg-type]
+    if mask is not None and not _mask_fits(mask.meta, batch, heads, length):  # type: ignore[arg-type]
         return None
     if members and _writes_between(body, min(members), index):
         return None  # the repeat copied the cache before a write that the kernel would see
@@ -150,7 +146,7 @@ def _operand(arg: object, metas: dict[str, TensorMeta]) -> Operand | None:
 
 
 def _unrepeat(operand: Operand, body: tuple[Line, ...], metas: dict[str, TensorMeta], producers: dict[str, int],
-              readers: dict[str, list[int]], sdpa: int, members: list[int]) -> tuple[Operand, int]:  # fmt: skip
+              read_by: dict[str, set[int]], sdpa: int, members: list[int]) -> tuple[Operand, int]:  # fmt: skip
     """(the cache, heads per cache head) for `view(clone(expand(unsqueeze(cache, 2), [B, KVH, G, S, D])))`, read
     by nothing but the attention; else (the operand itself, 1). The repeat's lines go to `members`."""
     chain: list[int] = []
@@ -160,7 +156,7 @@ def _unrepeat(operand: Operand, body: tuple[Line, ...], metas: dict[str, TensorM
         line = body[at] if at is not None else None
         if not isinstance(line, KernelCall) or line.target not in targets or not line.args:
             return operand, 1
-        if readers.get(name) != [chain[-1] if chain else sdpa] or not isinstance(line.args[0], Ref):
+        if read_by.get(name) != {chain[-1] if chain else sdpa} or not isinstance(line.args[0], Ref):
             return operand, 1
         if line.target == "aten.clone.default" and not _contiguous(metas[name]):
             return operand, 1  # the view after it assumes the repeat's dense layout
@@ -189,7 +185,7 @@ def _output(line: Line) -> str:
     return line.outputs[0].name
 
 
-def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int, dtype: str) -> bool:
+def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int) -> bool:
     """Broadcast to [B, H, 1, S] along its size-1 dims: a boolean mask, or an additive one of a float type."""
     if len(meta.shape) != 4 or meta.shape[2] != 1 or meta.shape[3] != length:
         return False
@@ -199,7 +195,7 @@ def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int, dtype: str
 
 
 def _writes_between(body: tuple[Line, ...], start: int, end: int) -> bool:
-    return any(isinstance(line, KernelCall) and (line.mutates or line.fallback) for line in body[start:end])
+    return any(writes_memory(line) for line in body[start:end])
 
 
 def fused_kernel(program: Program, match: DecodeAttention, local: str) -> FusedKernel:

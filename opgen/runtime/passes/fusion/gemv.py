@@ -30,7 +30,7 @@ from opgen.runtime.ir import (
     meta_table,
     substitute_line,
 )
-from opgen.runtime.passes.analysis import fresh_namer
+from opgen.runtime.passes.analysis import fresh_namer, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.gemv_triton import configs, kernel
@@ -92,7 +92,7 @@ def find_siblings(program: Program) -> Iterator[Siblings]:
             group.append(product)
             if len(group) == MAX_PRODUCTS:
                 yield _siblings(open_.pop(key), metas)
-        elif isinstance(line, KernelCall) and (line.mutates or line.fallback or line.jit):
+        elif writes_memory(line):
             yield from (_siblings(g, metas) for g in open_.values())
             open_.clear()
     yield from (_siblings(g, metas) for g in open_.values())
@@ -120,7 +120,7 @@ def _view_roots(program: Program) -> dict[str, str]:
 
 
 def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constant: set[str]) -> Product | None:
-    if line.target not in PRODUCTS or line.kwargs or line.mutates or line.fallback or line.jit:
+    if line.target not in PRODUCTS or line.kwargs or writes_memory(line):
         return None
     if len(line.outputs) != 1 or line.outputs[0] is None or not all(isinstance(a, Ref) for a in line.args):
         return None

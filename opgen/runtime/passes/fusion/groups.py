@@ -16,10 +16,10 @@ keepdim is an output only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
+from opgen.runtime.passes.analysis import readers, writes_memory
 from opgen.runtime.passes.fusion.ops import DTYPES, POINTWISE, ROW_OPS
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
@@ -77,7 +77,7 @@ class Found:
 
 def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
     metas = meta_table(program)
-    read_later = _readers(program.body)
+    read_later = readers(program.body)
     walk = _Walk(metas)
     for index, line in enumerate(program.body):
         step = _step(line, registry, metas) if isinstance(line, KernelCall) else None
@@ -88,15 +88,6 @@ def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
             walk.add(index, line, step)
     walk.close_all()
     return [found for b in walk.done if (found := b.finish(read_later)) is not None]
-
-
-def _readers(body: Sequence[Line]) -> dict[str, set[int]]:
-    """Value name -> indices of the lines reading it (the Return included)."""
-    readers: dict[str, set[int]] = {}
-    for index, line in enumerate(body):
-        for name in uses(line):
-            readers.setdefault(name, set()).add(index)
-    return readers
 
 
 @dataclass
@@ -152,9 +143,7 @@ class _Walk:
 
     def outside(self, line: Line) -> None:
         """A line that stays: it closes the groups it reads from, or all of them if it writes memory."""
-        if isinstance(line, KernelCall) and (line.mutates or line.fallback or line.jit):
-            self.close_all()
-        elif isinstance(line, Return):
+        if writes_memory(line) or isinstance(line, Return):
             self.close_all()
         for name in uses(line):
             self._close(self.owner.get(name))
