@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from opgen.bench import gpu_model_zoo as zoo
-from opgen.bench.gpu_work import gpu_work
+from opgen.bench.gpu_work import kernel_table, totals
 from opgen.bench.graphs_cuda import build_candidate, ready
 from opgen.bench.timing import format_table, interleaved, target_line
 
@@ -69,26 +69,6 @@ def rel_error(out: Any, ref: Any) -> float:
     return worst
 
 
-def top_kernels(call: Callable[[], Any], calls: int, count: int) -> list[tuple[str, float, float]]:
-    """The `count` GPU activities that take the most time in one call: (name, us, launches) per call."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == DeviceType.CUDA:
-            entry = by_name.setdefault(event.name, [0.0, 0.0])
-            entry[0] += event.time_range.elapsed_us() / calls
-            entry[1] += 1 / calls
-    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:count]
-    return [(name, us, launches) for name, (us, launches) in ranked]
-
-
 def cold_caches(root: Path, model: str) -> None:
     """Point Inductor, Triton and opgen at empty cache folders of their own for this model."""
     for variable in CACHE_VARIABLES:
@@ -117,19 +97,19 @@ def run_model(entry: zoo.GpuModel, candidates: Sequence[str], calls: int, repeat
                 call, out, seconds = ready(build, FIRST_CALLS.get(name, 1))
                 for _ in range(3):
                     call()
-                work = gpu_work(call, calls)
+                table = kernel_table(call, calls)
             except Exception as exc:  # a candidate that fails is a row, not the end of the run
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
                 progress(f"  {entry.name}: {LABELS[name]} FAILED: {why}")
                 traceback.print_exc(limit=3)
                 results.append(Result(entry.name, name, failed=why))
                 continue
-            err = rel_error(out, reference)
+            err, work = rel_error(out, reference), totals(table)
             running.append((name, call, seconds, err, work))
             progress(f"  {entry.name}: {LABELS[name]}: first call {seconds:.1f} s, {work[0]:.0f} us of GPU work in "
                      f"{work[1]:.0f} launches, rel err {err:.1e}")  # fmt: skip
-            if kernels and name != "eager":
-                for kernel, us, launches in top_kernels(call, calls, kernels):
+            if kernels and name != "eager":  # the most expensive kernels of the same profile
+                for kernel, (us, launches) in sorted(table.items(), key=lambda item: -item[1][0])[:kernels]:
                     progress(f"    {us:8.1f} us {launches:5.1f}x  {kernel[:110]}")
         timings = interleaved([c for _, c, *_ in running], repeats=repeats, warmup=3, target_s=0.1,
                               sync=torch.cuda.synchronize)  # fmt: skip

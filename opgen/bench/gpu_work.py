@@ -74,8 +74,8 @@ def _build(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) 
     return functools.partial(fn, *inputs)
 
 
-def gpu_work(call: Callable[[], Any], calls: int) -> tuple[float, float]:
-    """(GPU us, activities) per call: the profiler's kernels, memsets and copies."""
+def kernel_table(call: Callable[[], Any], calls: int) -> dict[str, tuple[float, float]]:
+    """GPU activity name -> (us, launches) per call: the profiler's kernels, memsets and copies."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,12 +84,22 @@ def gpu_work(call: Callable[[], Any], calls: int) -> tuple[float, float]:
         for _ in range(calls):
             call()
         torch.cuda.synchronize()
-    total_us, count = 0.0, 0
+    table: dict[str, tuple[float, float]] = {}
     for event in prof.events():
         if event.device_type == DeviceType.CUDA:
-            total_us += event.time_range.elapsed_us()
-            count += 1
-    return total_us / calls, count / calls
+            us, launches = table.get(event.name, (0.0, 0.0))
+            table[event.name] = (us + event.time_range.elapsed_us() / calls, launches + 1 / calls)
+    return table
+
+
+def totals(table: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """(GPU us, activities) per call of a `kernel_table`."""
+    return sum(us for us, _ in table.values()), sum(n for _, n in table.values())
+
+
+def gpu_work(call: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(GPU us, activities) per call: the profiler's kernels, memsets and copies."""
+    return totals(kernel_table(call, calls))
 
 
 def run_case(case: models.Case, candidates: Sequence[str], calls: int, repeats: int) -> list[Result]:
