@@ -9,9 +9,10 @@ model's layers share one kernel.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import TYPE_CHECKING, Any
+
+from opgen.runtime.passes.fusion.source import jit_module
 
 if TYPE_CHECKING:
     from opgen.runtime.passes.fusion.attention import DecodeAttention
@@ -80,18 +81,8 @@ def kernel(match: DecodeAttention) -> tuple[str, str]:
         f"    tl.store(out + b * {out.meta.stride[0]} + h * {out.meta.stride[1]} + d * {out.meta.stride[3]}, "
         "(acc / l_i).to(out.dtype.element_ty))",
     ]  # fmt: skip
-    name = "attention_" + hashlib.sha256("\n".join(body).encode()).hexdigest()[:12]
     params = ["q", "k", "v", *(["mask"] if mask is not None else []), "out"]
-    lines = [
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "",
-        "@triton.jit",
-        f"def {name}({', '.join(params)}, BLOCK_S: tl.constexpr):",
-        *body,
-    ]
-    return name, "\n".join(lines) + "\n"
+    return jit_module("attention", params, "BLOCK_S: tl.constexpr", "\n".join(body))
 
 
 def configs(match: DecodeAttention) -> tuple[Config, ...]:

@@ -10,9 +10,10 @@ the input, read by every program, stays in cache. Sizes and strides are literals
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import TYPE_CHECKING, Any
+
+from opgen.runtime.passes.fusion.source import jit_module
 
 if TYPE_CHECKING:
     from opgen.runtime.passes.fusion.gemv import Siblings
@@ -72,19 +73,7 @@ def kernel(group: Siblings) -> tuple[str, str]:
         for i, (end, call) in enumerate(calls):
             test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
             body += [f"    {test}", f"        {call}"]
-    name = "gemv_" + hashlib.sha256("\n".join(body).encode()).hexdigest()[:12]
-    lines = [
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "",
-        _ROWS,
-        "",
-        "@triton.jit",
-        f"def {name}({', '.join(params)}, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):",
-        *body,
-    ]
-    return name, "\n".join(lines) + "\n"
+    return jit_module("gemv", params, "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr", "\n".join(body), _ROWS)
 
 
 def configs(group: Siblings) -> tuple[Config, ...]:

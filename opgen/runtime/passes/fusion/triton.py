@@ -15,7 +15,6 @@ copy; an operand that is contiguous in the iteration order is read with the runn
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 from opgen.runtime.ir import Ref, contiguous_strides
 from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor
 from opgen.runtime.passes.fusion.ops import TL, Operand, cast, compute_type, pointwise
+from opgen.runtime.passes.fusion.source import jit_module
 
 Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
 
@@ -49,18 +49,9 @@ def kernel(group: FusedGroup) -> Kernel:
     for out in group.outputs:
         body.store(out)
     meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
-    text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in (*_prologue(group), *body.lines)), ""])
-    name = "fused_" + hashlib.sha256(f"{meta}\n{text}".encode()).hexdigest()[:12]
-    lines = [
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "",
-        "@triton.jit",
-        f"def {name}({', '.join(_params(group))}, {meta}):",
-        text,
-    ]
-    return Kernel(name, "\n".join(lines), _configs(group))
+    text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in (*_prologue(group), *body.lines))])
+    name, source = jit_module("fused", _params(group), meta, text)
+    return Kernel(name, source, _configs(group))
 
 
 def _names(group: FusedGroup) -> list[str]:

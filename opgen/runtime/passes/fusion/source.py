@@ -1,0 +1,21 @@
+"""The text of a generated Triton module, as the fusion, gemv and decode-attention kernels share it.
+
+One `@triton.jit` function, after the helpers it calls. Its name is `<prefix>_<hash>`, the hash of its
+meta-parameters and body, which name no graph value: kernels that compute the same thing on the same
+sizes (a model's layers) share one name, one source, one compile and one tuning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+
+def jit_module(prefix: str, params: Sequence[str], meta: str, body: str, helpers: str = "") -> tuple[str, str]:
+    """(name, source): `def <name>(<params>, <meta>):` with `body` (indented lines, no trailing newline)."""
+    name = f"{prefix}_" + hashlib.sha256(f"{meta}\n{body}".encode()).hexdigest()[:12]
+    lines = ["import triton", "import triton.language as tl", "", ""]
+    if helpers:
+        lines += [helpers, ""]
+    lines += ["@triton.jit", f"def {name}({', '.join(params)}, {meta}):", body]
+    return name, "\n".join(lines) + "\n"
