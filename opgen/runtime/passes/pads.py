@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, uses
-from opgen.runtime.passes.analysis import arg_value
+from opgen.runtime.passes.analysis import arg_value, readers
 from opgen.runtime.registry import KernelRegistry
 
 PAD, CONV = "constant_pad_nd", "convolution"
@@ -37,8 +37,7 @@ def _symmetric_pad(line: Line, registry: KernelRegistry) -> tuple[str, tuple[int
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or value != 0 or math.copysign(1, value) < 0:
         return None
-    ints = [p for p in pad if type(p) is int]
-    pairs = list(zip(ints[::2], ints[1::2], strict=True))
+    pairs = list(zip(pad[::2], pad[1::2], strict=True))
     if any(left != right for left, right in pairs):
         return None
     return source.name, tuple(left for left, _ in pairs)
@@ -69,17 +68,18 @@ def fold_pads(program: Program, registry: KernelRegistry) -> Program:
     if not {PAD, CONV} <= set(registry.by_name):
         return program
     body: list[Line | None] = list(program.body)
+    read_by = readers(program.body)  # folding rewrites readers in place: other pads' readers keep their places
     for i, line in enumerate(body):
         pad = _symmetric_pad(line, registry) if line is not None else None
         if pad is None:
             continue
         assert isinstance(line, KernelCall) and line.outputs[0] is not None
         name, (source, per_dim) = line.outputs[0].name, pad
-        readers = [j for j, other in enumerate(body) if other is not None and name in uses(other)]
-        folded = [_padded(body[j], name, per_dim, registry) for j in readers]
-        if not readers or any(f is None for f in folded):
+        at = sorted(read_by.get(name, ()))
+        folded = [_padded(body[j], name, per_dim, registry) for j in at]
+        if not at or any(f is None for f in folded):
             continue
-        for j, conv in zip(readers, folded, strict=True):
+        for j, conv in zip(at, folded, strict=True):
             assert conv is not None
             body[j] = replace(conv, args=(Ref(source), *conv.args[1:]))
         body[i] = None
