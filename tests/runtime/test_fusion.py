@@ -147,6 +147,30 @@ class TypeAsNorm(nn.Module):
         return h, normed.type_as(h) * self.weight
 
 
+class RotateHalf(nn.Module):
+    """transformers' rotary embedding: `cat(-x[..., h:], x[..., :h])`, the products and their sum, one kernel
+    (the cat absorbs the neg; the sum merges the two products' groups)."""
+
+    def forward(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = q.shape[-1] // 2
+        return q * cos + torch.cat((-q[..., h:], q[..., :h]), dim=-1) * sin
+
+
+class CatMiddle(nn.Module):
+    """A cat along a middle dimension of a loaded operand, a computed one and a broadcast one, then an epilogue."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.cat((x, torch.relu(y) * 2.0, (z + 1.0).expand(2, 3, 5)), dim=1).sigmoid() + 1
+
+
+class CatOperandReadElsewhere(nn.Module):
+    """An operand's group whose value is also returned is not absorbed: it runs, then the cat's kernel."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = (x * 2.0).exp()
+        return a, torch.cat((a, y), dim=-1) * 0.5
+
+
 def _mask(t: int) -> torch.Tensor:
     return torch.tril(torch.ones(t, t, dtype=torch.bool))
 
@@ -166,15 +190,27 @@ CASES = {  # name -> (model factory, inputs factory)
     "row_reductions": (RowReductions, lambda: (torch.randn(8, 300),)),
     "one_row": (OneRow, lambda: (torch.randn(1, 37),)),
     "rotary_pairs": (RotaryPairs, lambda: (torch.randn(1, 4, 3, 16), torch.randn(3, 8, 2))),
+    "rotate_half": (RotateHalf, lambda: (torch.randn(1, 4, 5, 16), torch.randn(1, 1, 5, 16), torch.randn(1, 1, 5, 16))),
+    "rotate_half_bf16": (
+        RotateHalf,
+        lambda: tuple(t.bfloat16() for t in (torch.randn(2, 3, 5, 8), torch.randn(5, 8), torch.randn(5, 8))),
+    ),
+    "cat_middle": (CatMiddle, lambda: (torch.randn(2, 4, 5), torch.randn(2, 1, 5), torch.randn(2, 3, 1))),
+    "cat_operand_read_elsewhere": (CatOperandReadElsewhere, lambda: (torch.randn(3, 4), torch.randn(3, 2))),
 }
 EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
     "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
     "residual_norm": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1, "buffer_write": 2, "aliased_output": 2,
-    "row_reductions": 3, "one_row": 1, "rotary_pairs": 2,
+    "row_reductions": 3, "one_row": 1, "rotary_pairs": 2, "rotate_half": 1, "rotate_half_bf16": 1, "cat_middle": 1,
+    "cat_operand_read_elsewhere": 2,
 }  # fmt: skip
 # Half precision: intermediate values stay in float32 (as Inductor keeps them), so results are a rounding
 # of the half-precision intermediate apart (bfloat16: 2^-8 relative).
-TOLERANCE = {"half_chain": {"atol": 2e-3, "rtol": 2e-3}, "type_as_norm": {"atol": 2e-2, "rtol": 2e-2}}
+TOLERANCE = {
+    "half_chain": {"atol": 2e-3, "rtol": 2e-3},
+    "type_as_norm": {"atol": 2e-2, "rtol": 2e-2},
+    "rotate_half_bf16": {"atol": 2e-2, "rtol": 2e-2},
+}
 # buffer_write: the buffer is written in place (passes.reinplace), a write no kernel spans: a kernel
 # before it and one after.
 

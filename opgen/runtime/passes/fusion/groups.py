@@ -16,11 +16,11 @@ keepdim is an output only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
 from opgen.runtime.passes.analysis import readers, writes_memory
-from opgen.runtime.passes.fusion.ops import DTYPES, POINTWISE, ROW_OPS
+from opgen.runtime.passes.fusion.ops import CAT, DTYPES, POINTWISE, ROW_OPS
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
 MAX_ROW = 8192  # longest row a row kernel holds in registers (float32)
@@ -42,6 +42,19 @@ class Step:
     target: str  # "aten.mul.Tensor"
     values: tuple[tuple[str, Arg], ...]  # its arguments by schema name; tensors as `Ref`s
     outputs: tuple[Tensor | None, ...]  # the values it defines (None: unused)
+    # A cat: per operand, the absorbed steps that compute it in its range (none: the operand is loaded).
+    branches: tuple[tuple[Step, ...], ...] = ()
+
+
+def flat_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Every step, those inside a cat's branches first (they ran earlier), each once."""
+    seen: dict[str, Step] = {}
+    for step in steps:
+        for branch in step.branches:
+            for inner in flat_steps(branch):
+                seen.setdefault(inner.node, inner)
+        seen.setdefault(step.node, step)
+    return tuple(seen.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +67,7 @@ class FusedGroup:
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        return tuple(s.node for s in self.steps)
+        return tuple(s.node for s in flat_steps(self.steps))
 
     def describe(self) -> str:
         dims = "x".join(map(str, self.shape))
@@ -78,7 +91,7 @@ class Found:
 def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
     metas = meta_table(program)
     read_later = readers(program.body)
-    walk = _Walk(metas)
+    walk = _Walk(metas, read_later)
     for index, line in enumerate(program.body):
         step = _step(line, registry, metas) if isinstance(line, KernelCall) else None
         if step is None:
@@ -98,13 +111,20 @@ class _Building:
     members: list[int] = field(default_factory=list)
     lines: list[KernelCall] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    step_at: list[int] = field(default_factory=list)  # each step's body index (a cat's absorbed members have none)
     defined: dict[str, Tensor] = field(default_factory=dict)
     inputs: dict[str, Tensor] = field(default_factory=dict)
     open: bool = True
 
+    @property
+    def has_cat(self) -> bool:
+        return any(s.target == CAT for s in self.steps)
+
     def fits(self, step: Step, metas: dict[str, TensorMeta]) -> bool:
-        if _device(step) != self.device:
-            return False
+        if _device(step) != self.device or step.target == CAT:
+            return False  # a cat starts its own group (its operands are read at shifted indices)
+        if step.target in ROW_OPS and self.has_cat:
+            return False  # a row kernel indexes by rows and columns, which a cat's ranges do not use
         reduced = (*self.shape[:-1], 1)
         for _, value in step.values:  # values of the group it reads must be full rows or reduced ones
             if isinstance(value, Ref) and value.name in self.defined:
@@ -121,10 +141,30 @@ class _Building:
         self.members.append(index)
         self.lines.append(line)
         self.steps.append(step)
+        self.step_at.append(index)
         self.defined.update((t.name, t) for t in step.outputs if t is not None)
 
+    def mergeable(self, other: _Building) -> bool:
+        """`other` (open, of one shape with this group) can join it: neither read the other's values,
+        or the operand's group would have closed."""
+        if other.device != self.device or other.shape != self.shape:
+            return False
+        row = "row" in (self.kind, other.kind)
+        return not (row and (self.has_cat or other.has_cat))
+
+    def merge(self, other: _Building) -> None:
+        """Take every member of `other`; members stay in body order, so steps stay in dependency order."""
+        if other.kind == "row":
+            self.kind = "row"
+        lines = sorted(zip(self.members + other.members, self.lines + other.lines, strict=True), key=_first)
+        steps = sorted(zip(self.step_at + other.step_at, self.steps + other.steps, strict=True), key=_first)
+        self.members, self.lines = [m for m, _ in lines], [line for _, line in lines]
+        self.step_at, self.steps = [i for i, _ in steps], [step for _, step in steps]
+        self.defined.update(other.defined)
+        self.inputs.update(other.inputs)
+
     def finish(self, read_later: dict[str, set[int]]) -> Found | None:
-        if len(self.steps) < 2:
+        if len(flat_steps(tuple(self.steps))) < 2:
             return None  # one node gains nothing: ATen's own kernel runs it
         members = set(self.members)
         outputs = tuple(t for name, t in self.defined.items() if read_later.get(name, set()) - members)
@@ -135,8 +175,9 @@ class _Building:
 
 
 class _Walk:
-    def __init__(self, metas: dict[str, TensorMeta]) -> None:
+    def __init__(self, metas: dict[str, TensorMeta], read_later: dict[str, set[int]]) -> None:
         self.metas = metas
+        self.read_later = read_later
         self.owner: dict[str, _Building] = {}
         self.open: list[_Building] = []
         self.done: list[_Building] = []
@@ -149,14 +190,21 @@ class _Walk:
             self._close(self.owner.get(name))
 
     def add(self, index: int, line: KernelCall, step: Step) -> None:
-        operands = [v.name for _, v in step.values if isinstance(v, Ref)]
+        if step.target == CAT:
+            self._cat(index, line, step)
+            return
+        operands = list(refs(tuple(v for _, v in step.values)))
         joined = next(
             (g for n in operands if (g := self.owner.get(n)) is not None and g.open and g.fits(step, self.metas)),
             None,
         )
         for name in operands:
             group = self.owner.get(name)
-            if group is not joined:
+            if group is None or group is joined or not group.open:
+                continue
+            if joined is not None and joined.mergeable(group):
+                self._merge(joined, group)
+            else:
                 self._close(group)
         if joined is None:
             joined = self._start(step)
@@ -165,10 +213,63 @@ class _Walk:
         for name in operands:
             if name not in joined.defined:
                 joined.inputs.setdefault(name, Tensor(name, self.metas[name]))
-        joined.take(index, line, step)
+        self._take(joined, index, line, step)
+
+    def _take(self, group: _Building, index: int, line: KernelCall, step: Step) -> None:
+        group.take(index, line, step)
         for t in step.outputs:
             if t is not None:
-                self.owner[t.name] = joined
+                self.owner[t.name] = group
+
+    def _merge(self, into: _Building, other: _Building) -> None:
+        into.merge(other)
+        other.open = False
+        self.open.remove(other)
+        for name in other.defined:
+            self.owner[name] = into
+
+    def _cat(self, index: int, line: KernelCall, step: Step) -> None:
+        """Start the cat's group, absorbing each open group that computes one of its operands and whose
+        values nothing else reads; the other groups it reads from close."""
+        operands = list(refs(tuple(v for _, v in step.values)))
+        absorbed: dict[int, _Building] = {}
+        for name in operands:
+            group = self.owner.get(name)
+            if group is None or not group.open or id(group) in absorbed:
+                continue
+            if self._absorbable(group, name, index):
+                absorbed[id(group)] = group
+            else:
+                self._close(group)
+        branches = tuple(
+            tuple(g.steps) if (g := self.owner.get(name)) is not None and id(g) in absorbed else () for name in operands
+        )
+        joined = self._start(step)
+        if joined is None:
+            for group in absorbed.values():
+                self._close(group)
+            return
+        for group in absorbed.values():
+            group.open = False
+            self.open.remove(group)
+            joined.members += group.members
+            joined.lines += group.lines
+            joined.inputs.update(group.inputs)
+        order = sorted(range(len(joined.members)), key=joined.members.__getitem__)
+        joined.members = [joined.members[i] for i in order]
+        joined.lines = [joined.lines[i] for i in order]
+        for name, branch in zip(operands, branches, strict=True):
+            if not branch:
+                joined.inputs.setdefault(name, Tensor(name, self.metas[name]))
+        self._take(joined, index, line, replace(step, branches=branches))
+
+    def _absorbable(self, group: _Building, operand: str, cat: int) -> bool:
+        """A pointwise group computing the operand in the operand's own shape, whose values only it and
+        the cat read (it then runs inside the cat's kernel, once per range that reads it)."""
+        if group.kind != "pointwise" or group.shape != self.metas[operand].shape:
+            return False
+        allowed = {*group.members, cat}
+        return all(self.read_later.get(name, set()) <= allowed for name in group.defined)
 
     def _start(self, step: Step) -> _Building | None:
         if step.target in ROW_OPS:
@@ -193,6 +294,10 @@ class _Walk:
             self._close(group)
 
 
+def _first(pair: tuple[int, object]) -> int:
+    return pair[0]
+
+
 def _device(step: Step) -> str:
     return next(t.meta.device for t in step.outputs if t is not None)
 
@@ -212,7 +317,7 @@ def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMet
     """The node as a fusible step, or None where it must stay an ATen kernel."""
     if line.fallback or line.jit or line.mutates or not line.outputs:
         return None
-    if line.target not in POINTWISE and line.target not in ROW_OPS:
+    if line.target not in POINTWISE and line.target not in ROW_OPS and line.target != CAT:
         return None
     info = registry.by_name.get(line.kernel)
     if info is None or info.variant != "functional":
@@ -238,7 +343,27 @@ def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMet
     step = Step(line.node, line.target, tuple(values.items()), outputs)
     if line.target in ROW_OPS and not _row_op_fits(step, metas):
         return None
+    if line.target == CAT and cat_dim(step, metas) is None:
+        return None
     return step
+
+
+def cat_dim(step: Step, metas: dict[str, TensorMeta]) -> int | None:
+    """The dimension a cat joins its operands along, or None where it is not a plain concatenation of
+    tensors of the output's rank (ATen also skips legacy empty 1-d operands: not ours)."""
+    values = dict(step.values)
+    operands = values["tensors"]
+    out = _out_shape(step)
+    dim = values.get("dim", 0)
+    if not isinstance(operands, tuple) or not operands or not isinstance(dim, int) or not -len(out) <= dim < len(out):
+        return None
+    dim %= len(out)
+    shapes = [metas[r.name].shape for r in operands if isinstance(r, Ref)]
+    if len(shapes) != len(operands) or any(len(s) != len(out) for s in shapes):
+        return None
+    if any(s[:dim] != out[:dim] or s[dim + 1 :] != out[dim + 1 :] or s[dim] == 0 for s in shapes):
+        return None
+    return dim if sum(s[dim] for s in shapes) == out[dim] else None
 
 
 def _row_op_fits(step: Step, metas: dict[str, TensorMeta]) -> bool:

@@ -309,6 +309,10 @@ POINTWISE: dict[str, Emit] = {
     "aten.bitwise_not.default": _bitwise_not,
 }  # fmt: skip
 
+# Concatenation: not an expression of its operands at one index (each is read in its own range of
+# the joined dimension); `groups` and the Triton backend handle it.
+CAT = "aten.cat.default"
+
 # Reductions over the last dimension: target -> the argument naming the reduced dims ("" for softmax's `dim`).
 ROW_OPS = {
     "aten._softmax.default": "dim",

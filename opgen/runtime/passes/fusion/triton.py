@@ -3,7 +3,9 @@
 Sizes and strides are fixed (fusion runs on static shapes), so they are literals in the source and
 Triton folds the index arithmetic; tensors are the only parameters, named after the graph's values.
 
-- A pointwise kernel walks the flattened iteration space in blocks of BLOCK elements.
+- A pointwise kernel walks the flattened iteration space in blocks of BLOCK elements. A cat selects,
+  per element, the operand whose range of the joined dimension holds it; each operand is loaded (or
+  computed, by the steps the cat absorbed) at its own index, under a mask for its range.
 - A row kernel takes BLOCK_R rows of the iteration space per program, each whole (BLOCK_N >= the
   row length), so reductions over the last dimension are a `tl.sum`/`tl.max` over axis 1, and
   their results, one per row ([BLOCK_R, 1]), broadcast back along the row.
@@ -16,13 +18,14 @@ copy; an operand that is contiguous in the iteration order is read with the runn
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from opgen.runtime.ir import Ref, contiguous_strides
-from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor
-from opgen.runtime.passes.fusion.ops import TL, Operand, cast, compute_type, pointwise
+from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor, flat_steps
+from opgen.runtime.passes.fusion.ops import CAT, TL, Operand, cast, compute_type, pointwise
 from opgen.runtime.passes.fusion.source import jit_module
 
 Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
@@ -79,19 +82,44 @@ def _prologue(group: FusedGroup) -> list[str]:
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Space:
+    """Where a pointwise kernel's values are: the shape indexed, its flat index and the mask of valid
+    elements. The kernel's own is its group's shape at `offs`; a cat's operand has its own, in its range."""
+
+    shape: tuple[int, ...]
+    index: str = "offs"
+    mask: str = "mask"
+
+
 @dataclass
 class _Body:
     group: FusedGroup
     lines: list[str] = field(default_factory=list)
-    values: dict[str, Operand] = field(default_factory=dict)
+    values: dict[str, Operand] = field(default_factory=dict)  # graph value -> its Operand in `space`
     count: int = 0
-    dtypes: dict[str, str] = field(init=False)  # every tensor the group reads or defines -> its dtype
+    space: _Space = field(init=False)
+    tensors: dict[str, Tensor] = field(init=False)  # every tensor the group reads or defines
+    dtypes: dict[str, str] = field(init=False)  # ... -> its dtype
     params: dict[str, str] = field(init=False)  # each input and output -> the kernel's parameter for it
 
     def __post_init__(self) -> None:
-        tensors = [*self.group.inputs, *(t for s in self.group.steps for t in s.outputs if t is not None)]
+        steps = flat_steps(self.group.steps)
+        tensors = [*self.group.inputs, *(t for s in steps for t in s.outputs if t is not None)]
+        self.space = _Space(self.group.shape)
+        self.tensors = {t.name: t for t in tensors}
         self.dtypes = {t.name: t.meta.dtype for t in tensors}
         self.params = dict(zip(_names(self.group), _params(self.group), strict=True))
+
+    @contextmanager
+    def within(self, space: _Space) -> Iterator[None]:
+        """Emit in another index space (a cat's operand range), with values of its own."""
+        outer = self.space, self.values
+        self.space, self.values = space, {}
+        try:
+            yield
+        finally:
+            self.space, self.values = outer
 
     def fresh(self) -> str:
         self.count += 1
@@ -105,7 +133,7 @@ class _Body:
     def operand(self, name: str) -> Operand:
         if name not in self.values:  # an input: loaded on first use
             tensor = next(t for t in self.group.inputs if t.name == name)
-            address, where = _address(self.group, tensor)
+            address, where = _address(self.group, tensor, space=self.space)
             mask = f", mask={where}" if where else ""
             ctype = compute_type(tensor.meta.dtype)
             param = self.params[name]
@@ -119,8 +147,11 @@ class _Body:
 
     def step(self, step: Step) -> None:
         self.lines.append(f"# {step.target}")
-        values = self.arguments(step)
+        values = self.arguments(step) if step.target != CAT else {}
         outs = [t for t in step.outputs if t is not None]
+        if step.target == CAT:
+            self.values[outs[0].name] = _cat(self, step)
+            return
         if step.target in _ROWS:
             results = _ROWS[step.target](self, values, step)
             for t, value in zip(step.outputs, results, strict=False):
@@ -162,9 +193,11 @@ class _Body:
         self.lines.append(f"tl.store({self.params[tensor.name]} + {address}, {stored}{mask})")
 
 
-def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[str, str]:
-    """(offset expression, mask) of the tensor's element at the current index; "" for none."""
-    shape = group.shape
+def _address(group: FusedGroup, tensor: Tensor, output: bool = False, space: _Space | None = None) -> tuple[str, str]:
+    """(offset expression, mask) of the tensor's element at the current index (of `space`, in a pointwise
+    kernel: by default the group's own); "" for none."""
+    space = space or _Space(group.shape)
+    shape = space.shape
     meta = tensor.meta
     # Right-align the tensor's dims with the iteration space; a broadcast dim reads stride 0. A row
     # kernel's reduction without keepdim (shape S[:-1]) is the exception: one value per row.
@@ -183,8 +216,8 @@ def _address(group: FusedGroup, tensor: Tensor, output: bool = False) -> tuple[s
         parts = [p for p in (lead, col) if p]
         where = {(True, True): "mask", (True, False): "rmask", (False, True): "cmask"}.get((bool(lead), bool(col)), "")
     else:
-        parts = [p for p in (_linear(shape, strides, "offs") or ("offs * 0" if output else ""),) if p]
-        where = "mask" if parts else ""
+        parts = [p for p in (_linear(shape, strides, space.index) or (f"{space.index} * 0" if output else ""),) if p]
+        where = space.mask if parts else ""
     return " + ".join(parts), where
 
 
@@ -205,6 +238,52 @@ def _linear(shape: tuple[int, ...], strides: list[int], index: str) -> str:
             i = f"{i} % {shape[d]}" if inner == 1 else f"({i}) % {shape[d]}"
         terms.append(i if s == 1 else f"({i}) * {s}" if " " in i else f"{i} * {s}")
     return " + ".join(terms)
+
+
+def _cat(body: _Body, step: Step) -> Operand:
+    """The concatenation at the current index: each operand evaluated in its own range of the joined
+    dimension (its index shifted into the operand, its loads masked to the range), then selected."""
+    if body.group.kind != "pointwise" or body.space.index != "offs":
+        raise CodegenError(f"node '{step.node}': a cat only fuses at the top of a pointwise kernel")
+    values = dict(step.values)
+    operands = [r for r in values["tensors"] if isinstance(r, Ref)]
+    out = next(t for t in step.outputs if t is not None)
+    shape = body.group.shape
+    dim = values.get("dim", 0) % len(shape)
+    inner, size = math.prod(shape[dim + 1 :]), shape[dim]
+    outer = math.prod(shape[:dim])
+    ctype = compute_type(out.meta.dtype)
+    at = body.let(_div_mod("offs", inner, size), "int32")  # the element's position along `dim`
+    branches = step.branches or ((),) * len(operands)
+    picked: list[tuple[int, Operand]] = []
+    start = 0
+    for ref, steps in zip(operands, branches, strict=True):
+        width = body.tensors[ref.name].meta.shape[dim]
+        end = start + width
+        along = f"({at.text} - {start})" if start else at.text
+        index = [f"{along} * {inner}" if inner != 1 else along]
+        if outer != 1:
+            index.insert(0, f"(offs // {size * inner}) * {width * inner}")
+        if inner != 1:
+            index.append(f"offs % {inner}")
+        bounds = [f"({at.text} >= {start})" if start else "", f"({at.text} < {end})" if end < size else ""]
+        where = body.let(" & ".join(["mask", *filter(None, bounds)]), "bool")
+        own = body.let(" + ".join(index), "int32")
+        with body.within(_Space((*shape[:dim], width, *shape[dim + 1 :]), own.text, where.text)):
+            for inner_step in steps:
+                body.step(inner_step)
+            picked.append((end, body.operand(ref.name)))
+        start = end
+    text = cast(picked[-1][1], ctype)
+    for end, value in reversed(picked[:-1]):
+        text = f"tl.where({at.text} < {end}, {cast(value, ctype)}, {text})"
+    return body.let(text, ctype)
+
+
+def _div_mod(index: str, inner: int, size: int) -> str:
+    """`(index // inner) % size`, without the parts that do nothing."""
+    text = index if inner == 1 else f"({index} // {inner})"
+    return f"{text} % {size}"
 
 
 # ---- row reductions: each returns the Operands of the node's outputs ----
