@@ -19,7 +19,9 @@ only on the size symbols of dynamic shapes (views of buffers and constants, call
 into the size memo, recomputed only when the sizes change: before memory planning (calls on
 constants keep their own results) and after it (views of the buffers it made);
 `decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
-Triton kernel reading grouped heads in place (no repeat of the cache); `gemv` (CUDA, static sizes)
+Triton kernel reading grouped heads in place (no repeat of the cache), reading a boolean mask as it
+is; `attention_masks` then converts the boolean masks other attention calls read to additive ones
+once, where ATen converted them in every call; `gemv` (CUDA, static sizes)
 makes one-row matrix products on constant weights (siblings over one input together) Triton kernels,
 and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels once
 the graph is simplified, before memo and memory planning see the calls;
@@ -36,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from opgen.runtime.ir import Program
+from opgen.runtime.passes.attention_masks import additive_masks
 from opgen.runtime.passes.collectives import overlap_collectives
 from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
@@ -74,6 +77,7 @@ PASSES: dict[str, Pass] = {
     "dead_code": eliminate_dead_code,
     "collectives": overlap_collectives,
     "decode_attention": fuse_decode_attention,
+    "attention_masks": additive_masks,
     "gemv": fuse_gemv,
     "fusion": fuse,
     "memory": plan_memory,
@@ -100,6 +104,7 @@ DEFAULT_PIPELINE = (
     "dead_code",
     "collectives",
     "decode_attention",
+    "attention_masks",
     "gemv",
     "fusion",
     "memo",
