@@ -18,6 +18,7 @@ from opgen.runtime.artifact.compiled import CompiledGraph, compiled_graph
 from opgen.runtime.capture.export import graph_fingerprint
 from opgen.runtime.codegen import cpp
 from opgen.runtime.codegen.python import emit
+from opgen.runtime.execution.device_facts import device_facts
 from opgen.runtime.ir import Program
 from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.lowering.collectives import group_sizes
@@ -64,7 +65,7 @@ class CompileOptions:
 def default_registry() -> KernelRegistry:
     from opgen import kernel_ops
 
-    return load_registry(kernel_ops)
+    return dataclasses.replace(load_registry(kernel_ops), facts=device_facts())
 
 
 def kernel_ops_module() -> object:

@@ -84,10 +84,21 @@ class OpInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """What ATen's kernels do on this machine that passes decide by, as plain data (found by
+    `opgen.runtime.execution.device_facts`; none where nothing was asked, as on a CPU machine)."""
+
+    # (dtype, with a mask) where CUDA attention with `enable_gqa` runs a fused kernel that reads grouped
+    # key/value heads in place (flash attention or cuDNN), not the math path.
+    grouped_attention: frozenset[tuple[str, bool]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class KernelRegistry:
     by_name: Mapping[str, OpInfo]
     by_aten: Mapping[str, OpInfo]
     build_id: str
+    facts: DeviceFacts = DeviceFacts()
 
     def lookup(self, aten: str) -> OpInfo | None:
         """The functional binding of an overload (`aten::relu` or `aten::relu.default`)."""

@@ -431,6 +431,8 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "dead_code",
         "collectives",
         "decode_attention",
+        "grouped_attention",
+        "attention_masks",
         "gemv",
         "fusion",
         "memory",

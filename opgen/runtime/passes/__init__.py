@@ -20,11 +20,13 @@ into the size memo, recomputed only when the sizes change: before memory plannin
 constants keep their own results) and after it (views of the buffers it made);
 `decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
 Triton kernel reading grouped heads in place (no repeat of the cache), reading a boolean mask as it
-is; `attention_masks` then converts the boolean masks other attention calls read to additive ones
-once, where ATen converted them in every call; `gemv` (CUDA, static sizes)
-makes one-row matrix products on constant weights (siblings over one input together) Triton kernels,
-and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels once
-the graph is simplified, before memo and memory planning see the calls;
+is; `grouped_attention` lets the other attention calls of grouped-query models read the key/value
+heads in place too (`enable_gqa`) where ATen's kernel for them can; `attention_masks` then
+converts the boolean masks other attention calls read to additive ones once, where ATen converted
+them in every call; `gemv` (CUDA, static sizes) makes one-row matrix products on constant weights
+(siblings over one input together) Triton kernels, and `fusion` turns groups of pointwise nodes and
+row reductions into generated Triton kernels once the graph is simplified, before memo and memory
+planning see the calls;
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
 oneDNN, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
@@ -47,6 +49,7 @@ from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.rewrite import fuse
+from opgen.runtime.passes.grouped_attention import read_grouped_heads
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memo import memoize_sizes
@@ -77,6 +80,7 @@ PASSES: dict[str, Pass] = {
     "dead_code": eliminate_dead_code,
     "collectives": overlap_collectives,
     "decode_attention": fuse_decode_attention,
+    "grouped_attention": read_grouped_heads,
     "attention_masks": additive_masks,
     "gemv": fuse_gemv,
     "fusion": fuse,
@@ -104,6 +108,7 @@ DEFAULT_PIPELINE = (
     "dead_code",
     "collectives",
     "decode_attention",
+    "grouped_attention",
     "attention_masks",
     "gemv",
     "fusion",

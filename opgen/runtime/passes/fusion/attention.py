@@ -27,27 +27,18 @@ from opgen.runtime.ir import (
     Program,
     Ref,
     TensorMeta,
-    contiguous_strides,
     meta_table,
 )
 from opgen.runtime.passes.analysis import fresh_namer, readers, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.attention_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.repeat_kv import Operand, unrepeat
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
 SDPA = "aten.scaled_dot_product_attention.default"
-RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Operand:
-    """A tensor the kernel reads: its value and meta."""
-
-    name: str
-    meta: TensorMeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +111,7 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
     if q.meta.dtype not in DTYPES:
         return None
     members: list[int] = []
-    (key, k_group), (value, v_group) = (_unrepeat(o, body, metas, producers, read_by, index, members) for o in (k, v))
+    (key, k_group), (value, v_group) = (unrepeat(o, body, metas, producers, read_by, index, members) for o in (k, v))
     group = k_group
     if values.get("enable_gqa") and k_group == 1 and key.meta.shape[1] != heads:
         group = heads // key.meta.shape[1] if heads % key.meta.shape[1] == 0 else 0  # type: ignore[operator]
@@ -143,46 +134,6 @@ def _operand(arg: object, metas: dict[str, TensorMeta]) -> Operand | None:
         return None
     meta = metas[arg.name]
     return Operand(arg.name, meta) if len(meta.shape) == 4 else None
-
-
-def _unrepeat(operand: Operand, body: tuple[Line, ...], metas: dict[str, TensorMeta], producers: dict[str, int],
-              read_by: dict[str, set[int]], sdpa: int, members: list[int]) -> tuple[Operand, int]:  # fmt: skip
-    """(the cache, heads per cache head) for `view(clone(expand(unsqueeze(cache, 2), [B, KVH, G, S, D])))`, read
-    by nothing but the attention; else (the operand itself, 1). The repeat's lines go to `members`."""
-    chain: list[int] = []
-    name = operand.name
-    for targets in (RESHAPES, ("aten.clone.default",), ("aten.expand.default",), ("aten.unsqueeze.default",)):
-        at = producers.get(name)
-        line = body[at] if at is not None else None
-        if not isinstance(line, KernelCall) or line.target not in targets or not line.args:
-            return operand, 1
-        if read_by.get(name) != {chain[-1] if chain else sdpa} or not isinstance(line.args[0], Ref):
-            return operand, 1
-        if line.target == "aten.clone.default" and not _contiguous(metas[name]):
-            return operand, 1  # the view after it assumes the repeat's dense layout
-        if line.target == "aten.unsqueeze.default" and line.args[1:] != (2,):
-            return operand, 1
-        chain.append(at)  # type: ignore[arg-type]
-        name = line.args[0].name
-    root = metas.get(name)
-    expanded = metas.get(_output(body[chain[2]]))
-    if root is None or expanded is None or len(root.shape) != 4 or len(expanded.shape) != 5:
-        return operand, 1
-    b, kvh, s, d = root.shape
-    group = expanded.shape[2]
-    if expanded.shape != (b, kvh, group, s, d) or operand.meta.shape != (b, kvh * group, s, d):  # type: ignore[operator]
-        return operand, 1
-    members.extend(chain)
-    return Operand(name, root), int(group)  # type: ignore[arg-type]
-
-
-def _contiguous(meta: TensorMeta) -> bool:
-    return tuple(meta.stride) == contiguous_strides(meta.shape)  # type: ignore[arg-type]
-
-
-def _output(line: Line) -> str:
-    assert isinstance(line, KernelCall) and line.outputs[0] is not None
-    return line.outputs[0].name
 
 
 def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int) -> bool:
