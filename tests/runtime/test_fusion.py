@@ -16,6 +16,7 @@ import pytest
 import torch
 from fusion_interp import compile_fused, needs_triton, ran_in_fresh_interpreter
 from torch import nn
+from torch.nn import functional as F
 
 from opgen.jit.choice import Choice
 from opgen.runtime.artifact.compiled import CompiledGraph
@@ -171,6 +172,13 @@ class CatOperandReadElsewhere(nn.Module):
         return a, torch.cat((a, y), dim=-1) * 0.5
 
 
+class HardActivations(nn.Module):
+    """MobileNetV3's activations: hardswish, and hardsigmoid scaling a squeeze-excitation branch."""
+
+    def forward(self, x: torch.Tensor, se: torch.Tensor) -> torch.Tensor:
+        return F.hardswish(x * 4.0) * F.hardsigmoid(se * 4.0) + 1.0
+
+
 def _mask(t: int) -> torch.Tensor:
     return torch.tril(torch.ones(t, t, dtype=torch.bool))
 
@@ -197,12 +205,13 @@ CASES = {  # name -> (model factory, inputs factory)
     ),
     "cat_middle": (CatMiddle, lambda: (torch.randn(2, 4, 5), torch.randn(2, 1, 5), torch.randn(2, 3, 1))),
     "cat_operand_read_elsewhere": (CatOperandReadElsewhere, lambda: (torch.randn(3, 4), torch.randn(3, 2))),
+    "hard_activations": (HardActivations, lambda: (torch.randn(2, 8, 5, 5), torch.randn(2, 8, 1, 1))),
 }
 EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
     "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
     "residual_norm": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1, "buffer_write": 2, "aliased_output": 2,
     "row_reductions": 3, "one_row": 1, "rotary_pairs": 2, "rotate_half": 1, "rotate_half_bf16": 1, "cat_middle": 1,
-    "cat_operand_read_elsewhere": 2,
+    "cat_operand_read_elsewhere": 2, "hard_activations": 2,
 }  # fmt: skip
 # Half precision: intermediate values stay in float32 (as Inductor keeps them), so results are a rounding
 # of the half-precision intermediate apart (bfloat16: 2^-8 relative).
@@ -356,6 +365,27 @@ def test_groups_close_at_writes_and_outside_readers(registry: object) -> None:
     first = find_groups(program, registry)[0].group  # type: ignore[arg-type]
     assert [t.name for t in first.outputs] == ["a", "b"]  # a is read by mm, b by exp
     assert math.prod(first.shape) == 16
+
+
+def test_a_layout_copy_a_pass_made_fuses_with_what_reads_it(registry: object) -> None:
+    """The cuDNN region's copy back to contiguous (target: why it is there) joins the activation after it."""
+    from opgen.runtime.ir import Input, Ref, Return, Sym, TensorMeta, Value, contiguous_strides
+
+    shape = (1, 8, 4, 4)
+    channels_last = TensorMeta(shape, (128, 1, 32, 8), "float32", "cuda:0")
+    dense = TensorMeta(shape, contiguous_strides(shape), "float32", "cuda:0")
+    contiguous = (("memory_format", Sym("memory_format", "contiguous_format")),)
+    why = "contiguous copy out of the channels-last region"
+    body = (
+        KernelCall("clone", (Ref("x"),), contiguous, (Value("a", dense),), "conv", why),
+        KernelCall("hardswish", (Ref("a"),), (), (Value("b", dense),), "hardswish", "aten.hardswish.default"),
+        Return((Ref("b"),)),
+    )
+    program = Program("forward", (Input("x", channels_last),), (), (), body)
+    (found,) = find_groups(program, registry)  # type: ignore[arg-type]
+    assert [s.target for s in found.group.steps] == ["aten.clone.default", "aten.hardswish.default"]
+    source = kernel(found.group).source
+    assert "tl.load(in0 + " in source and "tl.store(out0 + offs" in source  # read channels-last, write dense
 
 
 class OddPower(nn.Module):

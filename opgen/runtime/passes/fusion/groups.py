@@ -317,10 +317,11 @@ def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMet
     """The node as a fusible step, or None where it must stay an ATen kernel."""
     if line.fallback or line.jit or line.mutates or not line.outputs:
         return None
-    if line.target not in POINTWISE and line.target not in ROW_OPS and line.target != CAT:
-        return None
     info = registry.by_name.get(line.kernel)
     if info is None or info.variant != "functional":
+        return None
+    target = _target(line.target, info.aten)
+    if target not in POINTWISE and target not in ROW_OPS and target != CAT:
         return None
     try:
         values = bind(info, line.args, dict(line.kwargs))
@@ -340,12 +341,21 @@ def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMet
         return None
     if any(not m.is_static or m.dtype not in DTYPES or m.span >= 2**31 for m in tensors):
         return None  # symbolic sizes, odd dtypes, or offsets past int32 indexing
-    step = Step(line.node, line.target, tuple(values.items()), outputs)
-    if line.target in ROW_OPS and not _row_op_fits(step, metas):
+    step = Step(line.node, target, tuple(values.items()), outputs)
+    if target in ROW_OPS and not _row_op_fits(step, metas):
         return None
-    if line.target == CAT and cat_dim(step, metas) is None:
+    if target == CAT and cat_dim(step, metas) is None:
         return None
     return step
+
+
+def _target(target: str, aten: str) -> str:
+    """The overload a call runs: its graph node's, or for a call a pass made (a layout copy out of a
+    channels-last region, whose target says why it is there) the one its kernel binds."""
+    if target in POINTWISE or target in ROW_OPS or target == CAT:
+        return target
+    name = aten.removeprefix("aten::")
+    return f"aten.{name}" if "." in name else f"aten.{name}.default"
 
 
 def cat_dim(step: Step, metas: dict[str, TensorMeta]) -> int | None:

@@ -205,6 +205,12 @@ def _gelu(values: Mapping[str, Any], out: str) -> str | None:
     return f"0.5 * {t} * (1.0 + tl.erf({t} * 0.7071067811865476))"
 
 
+def _relu6_shifted(x: str) -> str:
+    """clamp(x + 3, 0, 6), NaN kept (as ATen's min/max of a NaN)."""
+    t = f"({x} + 3.0)"
+    return f"tl.where({t} < 0.0, 0.0, tl.where({t} > 6.0, 6.0, {t}))"
+
+
 def _tanh(x: str) -> str:
     return f"(2.0 * tl.sigmoid(2.0 * ({x})) - 1.0)"
 
@@ -296,6 +302,8 @@ POINTWISE: dict[str, Emit] = {
     "aten.cos.default": _unary("tl.cos({x})"),
     "aten.erf.default": _unary("tl.erf({x})"),
     "aten.silu.default": _unary("{x} * tl.sigmoid({x})"),
+    "aten.hardswish.default": _unary("{x} * " + _relu6_shifted("{x}") + " / 6.0"),
+    "aten.hardsigmoid.default": _unary(_relu6_shifted("{x}") + " / 6.0"),
     "aten.gelu.default": _gelu,
     "aten.pow.Tensor_Scalar": _pow,
     "aten.clamp.default": _clamp,
