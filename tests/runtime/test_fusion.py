@@ -172,6 +172,14 @@ class CatOperandReadElsewhere(nn.Module):
         return a, torch.cat((a, y), dim=-1) * 0.5
 
 
+class NestedCat(nn.Module):
+    """A cat of a cat, with an integer operand promoted to float: the inner one is written, the outer reads it."""
+
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        inner = torch.cat((x * 2.0, n), dim=0)  # int64 n promotes to float
+        return torch.cat((inner.exp(), -x), dim=0) + 1.0
+
+
 class HardActivations(nn.Module):
     """MobileNetV3's activations: hardswish, and hardsigmoid scaling a squeeze-excitation branch."""
 
@@ -206,12 +214,13 @@ CASES = {  # name -> (model factory, inputs factory)
     "cat_middle": (CatMiddle, lambda: (torch.randn(2, 4, 5), torch.randn(2, 1, 5), torch.randn(2, 3, 1))),
     "cat_operand_read_elsewhere": (CatOperandReadElsewhere, lambda: (torch.randn(3, 4), torch.randn(3, 2))),
     "hard_activations": (HardActivations, lambda: (torch.randn(2, 8, 5, 5), torch.randn(2, 8, 1, 1))),
+    "nested_cat": (NestedCat, lambda: (torch.randn(3, 4), torch.randint(-3, 3, (2, 4)))),
 }
 EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
     "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
     "residual_norm": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1, "buffer_write": 2, "aliased_output": 2,
     "row_reductions": 3, "one_row": 1, "rotary_pairs": 2, "rotate_half": 1, "rotate_half_bf16": 1, "cat_middle": 1,
-    "cat_operand_read_elsewhere": 2, "hard_activations": 2,
+    "cat_operand_read_elsewhere": 2, "hard_activations": 2, "nested_cat": 2,
 }  # fmt: skip
 # Half precision: intermediate values stay in float32 (as Inductor keeps them), so results are a rounding
 # of the half-precision intermediate apart (bfloat16: 2^-8 relative).

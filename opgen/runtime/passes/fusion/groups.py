@@ -266,8 +266,8 @@ class _Walk:
     def _absorbable(self, group: _Building, operand: str, cat: int) -> bool:
         """A pointwise group computing the operand in the operand's own shape, whose values only it and
         the cat read (it then runs inside the cat's kernel, once per range that reads it)."""
-        if group.kind != "pointwise" or group.shape != self.metas[operand].shape:
-            return False
+        if group.kind != "pointwise" or group.shape != self.metas[operand].shape or group.has_cat:
+            return False  # a cat inside a cat's range: the inner one is written to memory instead
         allowed = {*group.members, cat}
         return all(self.read_later.get(name, set()) <= allowed for name in group.defined)
 
