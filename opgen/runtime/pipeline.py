@@ -90,6 +90,7 @@ def compile_graph(
     parts = [torch.__version__, registry.build_id, repr(options), repr(signature), out_spec, graph_fingerprint(gm)]
     parts.append(repr(tuple(ranges)))
     parts.append(repr(group_sizes(gm)))  # a graph of collectives is compiled per size of its groups
+    parts.append(repr(registry.facts))  # passes decide by them: another GPU may get another program
     key = cache.cache_key(parts)
     if options.cache and (graph := cache.load(key)) is not None:
         return graph, str(cache.source_path(key))

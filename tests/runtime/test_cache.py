@@ -64,3 +64,29 @@ def test_unreadable_or_foreign_entries_are_misses(tmp_path: Path, monkeypatch) -
     (tmp_path / key[:2] / key).mkdir(parents=True)
     (tmp_path / key[:2] / key / "graph.json").write_text(json.dumps({"format": 999}))
     assert cache.load(key) is None
+
+
+def test_a_machine_with_other_device_facts_compiles_its_own_program(tmp_path: Path, monkeypatch) -> None:
+    """Passes decide by what ATen's kernels do on this GPU (`registry.facts`): another GPU's program is a miss."""
+    from dataclasses import replace
+
+    import torch
+
+    import opgen
+    from opgen.bench.models import ReshapeAdd
+    from opgen.runtime import pipeline
+    from opgen.runtime.registry import DeviceFacts
+
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path))
+    x, y = torch.randn(16), torch.randn(16)
+
+    def key() -> tuple[str, bool]:
+        graph = opgen.compile(ReshapeAdd(), (x, y)).artifact  # type: ignore[attr-defined]
+        return graph.key, graph.from_cache
+
+    first, again = key(), key()
+    assert again == (first[0], True)
+    registry = replace(pipeline.default_registry(), facts=DeviceFacts(frozenset({("bfloat16", True)})))
+    monkeypatch.setattr(pipeline, "default_registry", lambda: registry)
+    other = key()
+    assert other[0] != first[0] and other[1] is False
