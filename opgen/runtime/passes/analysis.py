@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opgen.runtime.ir import (
     Arg,
@@ -38,6 +38,16 @@ def readers(lines: Sequence[Line]) -> dict[str, set[int]]:
         for name in uses(line):
             found.setdefault(name, set()).add(i)
     return found
+
+
+def defined_at(lines: Sequence[Line]) -> dict[str, int]:
+    """Value name -> the index of the call defining it (`readers`' other half)."""
+    return {v.name: i for i, line in enumerate(lines) if isinstance(line, KernelCall) for v in line.outputs if v}
+
+
+def writes_between(lines: Sequence[Line], start: int, end: int) -> bool:
+    """Whether a line in `lines[start:end]` may write memory (`writes_memory`)."""
+    return any(writes_memory(line) for line in lines[start:end])
 
 
 def writes_memory(line: Line) -> bool:
@@ -81,6 +91,17 @@ def arg_value(line: KernelCall, info: OpInfo, name: str) -> Arg:
     if name in positional and positional.index(name) < len(line.args):
         return line.args[positional.index(name)]
     return dict(line.kwargs).get(name, info.arg(name).default)
+
+
+def with_arg(line: KernelCall, info: OpInfo, name: str, value: Arg) -> KernelCall:
+    """The call passing `value` for a schema argument: where it passes it now, else as a keyword."""
+    positional = [a.name for a in info.args if not a.kwarg_only]
+    if name in positional and positional.index(name) < len(line.args):
+        at = positional.index(name)
+        return replace(line, args=(*line.args[:at], value, *line.args[at + 1 :]))
+    kwargs = dict(line.kwargs)
+    kwargs[name] = value
+    return replace(line, kwargs=tuple(kwargs.items()))
 
 
 def alias_sources(line: Line, registry: KernelRegistry) -> tuple[str, ...]:

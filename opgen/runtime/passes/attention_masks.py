@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Sym, TensorMeta, Value, contiguous_strides, meta_table
-from opgen.runtime.passes.analysis import arg_value, fresh_namer, info_of, setup_names
+from opgen.runtime.ir import KernelCall, Line, Program, Ref, Sym, TensorMeta, Value, contiguous_strides, meta_table
+from opgen.runtime.passes.analysis import arg_value, fresh_namer, info_of, setup_names, with_arg
 from opgen.runtime.registry import KernelRegistry
 
 SDPA = "scaled_dot_product_attention"
@@ -36,21 +36,18 @@ def additive_masks(program: Program, registry: KernelRegistry) -> Program:
         if found is None:
             body.append(line)
             continue
-        mask, dtype, position = found
+        mask, dtype = found
         key = (mask, dtype)
         if key not in converted:
             converted[key] = next(names)
             lines = _convert(mask, metas[mask], dtype, converted[key], next(names), next(names), line.node)
             (setup if mask in early else body).extend(lines)  # a constant mask: converted once, at load
-        body.append(_with_mask(line, position, Ref(converted[key])))
+        body.append(with_arg(line, registry.by_name[line.kernel], "attn_mask", Ref(converted[key])))
     return program if not converted else replace(program, setup=tuple(setup), body=tuple(body))
 
 
-def _boolean_mask(
-    line: Line, registry: KernelRegistry, metas: dict[str, TensorMeta]
-) -> tuple[str, str, int | str] | None:
-    """(mask, query dtype, where the call passes the mask: a position or a keyword) of an attention call
-    with a static boolean mask."""
+def _boolean_mask(line: Line, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> tuple[str, str] | None:
+    """(mask, query dtype) of an attention call with a static boolean mask."""
     if not isinstance(line, KernelCall) or line.kernel != SDPA or (info := info_of(line, registry)) is None:
         return None
     mask, query = arg_value(line, info, "attn_mask"), arg_value(line, info, "query")
@@ -59,9 +56,7 @@ def _boolean_mask(
     mask_meta, query_meta = metas.get(mask.name), metas.get(query.name)
     if mask_meta is None or query_meta is None or mask_meta.dtype != "bool" or not mask_meta.is_static:
         return None
-    positional = [a.name for a in info.args if not a.kwarg_only]
-    at = positional.index("attn_mask")
-    return mask.name, query_meta.dtype, at if at < len(line.args) else "attn_mask"
+    return mask.name, query_meta.dtype
 
 
 def _convert(mask: str, meta: TensorMeta, dtype: str, out: str, inverted: str, zeros: str, node: str) -> list[Line]:
@@ -76,9 +71,3 @@ def _convert(mask: str, meta: TensorMeta, dtype: str, out: str, inverted: str, z
         KernelCall("zeros_like", (Ref(mask),), like, (Value(zeros, floats),), node, "aten.zeros_like.default"),
         KernelCall("masked_fill", fill, (), (Value(out, floats),), node, "aten.masked_fill.Scalar"),
     ]
-
-
-def _with_mask(line: KernelCall, position: int | str, mask: Arg) -> KernelCall:
-    if isinstance(position, int):
-        return replace(line, args=(*line.args[:position], mask, *line.args[position + 1 :]))
-    return replace(line, kwargs=tuple((k, mask if k == position else v) for k, v in line.kwargs))

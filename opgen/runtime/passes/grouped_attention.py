@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, meta_table
-from opgen.runtime.passes.analysis import readers, writes_memory
+from opgen.runtime.passes.analysis import defined_at, readers, with_arg, writes_between, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.repeat_kv import Operand, unrepeat
 from opgen.runtime.registry import BindError, KernelRegistry, bind
@@ -30,8 +30,7 @@ MAX_HEAD = 128  # the head sizes flash attention and cuDNN both take
 def read_grouped_heads(program: Program, registry: KernelRegistry) -> Program:
     metas = meta_table(program)
     body = program.body
-    producers = {v.name: i for i, line in enumerate(body) if isinstance(line, KernelCall) for v in line.outputs if v}
-    read_by = readers(body)
+    producers, read_by = defined_at(body), readers(body)
     rewritten: dict[int, Line] = {}
     for index, line in enumerate(body):
         if isinstance(line, KernelCall) and line.target == SDPA and not writes_memory(line):
@@ -73,16 +72,8 @@ def _grouped(index: int, line: KernelCall, body: tuple[Line, ...], registry: Ker
         return None
     members: list[int] = []
     (key, k_group), (value, v_group) = (unrepeat(o, body, metas, producers, read_by, index, members) for o in (k, v))
-    if k_group == 1 or v_group != k_group or any(writes_memory(body[i]) for i in range(min(members), index)):
-        return None
-    positional = [a.name for a in info.args if not a.kwarg_only]
-    args = list(line.args)
-    kwargs = dict(line.kwargs)
-    for name, new in (("key", Ref(key.name)), ("value", Ref(value.name))):
-        at = positional.index(name)
-        if at < len(args):
-            args[at] = new
-        else:
-            kwargs[name] = new
-    kwargs["enable_gqa"] = True
-    return replace(line, args=tuple(args), kwargs=tuple(kwargs.items()))
+    if k_group == 1 or v_group != k_group or writes_between(body, min(members), index):
+        return None  # no repeat, or one made before a write the grouped call would see
+    for name, new in (("key", Ref(key.name)), ("value", Ref(value.name)), ("enable_gqa", True)):
+        line = with_arg(line, info, name, new)
+    return line

@@ -61,12 +61,3 @@ def _contiguous(meta: TensorMeta) -> bool:
 def _output(line: Line) -> str:
     assert isinstance(line, KernelCall) and line.outputs[0] is not None
     return line.outputs[0].name
-
-
-def _contiguous(meta: TensorMeta) -> bool:
-    return tuple(meta.stride) == contiguous_strides(meta.shape)  # type: ignore[arg-type]
-
-
-def _output(line: Line) -> str:
-    assert isinstance(line, KernelCall) and line.outputs[0] is not None
-    return line.outputs[0].name

@@ -29,7 +29,7 @@ from opgen.runtime.ir import (
     TensorMeta,
     meta_table,
 )
-from opgen.runtime.passes.analysis import fresh_namer, readers, writes_memory
+from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, writes_between, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.attention_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
@@ -72,8 +72,7 @@ def fuse_decode_attention(program: Program, registry: KernelRegistry) -> Program
 def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterator[DecodeAttention]:
     metas = meta_table(program)
     body = program.body
-    producers = {v.name: i for i, line in enumerate(body) if isinstance(line, KernelCall) for v in line.outputs if v}
-    read_by = readers(body)
+    producers, read_by = defined_at(body), readers(body)
     for index, line in enumerate(body):
         if isinstance(line, KernelCall) and line.target == SDPA and not writes_memory(line):
             match = _match(index, line, body, registry, metas, producers, read_by)
@@ -123,7 +122,7 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
         return None
     if mask is not None and not _mask_fits(mask.meta, batch, heads, length):  # type: ignore[arg-type]
         return None
-    if members and _writes_between(body, min(members), index):
+    if members and writes_between(body, min(members), index):
         return None  # the repeat copied the cache before a write that the kernel would see
     return DecodeAttention(index, line, q, key, value, mask, group, None if scale is None else float(scale),
                            (*sorted(members), index))  # fmt: skip
@@ -143,10 +142,6 @@ def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int) -> bool:
     if meta.shape[0] not in (1, batch) or meta.shape[1] not in (1, heads):
         return False
     return meta.dtype == "bool" or meta.dtype in DTYPES
-
-
-def _writes_between(body: tuple[Line, ...], start: int, end: int) -> bool:
-    return any(writes_memory(line) for line in body[start:end])
 
 
 def fused_kernel(program: Program, match: DecodeAttention, local: str) -> FusedKernel:

@@ -100,7 +100,6 @@ class _Body:
     count: int = 0
     space: _Space = field(init=False)
     tensors: dict[str, Tensor] = field(init=False)  # every tensor the group reads or defines
-    dtypes: dict[str, str] = field(init=False)  # ... -> its dtype
     params: dict[str, str] = field(init=False)  # each input and output -> the kernel's parameter for it
 
     def __post_init__(self) -> None:
@@ -108,7 +107,6 @@ class _Body:
         tensors = [*self.group.inputs, *(t for s in steps for t in s.outputs if t is not None)]
         self.space = _Space(self.group.shape)
         self.tensors = {t.name: t for t in tensors}
-        self.dtypes = {t.name: t.meta.dtype for t in tensors}
         self.params = dict(zip(_names(self.group), _params(self.group), strict=True))
 
     @contextmanager
@@ -132,7 +130,7 @@ class _Body:
 
     def operand(self, name: str) -> Operand:
         if name not in self.values:  # an input: loaded on first use
-            tensor = next(t for t in self.group.inputs if t.name == name)
+            tensor = self.tensors[name]  # an input (a value the group defines is in `values` already)
             address, where = _address(self.group, tensor, space=self.space)
             mask = f", mask={where}" if where else ""
             ctype = compute_type(tensor.meta.dtype)
@@ -172,7 +170,7 @@ class _Body:
         """An explicit cast rounds: a half value held in float32 to its own dtype first, then to `dtype`."""
         source = dict(step.values)["self"]
         assert isinstance(source, Ref)
-        value, held = self.values[source.name], self.dtypes[source.name]
+        value, held = self.values[source.name], self.tensors[source.name].meta.dtype
         text = value.text
         loaded = any(t.name == source.name for t in self.group.inputs)  # a load holds its dtype exactly
         if held in ("float16", "bfloat16") and dtype != held and not loaded:
