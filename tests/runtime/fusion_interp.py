@@ -50,7 +50,12 @@ def _relabel(program: Program, device: str) -> Program:
         return x
 
     fused = tuple(
-        replace(f, outputs=tuple(value(v) for v in f.outputs), lines=tuple(line(x) for x in f.lines))  # type: ignore[misc]
+        replace(
+            f,
+            outputs=tuple(value(v) for v in f.outputs),
+            lines=tuple(line(x) for x in f.lines),
+            writes=tuple(value(v) for v in f.writes),
+        )
         for f in program.fused
     )
     return replace(
@@ -102,6 +107,8 @@ class InterpretedBinding:
 
     def __call__(self, aten: Callable[..., Any]) -> Callable[..., Any]:
         spec = self.spec
+        if spec.writes:
+            return self._writing(aten)
 
         def run(*inputs: torch.Tensor) -> Any:
             expected = aten(*inputs)
@@ -116,6 +123,29 @@ class InterpretedBinding:
                     torch.testing.assert_close(got, want, equal_nan=True, **self.tolerance)
             self.checks.append(spec.name)
             return outs[0] if len(outs) == 1 else tuple(outs)
+
+        return run
+
+    def _writing(self, aten: Callable[..., Any]) -> Callable[..., Any]:
+        """A kernel that writes its inputs in place: each config writes copies of them, compared with
+        what the ATen calls write into other copies; then the ATen calls write the real ones."""
+        spec = self.spec
+        written = {v.name for v in spec.writes}
+        at = [i for i, name in enumerate(spec.inputs) if name in written]
+
+        def copies(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            return [t.clone() if i in at else t for i, t in enumerate(inputs)]
+
+        def run(*inputs: torch.Tensor) -> None:
+            want = copies(inputs)
+            aten(*want)
+            for meta, warps, _, grid in spec.configs:
+                got = copies(inputs)
+                self.fn[grid](*got, **dict(meta), num_warps=warps)
+                for i in at:
+                    torch.testing.assert_close(got[i], want[i], rtol=0, atol=0)
+            aten(*inputs)
+            self.checks.append(spec.name)
 
         return run
 

@@ -433,6 +433,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "decode_attention",
         "grouped_attention",
         "attention_masks",
+        "cache_writes",
         "gemv",
         "fusion",
         "memory",

@@ -229,4 +229,5 @@ def _fused(data: dict[str, Any]) -> FusedKernel:
         configs=_configs(data["configs"]),
         nodes=tuple(data["nodes"]),
         describe=data["describe"],
+        writes=tuple(value(v) for v in data.get("writes", ())),
     )

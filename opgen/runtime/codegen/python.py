@@ -82,7 +82,7 @@ def fused_text(fused: FusedKernel) -> list[str]:
     return [
         f"    def {fused.local}_aten({', '.join(fused.inputs)}):  # the ATen kernels {fused.name} replaces",
         *(f"        {call_text(line)}" for line in fused.lines),
-        f"        return {ret}",
+        *([f"        return {ret}"] if fused.outputs else []),
         "",
         f'    {fused.local} = rt.jit["{fused.local}"]({fused.local}_aten)  # Triton or ATen, picked on the first call',
     ]

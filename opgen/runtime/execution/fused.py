@@ -54,10 +54,12 @@ class FusedBinding:
                 stacklevel=2,
             )
             return aten
+        written = {v.name for v in self.spec.writes}
         self.choice = Choice(
             f"{self.spec.local} ({self.spec.describe})",
             {"triton": _allocating(self.launcher, self.spec), "aten": aten},
             identity=(_digest(self.spec),),
+            writes=tuple(i for i, name in enumerate(self.spec.inputs) if name in written),
             fixed_sizes=True,
             reliable="aten",
         )
@@ -116,19 +118,21 @@ def _launcher(spec: FusedKernel) -> Any:
     # The kernel's own parameter names (inputs, then outputs): a kernel shared by several calls (a
     # model's layers) names them apart from any one call's values.
     params = list(fn.arg_names[: len(spec.inputs) + len(spec.outputs)])
-    mutates = params[len(spec.inputs) :]
+    written = {v.name for v in spec.writes}
+    mutates = [p for p, name in zip(params, spec.inputs, strict=False) if name in written] + params[len(spec.inputs) :]
     return fixed_grid_launcher(fn, spec.configs, params, mutates, spec.name, lambda: _examples(spec))
 
 
 def _examples(spec: FusedKernel) -> list[torch.Tensor]:
     """Aligned stand-ins for the arguments: their dtypes and device are all the specialization needs."""
-    device = spec.outputs[0].meta.device  # type: ignore[union-attr]
+    device = spec.device
     dtypes = (*spec.input_dtypes, *(v.meta.dtype for v in spec.outputs))  # type: ignore[union-attr]
     return [torch.empty(16, dtype=getattr(torch, d), device=device) for d in dtypes]
 
 
 def _allocating(launch: Any, spec: FusedKernel) -> Callable[..., Any]:
-    """`fused(inputs...) -> outputs`: allocates the outputs with their graph strides, then launches."""
+    """`fused(inputs...) -> outputs`: allocates the outputs with their graph strides, then launches
+    (returns None where the kernel only writes its inputs)."""
     args = ", ".join(spec.inputs)
     outs = [v.name for v in spec.outputs]
     lines = [f"def {spec.local}_triton({args}):"]
@@ -139,6 +143,7 @@ def _allocating(launch: Any, spec: FusedKernel) -> Callable[..., Any]:
         scope[f"dtype{i}"], scope[f"device{i}"] = getattr(torch, meta.dtype), torch.device(meta.device)
         lines.append(f"    {value.name} = empty_strided({meta.shape}, {meta.stride}, dtype=dtype{i}, device=device{i})")
     lines.append(f"    launch({', '.join((*spec.inputs, *outs))})")
-    lines.append(f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
+    if outs:
+        lines.append(f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
     exec(compile("\n".join(lines), f"<opgen fused {spec.name}>", "exec"), scope)  # noqa: S102 - our own text
     return scope[f"{spec.local}_triton"]  # type: ignore[no-any-return]

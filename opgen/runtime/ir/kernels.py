@@ -38,9 +38,10 @@ class KernelChoice:
 class FusedKernel:
     """A group of graph nodes the fusion pass runs as one generated Triton kernel (`opgen.runtime.passes.fusion`).
 
-    The body calls it by `local` like a kernel_ops function: inputs in, fresh outputs out. It is bound
-    at load time to a choice between the Triton kernel and `lines`, the ATen calls it replaces (the
-    backend prints them as a function), timed on the first call.
+    The body calls it by `local` like a kernel_ops function: inputs in, fresh outputs out (and the
+    inputs in `writes` written in place: a cache write may return nothing). It is bound at load time to
+    a choice between the Triton kernel and `lines`, the ATen calls it replaces (the backend prints them
+    as a function), timed on the first call.
     """
 
     local: str
@@ -53,3 +54,8 @@ class FusedKernel:
     nodes: tuple[str, ...]  # the graph nodes it covers
     describe: str  # "row kernel, 64 rows of 16 (1x4x16x16)"
     lines: tuple[KernelCall, ...] = ()  # the ATen sequence; () once printed (the source holds it)
+    writes: tuple[Value, ...] = ()  # inputs it writes in place, with their metas (names among `inputs`)
+
+    @property
+    def device(self) -> str:
+        return (*self.outputs, *self.writes)[0].meta.device  # type: ignore[union-attr]

@@ -23,8 +23,10 @@ Triton kernel reading grouped heads in place (no repeat of the cache), reading a
 is; `grouped_attention` lets the other attention calls of grouped-query models read the key/value
 heads in place too (`enable_gqa`) where ATen's kernel for them can; `attention_masks` then
 converts the boolean masks other attention calls read to additive ones once, where ATen converted
-them in every call; `gemv` (CUDA, static sizes) makes one-row matrix products on constant weights
-(siblings over one input together) Triton kernels, and `fusion` turns groups of pointwise nodes and
+them in every call; `cache_writes` (CUDA, static sizes) runs the `index_put_` writes of a step's
+keys and values into a KV cache (which `reinplace` made) as one Triton kernel; `gemv` (CUDA, static
+sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
+kernels, and `fusion` turns groups of pointwise nodes and
 row reductions into generated Triton kernels once the graph is simplified, before memo and memory
 planning see the calls;
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
@@ -47,6 +49,7 @@ from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
+from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.grouped_attention import read_grouped_heads
@@ -82,6 +85,7 @@ PASSES: dict[str, Pass] = {
     "decode_attention": fuse_decode_attention,
     "grouped_attention": read_grouped_heads,
     "attention_masks": additive_masks,
+    "cache_writes": fuse_cache_writes,
     "gemv": fuse_gemv,
     "fusion": fuse,
     "memory": plan_memory,
@@ -110,6 +114,7 @@ DEFAULT_PIPELINE = (
     "decode_attention",
     "grouped_attention",
     "attention_masks",
+    "cache_writes",
     "gemv",
     "fusion",
     "memo",

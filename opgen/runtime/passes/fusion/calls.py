@@ -10,7 +10,7 @@ from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref
 
 
 def fused_call(spec: FusedKernel) -> KernelCall:
-    """The body's call of a fused kernel: its inputs in, its fresh outputs out."""
+    """The body's call of a fused kernel: its inputs in, its fresh outputs out, its `writes` written."""
     return KernelCall(
         spec.local,
         tuple(Ref(n) for n in spec.inputs),
@@ -19,6 +19,7 @@ def fused_call(spec: FusedKernel) -> KernelCall:
         node=", ".join(spec.nodes),
         target=f"fused Triton kernel {spec.name}",
         unpack=len(spec.outputs) > 1,
+        mutates=tuple(v.name for v in spec.writes),
         jit=True,
     )
 

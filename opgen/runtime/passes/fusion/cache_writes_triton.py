@@ -1,0 +1,101 @@
+"""The Triton source of a cache-write kernel (`opgen.runtime.passes.fusion.cache_writes`).
+
+Programs are laid out write after write (the first write's blocks, then the second's, ...). A program
+takes BLOCK elements of the region its write fills (the values broadcast to it), splits each
+element's flat number into its coordinates (sizes are literals), loads the position its coordinate
+along the written dimension picks from the index tensor, and stores the value into the buffer there.
+Names of graph values never appear, so a model's layers share one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from opgen.runtime.passes.fusion.source import jit_module
+
+if TYPE_CHECKING:
+    from opgen.runtime.passes.fusion.cache_writes import Write, Writes
+
+Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
+BLOCKS = ((256, 2), (1024, 4))  # (elements per program, warps)
+INT32_MAX = 2**31 - 1
+
+
+def kernel(run: Writes) -> tuple[str, str]:
+    """(name, source): parameters `index`, then each write's buffer and values (`dst0, values0, ...`)."""
+    writes = run.writes
+    params = ["index", *(f"{p}{i}" for i in range(len(writes)) for p in ("dst", "values"))]
+    positions = run.index_meta.shape[0]
+    body = [
+        f"    # {len(writes)} write(s) at {positions} position(s) of an index tensor",
+        "    pid = tl.program_id(0)",
+    ]
+    start = ""
+    for i, write in enumerate(writes):
+        blocks = f"({_numel(write.region)} + BLOCK - 1) // BLOCK"
+        end = f"{start} + {blocks}" if start else blocks
+        lines = _write_lines(write, i, f"pid - ({start})" if start else "pid", run.index_meta.stride[0])
+        if len(writes) == 1:
+            body += [f"    {line}" for line in lines]
+        else:
+            test = "else:" if i == len(writes) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
+            body += [f"    {test}", *(f"        {line}" for line in lines)]
+        start = end
+    return jit_module("cache_write", params, "BLOCK: tl.constexpr", "\n".join(body))
+
+
+def _write_lines(write: Write, i: int, block: str, index_stride: int) -> list[str]:
+    """One program's share of write `i`: the element's coordinates, its position, the store."""
+    shape, dst = write.region, write.dst_meta
+    wide = _numel(dst.shape) + dst.offset > INT32_MAX or _numel(shape) > INT32_MAX
+    lines = [
+        f"# {'x'.join(map(str, shape))} into {'x'.join(map(str, dst.shape))} along dim {write.dim}",
+        f"e = ({block}) * BLOCK + tl.arange(0, BLOCK)" + (".to(tl.int64)" if wide else ""),
+        f"ok = e < {_numel(shape)}",
+    ]
+    coords: dict[int, str] = {}
+    rest = "e"
+    for d in reversed(range(len(shape))):
+        if shape[d] == 1:
+            continue
+        inner = [x for x in range(d) if shape[x] != 1]
+        if inner:
+            lines.append(f"c{d} = {rest} % {shape[d]}")
+            lines.append(f"r{d} = {rest} // {shape[d]}")
+            rest = f"r{d}"
+        else:
+            lines.append(f"c{d} = {rest}")
+        coords[d] = f"c{d}"
+    at = coords.get(write.dim, "e * 0")  # one position: every element reads it
+    size = dst.shape[write.dim]
+    lines += [
+        f"p = tl.load(index + {at} * {index_stride}, mask=ok, other=0)",
+        f"p = tl.where(p < 0, p + {size}, p)",
+        f"ok = ok & (p >= 0) & (p < {size})",
+        f"x = tl.load(values{i} + {_offset(coords, write.values_stride)}, mask=ok)",
+        f"tl.store(dst{i} + {_offset({**coords, write.dim: 'p'}, dst.stride)}, x.to(dst{i}.dtype.element_ty), mask=ok)",
+    ]
+    return lines
+
+
+def _offset(coords: dict[int, str], stride: tuple[Any, ...]) -> str:
+    terms = [f"{c} * {stride[d]}" for d, c in sorted(coords.items()) if stride[d] != 0]
+    return " + ".join(terms) or "0"
+
+
+def _numel(shape: tuple[Any, ...]) -> int:
+    return math.prod(int(n) for n in shape)
+
+
+def configs(run: Writes) -> tuple[Config, ...]:
+    largest = max(_numel(w.region) for w in run.writes)
+    fits = 1 << max(5, math.ceil(math.log2(max(largest, 1))))  # the smallest power of two >= it (at least 32)
+    found: list[Config] = []
+    for block, warps in BLOCKS:
+        block = min(block, fits)
+        grid = (sum(-(-_numel(w.region) // block) for w in run.writes),)
+        config: Config = ((("BLOCK", block),), warps, 1, grid)
+        if config not in found:
+            found.append(config)
+    return tuple(found)

@@ -1,0 +1,224 @@
+"""The cache-writes pass: which `index_put_` writes into a KV cache it runs as one kernel, the ATen side
+it keeps, and the Triton kernel itself.
+
+On the CPU the program is relabelled as CUDA around the pass (as for the fusion, gemv and attention
+passes); each kernel is bound to its ATen calls, or, where triton is installed and there is no GPU,
+run in Triton's interpreter with every config and checked against them. With a GPU the kernel runs
+for real, plain and in CUDA-graph mode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from fusion_interp import InterpretedBinding, _relabel, ran_in_fresh_interpreter
+from torch import nn
+
+import opgen
+from opgen.runtime import passes
+from opgen.runtime.execution import fused as fused_module
+from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
+from opgen.runtime.pipeline import default_pipeline
+from opgen.runtime.registry import KernelRegistry
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton, run in its interpreter on a machine without a GPU",
+)
+
+
+class Cache(nn.Module):
+    """A layer's key/value cache [1, KVH, S, D] written at `pos` along dim 2, then read."""
+
+    def __init__(self, how: str = "index_put", kv_heads: int = 2, length: int = 24, dim: int = 8,
+                 dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+        super().__init__()
+        self.how = how
+        self.register_buffer("k_cache", torch.zeros(1, kv_heads, length, dim, dtype=dtype))
+        self.register_buffer("v_cache", torch.zeros(1, kv_heads, length, dim, dtype=dtype))
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        if self.how == "index_put":  # gpt-fast's KVCache
+            self.k_cache[:, :, pos] = k
+            self.v_cache[:, :, pos] = v
+        elif self.how == "index_copy":  # transformers' StaticCache
+            self.k_cache.index_copy_(2, pos, k)
+            self.v_cache.index_copy_(2, pos, v)
+        elif self.how == "between":  # a computation between the writes that touches neither buffer
+            self.k_cache[:, :, pos] = k
+            self.v_cache[:, :, pos] = v * 2
+        elif self.how == "apart":  # the second write's values read what the first wrote
+            self.k_cache[:, :, pos] = k
+            self.v_cache[:, :, pos] = v + self.k_cache[:, :, :1]
+        elif self.how == "accumulate":
+            torch.ops.aten.index_put_.default(self.k_cache, [None, None, pos], k, True)
+            torch.ops.aten.index_put_.default(self.v_cache, [None, None, pos], v, True)
+        return self.k_cache.sum(2) + self.v_cache.sum(2)
+
+
+def inputs(model: Cache, positions: list[int], device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    _, kv, _, dim = model.k_cache.shape
+    gen = torch.Generator().manual_seed(positions[0] % 97)
+    k, v = (torch.randn(1, kv, len(positions), dim, generator=gen).to(model.k_cache.dtype) for _ in range(2))
+    return k.to(device), v.to(device), torch.tensor(positions, device=device)
+
+
+def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: tuple, interpret: bool = False,
+                   checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
+    """Compiled with the pass (as if on CUDA); kernels bound to their ATen side, or to the interpreter."""
+    specs: list[FusedKernel] = []
+
+    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
+        out = _relabel(fuse_cache_writes(_relabel(program, "cuda:0"), registry), "cpu")
+        specs.extend(out.fused)
+        return out
+
+    monkeypatch.setitem(passes.PASSES, "cache_writes_on_cpu", on_cpu)
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setattr(
+            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, {}) for s in found}
+        )
+    else:
+        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
+    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion")]
+    pipeline = ["cache_writes_on_cpu" if p == "cache_writes" else p for p in pipeline]
+    if "cache_writes_on_cpu" not in pipeline:  # a CPU pipeline leaves cache_writes out
+        pipeline.insert(pipeline.index("memo"), "cache_writes_on_cpu")
+    with torch.no_grad():
+        return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs
+
+
+def run_steps(compiled: object, eager: Cache, model: Cache, steps: list[list[int]], device: str = "cpu") -> None:
+    for positions in steps:
+        example = inputs(model, positions, device)
+        with torch.no_grad():
+            want = eager(*example)
+            got = compiled(*example)  # type: ignore[operator]
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(model.k_cache, eager.k_cache, rtol=0, atol=0)  # the writes land where eager's do
+        torch.testing.assert_close(model.v_cache, eager.v_cache, rtol=0, atol=0)
+
+
+def pair(**kw) -> tuple[Cache, Cache]:  # type: ignore[no-untyped-def]
+    model, eager = Cache(**kw), Cache(**kw)
+    eager.load_state_dict(model.state_dict())
+    return model, eager
+
+
+@pytest.mark.parametrize("how", ["index_put", "index_copy"])
+def test_a_layers_two_writes_are_one_kernel_and_the_aten_side_matches(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    model, eager = pair(how=how)
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [3]))
+    assert len(specs) == 1, compiled.report()  # type: ignore[attr-defined]
+    (spec,) = specs
+    assert spec.outputs == () and [v.name for v in spec.writes] == ["b_k_cache", "b_v_cache"]
+    assert spec.inputs[1::2] == ("b_k_cache", "b_v_cache")  # the buffers themselves, written in place
+    forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
+    assert "index_put_(" not in forward and f"{spec.local}(" in forward
+    artifact = compiled.artifact  # type: ignore[attr-defined]
+    assert type(artifact).from_json(artifact.to_json()).fused[0].writes == spec.writes  # the disk cache keeps them
+    run_steps(compiled, eager, model, [[p] for p in (0, 5, 23, 6)])
+
+
+def test_the_kernel_source_reads_like_the_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Cache(kv_heads=2, length=24, dim=8)
+    _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model, [3]))
+    assert (
+        spec.name.startswith("cache_write_")
+        and f"def {spec.name}(index, dst0, values0, dst1, values1, BLOCK" in spec.source
+    )
+    assert "# 1x2x1x8 into 1x2x24x8 along dim 2" in spec.source and "p = tl.where(p < 0, p + 24, p)" in spec.source
+    assert "if pid < (16 + BLOCK - 1) // BLOCK:" in spec.source and "else:" in spec.source
+    assert {dict(meta)["BLOCK"] for meta, *_ in spec.configs} == {32} and spec.configs[0][3] == (2,)
+    assert spec.describe == "cache write kernel, 2 write(s) at 1 position(s): 1x2x1x8, 1x2x1x8"
+
+
+def test_layers_share_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Cache(), Cache()
+
+        def forward(self, k, v, pos):  # type: ignore[no-untyped-def]
+            return self.a(k, v, pos) + self.b(k * 2, v, pos)
+
+    model = Two()
+    _, specs = compile_on_cpu(monkeypatch, model, inputs(model.a, [1]))
+    assert len(specs) == 2 and len({s.source for s in specs}) == 1
+
+
+@pytest.mark.parametrize(("how", "kernels"), [("between", [2]), ("apart", [1, 1])])
+def test_what_lies_between_two_writes_decides_whether_they_share_a_kernel(
+    monkeypatch: pytest.MonkeyPatch, how: str, kernels: list[int]
+) -> None:
+    model, eager = pair(how=how)
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [2]))
+    assert [len(s.writes) for s in specs] == kernels
+    run_steps(compiled, eager, model, [[2], [0], [9]])
+
+
+def test_accumulating_writes_stay_with_aten(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Cache(how="accumulate")
+    _, specs = compile_on_cpu(monkeypatch, model, inputs(model, [2]))
+    assert specs == []
+
+
+def test_nothing_changes_on_the_cpu() -> None:
+    model = Cache()
+    with torch.no_grad():
+        plain = opgen.compile(model.eval(), inputs(model, [1]), passes=("reinplace", "cache_writes"), cache=False)
+    assert plain.artifact.fused == ()  # type: ignore[attr-defined]
+
+
+@interpreter
+@pytest.mark.parametrize("how", ["index_put", "index_copy"])
+@pytest.mark.parametrize("positions", [[0], [-1], [3, 4, 5, 6]], ids=["first", "negative", "prefill"])
+def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                how: str, positions: list[int]) -> None:  # fmt: skip
+    if how == "index_copy" and positions == [-1]:
+        pytest.skip("index_copy_ refuses negative positions in eager")
+    if ran_in_fresh_interpreter(request):
+        return
+    model, eager = pair(how=how, length=40, dim=16)
+    checks: list[str] = []
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, positions), interpret=True, checks=checks)
+    steps = [positions, [p + 7 for p in positions], [p - 2 for p in positions]] if positions != [0] else [[0], [39]]
+    run_steps(compiled, eager, model, steps)
+    assert len(checks) == len(steps) and checks[0] == specs[0].name
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["index_put", "index_copy"])
+def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, how: str) -> None:
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    for graphs in (False, True):
+        model, eager = (m.cuda() for m in pair(how=how, kv_heads=8, length=300, dim=64, dtype=dtype))
+        with torch.no_grad():
+            compiled = opgen.compile(model, inputs(model, [0], "cuda"), cuda_graphs=graphs, cache=False)
+        assert "cache write kernel" in str(compiled.report())
+        run_steps(compiled, eager, model, [[p] for p in (0, 1, 150, 299, 7)], "cuda")
+
+
+@interpreter
+def test_a_position_out_of_range_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    if ran_in_fresh_interpreter(request):
+        return
+    model = Cache(length=10)
+    _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model, [1]), interpret=True, checks=[])
+    fn = fused_module.load_function(spec, prefix="opgen_interpreted")
+    k, v, _ = inputs(model, [1])
+    for position in (10, -11, 1 << 40):
+        caches = torch.zeros(1, 2, 10, 8), torch.zeros(1, 2, 10, 8)
+        meta, warps, _, grid = spec.configs[0]
+        fn[grid](torch.tensor([position]), caches[0], k, caches[1], v, **dict(meta), num_warps=warps)
+        assert not caches[0].any() and not caches[1].any()  # eager stops with an error instead
