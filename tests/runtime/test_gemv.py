@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from fusion_interp import _relabel
+from fusion_interp import InterpretedBinding, _relabel, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
@@ -54,9 +54,10 @@ class Block(nn.Module):
 
 
 def compile_gemv(
-    monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...]
+    monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...], checks: list[str] | None = None
 ) -> tuple[object, list[FusedKernel]]:
-    """Compiled with the pass (as if on CUDA) in place of the GPU passes; kernels bound to their ATen side."""
+    """Compiled with the pass (as if on CUDA) in place of the GPU passes; kernels bound to their ATen
+    side, or with `checks`, run in Triton's interpreter with every config and checked against it."""
     specs: list[FusedKernel] = []
 
     def gemv_on_cpu(program: Program, registry: KernelRegistry) -> Program:
@@ -65,7 +66,14 @@ def compile_gemv(
         return out
 
     monkeypatch.setitem(passes.PASSES, "gemv_on_cpu", gemv_on_cpu)
-    monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
+    if checks is None:
+        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        tolerance = {"atol": 1e-4, "rtol": 1e-4}
+        monkeypatch.setattr(
+            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
+        )
     pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion", "prepack", "onednn")]
     pipeline.insert(pipeline.index("memo"), "gemv_on_cpu")
     with torch.no_grad():
@@ -82,7 +90,9 @@ def test_siblings_share_one_kernel_and_the_aten_side_matches_eager(
     x = torch.randn(*([1] * (rank - 1)), 64, dtype=dtype)
     compiled, specs = compile_gemv(monkeypatch, model, (x,))
     rows = sorted(s.describe.split(": ")[1] for s in specs)
-    assert rows == ["64 + 32 + 32 rows", "64 rows", "64 rows", "96 + 96 rows"], [s.describe for s in specs]
+    mlp = "96 + 96 rows" if bias else "96 rows"  # silu(gate) * up in one kernel where the products have no bias
+    assert rows == sorted(["64 + 32 + 32 rows", "64 rows", "64 rows", mlp]), [s.describe for s in specs]
+    assert any("silu(gate) * up" in s.describe for s in specs) != bias
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))  # type: ignore[operator]
     source = compiled.artifact.source  # type: ignore[attr-defined]
@@ -104,6 +114,44 @@ def test_kernel_source_and_configs(monkeypatch: pytest.MonkeyPatch) -> None:
         assert block_k <= 64
     assert all(isinstance(line, KernelCall) and line.target == "aten.mm.default" for line in qkv.lines)
     assert len({line.args[0] for line in qkv.lines}) == 1  # the ATen side reads the one input the kernel reads
+
+
+def test_a_gated_pair_writes_silu_gate_times_up_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, specs = compile_gemv(monkeypatch, Block(), (torch.randn(1, 64),))
+    (mlp,) = (s for s in specs if "silu(gate) * up" in s.describe)
+    assert (
+        "def gemv_" in mlp.source
+        and "(x, w0, w1, out0, BLOCK_N" in mlp.source
+        and "_gated(x, w0, w1, out0" in mlp.source
+    )
+    assert [line.target for line in mlp.lines][-2:] == ["aten.silu.default", "aten.mul.Tensor"]
+    gate = {mlp.lines[0].outputs[0].name}  # type: ignore[union-attr]  # w0's product: what silu reads, through views
+    for line in mlp.lines[2:-2]:
+        if line.args[0] in [Ref(n) for n in gate]:
+            gate.add(line.outputs[0].name)  # type: ignore[union-attr]
+    assert mlp.lines[-2].args[0] in [Ref(n) for n in gate]
+    assert len(mlp.outputs) == 1 and mlp.outputs[0].meta.shape == (1, 96)  # type: ignore[union-attr]
+    assert all(grid == (-(-96 // dict(meta)["BLOCK_N"]),) for meta, _, _, grid in mlp.configs)  # a program does both
+
+
+class GateReadTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up = nn.Linear(64, 96, bias=False), nn.Linear(64, 96, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.gate(x)
+        return nn.functional.silu(g) * self.up(x), g
+
+
+def test_a_gate_read_elsewhere_keeps_its_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = GateReadTwice()
+    compiled, specs = compile_gemv(monkeypatch, model, (torch.randn(1, 64),))
+    assert [s.describe.split(": ")[1] for s in specs] == ["96 + 96 rows"]
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        for got, want in zip(compiled(x), model(x), strict=True):  # type: ignore[operator]
+            torch.testing.assert_close(got, want)
 
 
 def test_layers_share_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,3 +201,19 @@ def test_a_write_between_siblings_splits_them() -> None:
     assert [len(s.products) for s in find_siblings(program)] == [1, 1]
     together = replace(program, body=(body[0], body[2], write, body[3]))
     assert [len(s.products) for s in find_siblings(together)] == [2]
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernels_match_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                              bias: bool) -> None:  # fmt: skip
+    """Every kernel of a layer (the gated pair's where there is no bias), every tile, against its ATen calls."""
+    if ran_in_fresh_interpreter(request):
+        return
+    model = Block(d=80, kv=40, hidden=70, bias=bias)  # sizes that not every tile divides
+    checks: list[str] = []
+    compiled, specs = compile_gemv(monkeypatch, model, (torch.randn(1, 80),), checks=checks)
+    x = torch.randn(1, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)  # type: ignore[operator]
+    assert sorted(checks) == sorted(s.name for s in specs) and len(specs) == 4

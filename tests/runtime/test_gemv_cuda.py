@@ -49,6 +49,7 @@ def test_products_match_eager(
             torch.testing.assert_close(compiled(x), eager(x), **TOLERANCE[dtype])
     report = str(compiled.report())
     assert report.count("matrix-vector kernel") == 4, report
+    assert ("silu(gate) * up" in report) != bias, report  # the gated pair's kernel where there is no bias
 
 
 def test_graph_mode_replays_the_kernels() -> None:

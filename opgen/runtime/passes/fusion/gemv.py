@@ -17,7 +17,7 @@ pass never makes a product slower than cuBLAS. CUDA, static sizes, float16/bfloa
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import (
     FusedKernel,
@@ -33,6 +33,7 @@ from opgen.runtime.ir import (
 from opgen.runtime.passes.analysis import fresh_namer, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.fusion.gemv_gated import Gated, gated
 from opgen.runtime.passes.fusion.gemv_triton import configs, kernel
 from opgen.runtime.registry import KernelRegistry
 
@@ -69,8 +70,14 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
     if not found:
         return program
     locals_ = fresh_namer(program, "gemv")
-    placed = [(fused_kernel(group, next(locals_)), [p.index for p in group.products], group.products[0].index)
-              for group in found]  # fmt: skip
+    placed = []
+    for group in found:
+        at = [p.index for p in group.products]
+        gate = gated([p.line for p in group.products], at, group.products[0].n, program.body)
+        if gate is not None and not any(p.bias for p in group.products):
+            placed.append((fused_kernel(group, next(locals_), gate), [*at, *gate.members], gate.at))
+        else:
+            placed.append((fused_kernel(group, next(locals_)), at, at[0]))
     return eliminate_dead_code(place(program, placed), registry)
 
 
@@ -146,14 +153,26 @@ def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constan
     return Product(index, line, x, w, bias, n, wm.stride[1], out.dtype)  # type: ignore[arg-type]
 
 
-def fused_kernel(group: Siblings, local: str) -> FusedKernel:
+def fused_kernel(group: Siblings, local: str, gate: Gated | None = None) -> FusedKernel:
+    """The group's kernel; with `gate`, the gated pair's, writing `silu(gate) * up` alone."""
     products = group.products
-    nodes = tuple(p.line.node for p in products)
-    name, source = kernel(group)
+    if gate is not None:  # the gate's weight first: the kernel's `w0`
+        products = (products[gate.gate], products[1 - gate.gate])
+        group = replace(group, products=products)
+    name, source = kernel(group, gated=gate is not None)
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
-    outputs = tuple(p.line.outputs[0] for p in products)
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
-    rows = " + ".join(str(p.n) for p in products)
+    lines = [substitute_line(p.line, same_x) for p in products]
+    if gate is None:
+        outputs = tuple(p.line.outputs[0] for p in products)
+        nodes = tuple(p.line.node for p in products)
+        rows = " + ".join(str(p.n) for p in products)
+        describe = f"matrix-vector kernel, {len(products)} product(s) of one row of {group.k}: {rows} rows"
+    else:
+        outputs = (gate.out,)
+        lines += gate.lines
+        nodes = tuple(line.node for line in lines)
+        describe = f"matrix-vector kernel, silu(gate) * up of one row of {group.k}: {products[0].n} rows"
     return FusedKernel(
         local=local,
         name=name,
@@ -161,8 +180,8 @@ def fused_kernel(group: Siblings, local: str) -> FusedKernel:
         inputs=inputs,
         input_dtypes=(products[0].dtype,) * len(inputs),
         outputs=outputs,  # type: ignore[arg-type]
-        configs=configs(group),
+        configs=configs(group, gated=gate is not None),
         nodes=nodes,
-        describe=f"matrix-vector kernel, {len(products)} product(s) of one row of {group.k}: {rows} rows",
-        lines=tuple(substitute_line(p.line, same_x) for p in products),  # type: ignore[misc]
+        describe=describe,
+        lines=tuple(lines),  # type: ignore[arg-type]
     )

@@ -46,12 +46,46 @@ def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
     tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
 '''
 
+_GATED = '''@triton.jit
+def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.constexpr, SG: tl.constexpr,
+           SU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[rows] = silu(wg[rows, :] @ x) * (wu[rows, :] @ x), each product and the silu rounded to out's
+    dtype as the separate calls store them."""
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        xs = tl.load(x + cols * SX, mask=col_ok, other=0.0).to(tl.float32)
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+        g = tl.load(wg + rows[:, None] * SG + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
+        u = tl.load(wu + rows[:, None] * SU + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
+        acc_g += g.to(tl.float32) * xs[None, :]
+        acc_u += u.to(tl.float32) * xs[None, :]
+    dtype = out.dtype.element_ty
+    g = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)
+    u = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
+    s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+    tl.store(out + rows, (s * u).to(dtype), mask=row_ok)
+'''
 
-def kernel(group: Siblings) -> tuple[str, str]:
+
+def kernel(group: Siblings, gated: bool = False) -> tuple[str, str]:
     """(name, source) of the group's kernel. Both depend only on the sizes, strides and whether each
     product has a bias, never on value names: the layers of a model share one kernel, compiled and tuned
-    once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`."""
+    once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`.
+    `gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`)."""
     products = group.products
+    if gated:
+        gate, up = products
+        args = ["x", "w0", "w1", "out0", "pid", gate.n, group.k, group.x_meta.stride[1], gate.row_stride]
+        args += [up.row_stride, "BLOCK_N", "BLOCK_K"]
+        body = [f"    # silu(gate) * up of one row of {group.k}: {gate.n} rows", "    pid = tl.program_id(0)"]
+        body.append(f"    _gated({', '.join(map(str, args))})")
+        meta = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
+        return jit_module("gemv", ["x", "w0", "w1", "out0"], meta, "\n".join(body), _GATED)
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
     params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
     rows = " + ".join(str(p.n) for p in products)
@@ -79,12 +113,14 @@ def kernel(group: Siblings) -> tuple[str, str]:
     return jit_module("gemv", params, "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr", "\n".join(body), _ROWS)
 
 
-def configs(group: Siblings) -> tuple[Config, ...]:
+def configs(group: Siblings, gated: bool = False) -> tuple[Config, ...]:
+    """Per tile, the grid covers every product's rows (a gated pair's once: a program does both)."""
     k_blocks = 1 << max(4, math.ceil(math.log2(group.k)))  # the smallest power of two >= K (at least 16)
     found: list[Config] = []
     for block_n, block_k, warps, stages in TILES:
         block_k = min(block_k, k_blocks)
-        grid = (sum(-(-p.n // block_n) for p in group.products),)
+        products = group.products[:1] if gated else group.products
+        grid = (sum(-(-p.n // block_n) for p in products),)
         config: Config = ((("BLOCK_N", block_n), ("BLOCK_K", block_k)), warps, stages, grid)
         if config not in found:
             found.append(config)
