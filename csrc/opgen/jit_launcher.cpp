@@ -45,6 +45,7 @@ struct Driver {
   decltype(&::cuFuncGetAttribute) funcGetAttribute = nullptr;
   decltype(&::cuDeviceGetAttribute) deviceGetAttribute = nullptr;
   decltype(&::cuLaunchKernel) launchKernel = nullptr;
+  decltype(&::cuLaunchKernelEx) launchKernelEx = nullptr;  // null where the driver lacks it (before CUDA 11.8)
   decltype(&::cuGetErrorString) getErrorString = nullptr;
   decltype(&::cuDriverGetVersion) driverGetVersion = nullptr;
 };
@@ -67,6 +68,7 @@ const Driver& driver() {
     resolve(lib, "cuFuncGetAttribute", out.funcGetAttribute);
     resolve(lib, "cuDeviceGetAttribute", out.deviceGetAttribute);
     resolve(lib, "cuLaunchKernel", out.launchKernel);
+    out.launchKernelEx = reinterpret_cast<decltype(&::cuLaunchKernelEx)>(dlsym(lib, "cuLaunchKernelEx"));
     resolve(lib, "cuGetErrorString", out.getErrorString);
     resolve(lib, "cuDriverGetVersion", out.driverGetVersion);
     return out;
@@ -103,6 +105,7 @@ struct Variant {
   unsigned num_warps = 4;
   unsigned shared = 0;
   int extra_pointers = 0;  // trailing null pointers the ABI wants (Triton's scratch buffers)
+  bool dependent = false;  // launched to start while the kernel before it finishes (it waits with gdc_wait)
   std::vector<Param> params;
   std::vector<std::vector<int64_t>> grid;  // one program per dimension; empty when `py_grid` is set
   py::object py_grid;                      // grid(*args) -> tuple of ints, where the grid is not traceable
@@ -331,8 +334,29 @@ void launch_variant(Variant& v, const Arg* args, size_t n) {
   const bool switch_device = c10::cuda::current_device() != device;
   std::optional<c10::cuda::CUDAGuard> guard;
   if (switch_device) guard.emplace(static_cast<c10::DeviceIndex>(device));
-  check(driver().launchKernel(f, grid.x, grid.y, grid.z, 32 * v.num_warps, 1, 1, v.shared, stream, packed.data,
-                              nullptr),
+  const Driver& d = driver();
+  if (v.dependent && d.launchKernelEx != nullptr) {
+    // Programmatic dependent launch: the kernel may start once every program of the kernel before it
+    // has started (or signalled, gdc_launch_dependents); its own gdc_wait holds it until that kernel
+    // has finished and its writes are visible. Captured into CUDA graphs as a programmatic edge.
+    CUlaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = grid.x;
+    config.gridDimY = grid.y;
+    config.gridDimZ = grid.z;
+    config.blockDimX = 32 * v.num_warps;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = v.shared;
+    config.hStream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    check(d.launchKernelEx(&config, f, packed.data, nullptr), "cuLaunchKernelEx", v.name);
+    return;
+  }
+  check(d.launchKernel(f, grid.x, grid.y, grid.z, 32 * v.num_warps, 1, 1, v.shared, stream, packed.data, nullptr),
         "cuLaunchKernel", v.name);
 }
 
@@ -440,10 +464,10 @@ Kind kind_of(const std::string& k) {
   throw py::value_error("opgen.jit: unknown parameter kind '" + k + "'");
 }
 
-// add_variant(binary, name, num_warps, shared, params, grid, extra_pointers, first=True)
+// add_variant(binary, name, num_warps, shared, params, grid, extra_pointers, first=True, dependent=False)
 //   params: [(kind, dtype or None, align16, div16)]   grid: [program, ...] or a callable
 void add_variant(py::object self_obj, py::bytes binary, std::string name, unsigned num_warps, unsigned shared,
-                 py::list params, py::object grid, int extra_pointers, bool first) {
+                 py::list params, py::object grid, int extra_pointers, bool first, bool dependent) {
   if (!PyObject_TypeCheck(self_obj.ptr(), launcher_type())) throw py::type_error("add_variant: not a JitLauncher");
   auto* self = reinterpret_cast<Launcher*>(self_obj.ptr());
   auto v = std::make_shared<Variant>();
@@ -452,6 +476,7 @@ void add_variant(py::object self_obj, py::bytes binary, std::string name, unsign
   v->num_warps = num_warps;
   v->shared = shared;
   v->extra_pointers = extra_pointers;
+  v->dependent = dependent;
   for (const py::handle item : params) {
     const auto spec = item.cast<py::tuple>();
     Param p{kind_of(spec[0].cast<std::string>())};
@@ -716,7 +741,9 @@ void add_jit(py::module_& m) {
         "JitLauncher(name, nargs, fallback): a Triton kernel's launcher, with no variant yet.");
   m.def("jit_add_variant", &add_variant, py::arg("launcher"), py::arg("binary"), py::arg("name"),
         py::arg("num_warps"), py::arg("shared"), py::arg("params"), py::arg("grid"), py::arg("extra_pointers"),
-        py::arg("first") = true, "Adds a compiled variant to a JitLauncher (see opgen/jit/kernel.py).");
+        py::arg("first") = true, py::arg("dependent") = false,
+        "Adds a compiled variant to a JitLauncher (see opgen/jit/kernels.py); `dependent`: launch it with "
+        "programmatic dependent launch (its source waits for the kernel before it with gdc_wait).");
   m.def("jit_launch_strict", &launch_strict, py::arg("launcher"),
         "Launches the first variant that fits, never the fallback (raises if none fits).");
   m.def("jit_bench_bare", &bench_bare, py::arg("launcher"), py::arg("iterations"),

@@ -52,17 +52,19 @@ def fixed_grid_launcher(
     mutates: Sequence[str],
     name: str,
     examples: Callable[[], Sequence[Any]],
+    dependent_launch: bool = False,
 ) -> Any:
     """The launcher of a kernel whose grid each config fixed at compile time ((meta, warps, stages, grid)
     per config); it starts compiling for the arguments `examples()` makes, so the first call usually
-    finds it ready (where they cannot be made or compiled, the first call says why)."""
+    finds it ready (where they cannot be made or compiled, the first call says why).
+    `dependent_launch`: see `JitKernel`."""
     grids = {tuple(sorted(meta)): grid for meta, _, _, grid in configs}
 
     def grid(meta: dict[str, Any]) -> Any:
         return grids[tuple(sorted((k, v) for k, v in meta.items() if k not in params))]
 
     chosen = [Config(dict(meta), warps, stages) for meta, warps, stages, _ in configs]
-    kernel = JitKernel(fn, grid, chosen, mutates=mutates, name=name)
+    kernel = JitKernel(fn, grid, chosen, mutates=mutates, name=name, dependent_launch=dependent_launch)
     try:
         kernel.warmup(*examples())
     except (JitError, TypeError, ValueError, RuntimeError):

@@ -50,7 +50,11 @@ class JitKernel:
         configs: Sequence[Config] = (Config(),),
         mutates: Sequence[str] | None = None,
         name: str | None = None,
+        dependent_launch: bool = False,
     ) -> None:
+        """`dependent_launch`: launch with programmatic dependent launch (CUDA, compute capability 9.0
+        and newer), so that the kernel starts while the one before it finishes; `fn` must wait for it
+        (`tl.extra.cuda.gdc_wait()`) before it reads or writes anything that kernel may touch."""
         env.require()
         from triton.runtime.jit import JITFunction
 
@@ -62,6 +66,7 @@ class JitKernel:
         self.name = name or fn.__name__
         self.grid = grid
         self.configs = tuple(configs)
+        self.dependent_launch = dependent_launch
         self.names = [p.name for p in runtime_params(fn)]
         unknown = sorted(set(mutates or ()) - set(self.names))
         if unknown:
@@ -120,6 +125,7 @@ class JitKernel:
             [(p.kind, getattr(torch, p.dtype) if p.dtype else None, p.align16, p.div16) for p in binary.params],
             self._grid_for(config, args),
             binary.extra_pointers,
+            dependent=self.dependent_launch,
         )
 
     def _grid_for(self, config: Config, args: Sequence[Any]) -> Any:

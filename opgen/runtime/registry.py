@@ -91,6 +91,9 @@ class DeviceFacts:
     # (dtype, with a mask) where CUDA attention with `enable_gqa` runs a fused kernel that reads grouped
     # key/value heads in place (flash attention or cuDNN), not the math path.
     grouped_attention: frozenset[tuple[str, bool]] = frozenset()
+    # Generated Triton kernels can start while the kernel before them finishes (programmatic dependent
+    # launch: compute capability 9.0 or newer, Triton's gdc intrinsics; OPGEN_DEPENDENT_LAUNCH=0 turns it off).
+    dependent_launch: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,4 +230,5 @@ def _fused(data: dict[str, Any]) -> FusedKernel:
         nodes=tuple(data["nodes"]),
         describe=data["describe"],
         writes=tuple(value(v) for v in data.get("writes", ())),
+        dependent_launch=data.get("dependent_launch", False),
     )

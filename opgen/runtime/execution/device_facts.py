@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -14,7 +15,21 @@ FLASH, CUDNN = 1, 3  # torch.nn.attention.SDPBackend: the fused kernels that rea
 
 @functools.cache
 def device_facts() -> DeviceFacts:
-    return DeviceFacts(grouped_attention=_grouped_attention()) if torch.cuda.is_available() else DeviceFacts()
+    if not torch.cuda.is_available():
+        return DeviceFacts()
+    return DeviceFacts(grouped_attention=_grouped_attention(), dependent_launch=_dependent_launch())
+
+
+def _dependent_launch() -> bool:
+    """Programmatic dependent launch: Hopper (compute capability 9.0) and newer, a Triton with the
+    griddepcontrol intrinsics, and not turned off with OPGEN_DEPENDENT_LAUNCH=0."""
+    if os.environ.get("OPGEN_DEPENDENT_LAUNCH", "1") == "0" or torch.cuda.get_device_capability() < (9, 0):
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _grouped_attention() -> frozenset[tuple[str, bool]]:

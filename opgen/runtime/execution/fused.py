@@ -120,7 +120,9 @@ def _launcher(spec: FusedKernel) -> Any:
     params = list(fn.arg_names[: len(spec.inputs) + len(spec.outputs)])
     written = {v.name for v in spec.writes}
     mutates = [p for p, name in zip(params, spec.inputs, strict=False) if name in written] + params[len(spec.inputs) :]
-    return fixed_grid_launcher(fn, spec.configs, params, mutates, spec.name, lambda: _examples(spec))
+    return fixed_grid_launcher(
+        fn, spec.configs, params, mutates, spec.name, lambda: _examples(spec), dependent_launch=spec.dependent_launch
+    )
 
 
 def _examples(spec: FusedKernel) -> list[torch.Tensor]:

@@ -55,6 +55,7 @@ class FusedKernel:
     describe: str  # "row kernel, 64 rows of 16 (1x4x16x16)"
     lines: tuple[KernelCall, ...] = ()  # the ATen sequence; () once printed (the source holds it)
     writes: tuple[Value, ...] = ()  # inputs it writes in place, with their metas (names among `inputs`)
+    dependent_launch: bool = False  # its source waits for the kernel before it (passes.dependent_launch)
 
     @property
     def device(self) -> str:

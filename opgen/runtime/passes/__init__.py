@@ -28,7 +28,8 @@ keys and values into a KV cache (which `reinplace` made) as one Triton kernel; `
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
 kernels, and `fusion` turns groups of pointwise nodes and
 row reductions into generated Triton kernels once the graph is simplified, before memo and memory
-planning see the calls;
+planning see the calls; `dependent_launch` then lets each generated kernel start while the one before
+it finishes (Hopper and newer);
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
 oneDNN, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
@@ -48,6 +49,7 @@ from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
+from opgen.runtime.passes.dependent_launch import launch_dependently
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
@@ -88,6 +90,7 @@ PASSES: dict[str, Pass] = {
     "cache_writes": fuse_cache_writes,
     "gemv": fuse_gemv,
     "fusion": fuse,
+    "dependent_launch": launch_dependently,
     "memory": plan_memory,
     "hoist_views": hoist_views,
     "memo": memoize_sizes,
@@ -117,6 +120,7 @@ DEFAULT_PIPELINE = (
     "cache_writes",
     "gemv",
     "fusion",
+    "dependent_launch",
     "memo",
     "memory",
     "hoist_views",

@@ -71,13 +71,14 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
         return program
     locals_ = fresh_namer(program, "gemv")
     placed = []
+    dependent = registry.facts.dependent_launch
     for group in found:
         at = [p.index for p in group.products]
         gate = gated([p.line for p in group.products], at, group.products[0].n, program.body)
         if gate is not None and not any(p.bias for p in group.products):
-            placed.append((fused_kernel(group, next(locals_), gate), [*at, *gate.members], gate.at))
+            placed.append((fused_kernel(group, next(locals_), gate, dependent), [*at, *gate.members], gate.at))
         else:
-            placed.append((fused_kernel(group, next(locals_)), at, at[0]))
+            placed.append((fused_kernel(group, next(locals_), dependent=dependent), at, at[0]))
     return eliminate_dead_code(place(program, placed), registry)
 
 
@@ -153,13 +154,14 @@ def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constan
     return Product(index, line, x, w, bias, n, wm.stride[1], out.dtype)  # type: ignore[arg-type]
 
 
-def fused_kernel(group: Siblings, local: str, gate: Gated | None = None) -> FusedKernel:
-    """The group's kernel; with `gate`, the gated pair's, writing `silu(gate) * up` alone."""
+def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, dependent: bool = False) -> FusedKernel:
+    """The group's kernel; with `gate`, the gated pair's, writing `silu(gate) * up` alone. `dependent`:
+    its weights are read before it waits for the kernel before it (`passes.dependent_launch`)."""
     products = group.products
     if gate is not None:  # the gate's weight first: the kernel's `w0`
         products = (products[gate.gate], products[1 - gate.gate])
         group = replace(group, products=products)
-    name, source = kernel(group, gated=gate is not None)
+    name, source = kernel(group, gated=gate is not None, dependent=dependent)
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
     lines = [substitute_line(p.line, same_x) for p in products]

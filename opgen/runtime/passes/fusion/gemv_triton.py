@@ -26,14 +26,22 @@ Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta,
 # it); the other two are the next best on some shapes.
 TILES = ((2, 1024, 4, 3), (4, 1024, 8, 3), (8, 512, 8, 3))
 
+# Both helpers read the first tile of weights before anything else: where kernels launch dependently
+# (`passes.dependent_launch`), the wait for the kernel before comes after it, so the weights (which
+# no kernel writes) stream in while that kernel finishes. {signal} and {wait} are those two calls.
 _ROWS = '''@triton.jit
 def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.constexpr, SW: tl.constexpr,
           HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[rows] = w[rows, :] @ x (+ bias[rows]) for the block's BLOCK_N rows; w's rows are SW apart."""
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    cols = tl.arange(0, BLOCK_K)
+    col_ok = cols < K
+{signal}    tile = tl.load(w + rows[:, None] * SW + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0,
+                   eviction_policy="evict_first")
+{wait}    xs = tl.load(x + cols * SX, mask=col_ok, other=0.0).to(tl.float32)
+    acc = tile.to(tl.float32) * xs[None, :]
+    for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         xs = tl.load(x + cols * SX, mask=col_ok, other=0.0).to(tl.float32)
@@ -53,9 +61,15 @@ def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
     dtype as the separate calls store them."""
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    cols = tl.arange(0, BLOCK_K)
+    col_ok = cols < K
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+{signal}    g = tl.load(wg + rows[:, None] * SG + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
+    u = tl.load(wu + rows[:, None] * SU + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
+{wait}    xs = tl.load(x + cols * SX, mask=col_ok, other=0.0).to(tl.float32)
+    acc_g = g.to(tl.float32) * xs[None, :]
+    acc_u = u.to(tl.float32) * xs[None, :]
+    for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         xs = tl.load(x + cols * SX, mask=col_ok, other=0.0).to(tl.float32)
@@ -72,11 +86,20 @@ def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
 '''
 
 
-def kernel(group: Siblings, gated: bool = False) -> tuple[str, str]:
+def _helper(template: str, dependent: bool) -> str:
+    signal = "    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start: it waits for this one\n"
+    wait = (
+        "    tl.extra.cuda.gdc_wait()  # the kernel before has finished (the weights, read above, no kernel writes)\n"
+    )
+    return template.format(signal=signal if dependent else "", wait=wait if dependent else "")
+
+
+def kernel(group: Siblings, gated: bool = False, dependent: bool = False) -> tuple[str, str]:
     """(name, source) of the group's kernel. Both depend only on the sizes, strides and whether each
     product has a bias, never on value names: the layers of a model share one kernel, compiled and tuned
     once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`.
-    `gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`)."""
+    `gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
+    `dependent`: the weights' first tile is read before waiting for the kernel before (see `_helper`)."""
     products = group.products
     if gated:
         gate, up = products
@@ -85,7 +108,7 @@ def kernel(group: Siblings, gated: bool = False) -> tuple[str, str]:
         body = [f"    # silu(gate) * up of one row of {group.k}: {gate.n} rows", "    pid = tl.program_id(0)"]
         body.append(f"    _gated({', '.join(map(str, args))})")
         meta = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
-        return jit_module("gemv", ["x", "w0", "w1", "out0"], meta, "\n".join(body), _GATED)
+        return jit_module("gemv", ["x", "w0", "w1", "out0"], meta, "\n".join(body), _helper(_GATED, dependent))
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
     params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
     rows = " + ".join(str(p.n) for p in products)
@@ -110,7 +133,8 @@ def kernel(group: Siblings, gated: bool = False) -> tuple[str, str]:
         for i, (end, call) in enumerate(calls):
             test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
             body += [f"    {test}", f"        {call}"]
-    return jit_module("gemv", params, "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr", "\n".join(body), _ROWS)
+    meta = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
+    return jit_module("gemv", params, meta, "\n".join(body), _helper(_ROWS, dependent))
 
 
 def configs(group: Siblings, gated: bool = False) -> tuple[Config, ...]:
