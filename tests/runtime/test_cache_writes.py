@@ -60,10 +60,37 @@ class Cache(nn.Module):
         return self.k_cache.sum(2) + self.v_cache.sum(2)
 
 
+class CountedCache(nn.Module):
+    """transformers' static cache layer as its export wrapper runs it: a position counter per layer, set
+    from `cache_position` at the top, the write positions `arange(n) + counter`, the counter advanced."""
+
+    def __init__(self, layers: int = 2, kv_heads: int = 2, length: int = 24, dim: int = 8) -> None:
+        super().__init__()
+        self.layers = layers
+        for i in range(layers):
+            self.register_buffer(f"k{i}", torch.zeros(1, kv_heads, length, dim))
+            self.register_buffer(f"v{i}", torch.zeros(1, kv_heads, length, dim))
+            self.register_buffer(f"counter{i}", torch.zeros(1, dtype=torch.long))
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        for i in range(self.layers):
+            getattr(self, f"counter{i}").copy_(pos[0])
+        out = []
+        for i in range(self.layers):
+            counter, key = getattr(self, f"counter{i}"), k * (i + 1)  # the values first, as in a layer
+            at = torch.arange(k.shape[2], device=k.device) + counter
+            counter.add_(k.shape[2])
+            getattr(self, f"k{i}").index_copy_(2, at, key)
+            getattr(self, f"v{i}").index_copy_(2, at, v)
+            out.append(getattr(self, f"k{i}").sum(2) + getattr(self, f"v{i}").sum(2))
+        return torch.stack(out)
+
+
 def inputs(model: Cache, positions: list[int], device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    _, kv, _, dim = model.k_cache.shape
+    _, kv, _, dim = (model.k_cache if isinstance(model, Cache) else model.k0).shape
     gen = torch.Generator().manual_seed(positions[0] % 97)
-    k, v = (torch.randn(1, kv, len(positions), dim, generator=gen).to(model.k_cache.dtype) for _ in range(2))
+    dtype = next(iter(model.buffers())).dtype
+    k, v = (torch.randn(1, kv, len(positions), dim, generator=gen).to(dtype) for _ in range(2))
     return k.to(device), v.to(device), torch.tensor(positions, device=device)
 
 
@@ -93,19 +120,21 @@ def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: t
         return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs
 
 
-def run_steps(compiled: object, eager: Cache, model: Cache, steps: list[list[int]], device: str = "cpu") -> None:
+def run_steps(
+    compiled: object, eager: nn.Module, model: nn.Module, steps: list[list[int]], device: str = "cpu"
+) -> None:
     for positions in steps:
-        example = inputs(model, positions, device)
+        example = inputs(model, positions, device)  # type: ignore[arg-type]
         with torch.no_grad():
             want = eager(*example)
             got = compiled(*example)  # type: ignore[operator]
         torch.testing.assert_close(got, want)
-        torch.testing.assert_close(model.k_cache, eager.k_cache, rtol=0, atol=0)  # the writes land where eager's do
-        torch.testing.assert_close(model.v_cache, eager.v_cache, rtol=0, atol=0)
+        for (name, mine), theirs in zip(model.named_buffers(), eager.buffers(), strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)  # the writes land where eager's do
 
 
-def pair(**kw) -> tuple[Cache, Cache]:  # type: ignore[no-untyped-def]
-    model, eager = Cache(**kw), Cache(**kw)
+def pair(kind: type = Cache, **kw) -> tuple:  # type: ignore[no-untyped-def,type-arg]
+    model, eager = kind(**kw), kind(**kw)
     eager.load_state_dict(model.state_dict())
     return model, eager
 
@@ -127,12 +156,30 @@ def test_a_layers_two_writes_are_one_kernel_and_the_aten_side_matches(
     run_steps(compiled, eager, model, [[p] for p in (0, 5, 23, 6)])
 
 
+def test_a_counted_cache_computes_its_positions_and_sets_its_counters_in_one_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, eager = pair(CountedCache)
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [3]))
+    describe = sorted(s.describe.split(":")[0] for s in specs)
+    assert describe == [
+        "cache write kernel, 2 copies into buffers",
+        "cache write kernel, 2 write(s) at 1 position(s) of a sum",
+        "cache write kernel, 2 write(s) at 1 position(s) of a sum",
+    ], describe
+    writes = next(s for s in specs if "sum" in s.describe)
+    assert writes.lines[0].target == "aten.add.Tensor" and "p = tl.load(index0" in writes.source
+    forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
+    assert forward.index(f"{writes.local}(") < forward.index("add_")  # the kernel reads the counter before it moves
+    run_steps(compiled, eager, model, [[p] for p in (0, 5, 23, 6)])
+
+
 def test_the_kernel_source_reads_like_the_write(monkeypatch: pytest.MonkeyPatch) -> None:
     model = Cache(kv_heads=2, length=24, dim=8)
     _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model, [3]))
     assert (
         spec.name.startswith("cache_write_")
-        and f"def {spec.name}(index, dst0, values0, dst1, values1, BLOCK" in spec.source
+        and f"def {spec.name}(index0, dst0, values0, dst1, values1, BLOCK" in spec.source
     )
     assert "# 1x2x1x8 into 1x2x24x8 along dim 2" in spec.source and "p = tl.where(p < 0, p + 24, p)" in spec.source
     assert "if pid < (16 + BLOCK - 1) // BLOCK:" in spec.source and "else:" in spec.source
@@ -205,6 +252,18 @@ def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dty
             compiled = opgen.compile(model, inputs(model, [0], "cuda"), cuda_graphs=graphs, cache=False)
         assert "cache write kernel" in str(compiled.report())
         run_steps(compiled, eager, model, [[p] for p in (0, 1, 150, 299, 7)], "cuda")
+
+
+@interpreter
+def test_a_counted_caches_kernels_match_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
+                                                            request: pytest.FixtureRequest) -> None:  # fmt: skip
+    if ran_in_fresh_interpreter(request):
+        return
+    model, eager = pair(CountedCache, length=40)
+    checks: list[str] = []
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [0]), interpret=True, checks=checks)
+    run_steps(compiled, eager, model, [[0], [17], [39]])
+    assert len(specs) == 3 and len(checks) == 9
 
 
 @interpreter

@@ -23,19 +23,24 @@ INT32_MAX = 2**31 - 1
 
 
 def kernel(run: Writes) -> tuple[str, str]:
-    """(name, source): parameters `index`, then each write's buffer and values (`dst0, values0, ...`)."""
-    writes = run.writes
-    params = ["index", *(f"{p}{i}" for i in range(len(writes)) for p in ("dst", "values"))]
-    positions = run.index_meta.shape[0]
-    body = [
-        f"    # {len(writes)} write(s) at {positions} position(s) of an index tensor",
-        "    pid = tl.program_id(0)",
+    """(name, source): parameters the positions' terms (`index0`, and `index1` where the kernel adds
+    two), then each write's buffer and values (`dst0, values0, ...`)."""
+    writes, positions = run.writes, run.positions
+    terms = positions.terms if positions is not None else ()
+    params = [
+        *(f"index{t}" for t in range(len(terms))),
+        *(f"{p}{i}" for i in range(len(writes)) for p in ("dst", "values")),
     ]
+    if positions is None:
+        what = f"{len(writes)} cop{'y' if len(writes) == 1 else 'ies'} into buffers"
+    else:
+        what = f"{len(writes)} write(s) at {positions.length} position(s)" + (" of a sum" if len(terms) > 1 else "")
+    body = [f"    # {what}", "    pid = tl.program_id(0)"]
     start = ""
     for i, write in enumerate(writes):
         blocks = f"({_numel(write.region)} + BLOCK - 1) // BLOCK"
         end = f"{start} + {blocks}" if start else blocks
-        lines = _write_lines(write, i, f"pid - ({start})" if start else "pid", run.index_meta.stride[0])
+        lines = _write_lines(write, i, f"pid - ({start})" if start else "pid", terms)
         if len(writes) == 1:
             body += [f"    {line}" for line in lines]
         else:
@@ -45,12 +50,13 @@ def kernel(run: Writes) -> tuple[str, str]:
     return jit_module("cache_write", params, "BLOCK: tl.constexpr", "\n".join(body))
 
 
-def _write_lines(write: Write, i: int, block: str, index_stride: int) -> list[str]:
+def _write_lines(write: Write, i: int, block: str, terms: tuple[tuple[str, Any, int], ...]) -> list[str]:
     """One program's share of write `i`: the element's coordinates, its position, the store."""
     shape, dst = write.region, write.dst_meta
     wide = _numel(dst.shape) + dst.offset > INT32_MAX or _numel(shape) > INT32_MAX
+    along = f" along dim {write.dim}" if write.dim is not None else ""
     lines = [
-        f"# {'x'.join(map(str, shape))} into {'x'.join(map(str, dst.shape))} along dim {write.dim}",
+        f"# {'x'.join(map(str, shape))} into {'x'.join(map(str, dst.shape))}{along}",
         f"e = ({block}) * BLOCK + tl.arange(0, BLOCK)" + (".to(tl.int64)" if wide else ""),
         f"ok = e < {_numel(shape)}",
     ]
@@ -67,21 +73,28 @@ def _write_lines(write: Write, i: int, block: str, index_stride: int) -> list[st
         else:
             lines.append(f"c{d} = {rest}")
         coords[d] = f"c{d}"
-    at = coords.get(write.dim, "e * 0")  # one position: every element reads it
-    size = dst.shape[write.dim]
+    target = dict(coords)
+    if write.dim is not None:
+        at = coords.get(write.dim, "e * 0")  # one position: every element reads it
+        size = dst.shape[write.dim]
+        loads = [f"tl.load(index{t} + {at} * {stride}, mask=ok, other=0)" if stride else
+                 f"tl.load(index{t} + e * 0, mask=ok, other=0)" for t, (_, _, stride) in enumerate(terms)]  # fmt: skip
+        lines += [
+            f"p = {' + '.join(loads)}",
+            f"p = tl.where(p < 0, p + {size}, p)",
+            f"ok = ok & (p >= 0) & (p < {size})",
+        ]
+        target[write.dim] = "p"
     lines += [
-        f"p = tl.load(index + {at} * {index_stride}, mask=ok, other=0)",
-        f"p = tl.where(p < 0, p + {size}, p)",
-        f"ok = ok & (p >= 0) & (p < {size})",
         f"x = tl.load(values{i} + {_offset(coords, write.values_stride)}, mask=ok)",
-        f"tl.store(dst{i} + {_offset({**coords, write.dim: 'p'}, dst.stride)}, x.to(dst{i}.dtype.element_ty), mask=ok)",
+        f"tl.store(dst{i} + {_offset(target, dst.stride)}, x.to(dst{i}.dtype.element_ty), mask=ok)",
     ]
     return lines
 
 
 def _offset(coords: dict[int, str], stride: tuple[Any, ...]) -> str:
     terms = [f"{c} * {stride[d]}" for d, c in sorted(coords.items()) if stride[d] != 0]
-    return " + ".join(terms) or "0"
+    return " + ".join(terms) or "e * 0"  # one element: every program's lanes address it
 
 
 def _numel(shape: tuple[Any, ...]) -> int:
