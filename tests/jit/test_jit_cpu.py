@@ -149,8 +149,8 @@ def test_fixed_grid_launchers_map_each_config_to_its_grid(monkeypatch):
     made = {}
 
     class Recorded:
-        def __init__(self, fn, grid, configs, mutates, name):
-            made.update(fn=fn, grid=grid, configs=configs, mutates=mutates, name=name)
+        def __init__(self, fn, grid, configs, mutates, name, dependent_launch):
+            made.update(fn=fn, grid=grid, configs=configs, mutates=mutates, name=name, dependent=dependent_launch)
             self.launcher = f"launcher of {name}"
 
         def warmup(self, *args):
@@ -166,4 +166,4 @@ def test_fixed_grid_launchers_map_each_config_to_its_grid(monkeypatch):
     assert made["grid"]({"x": object(), "out": object(), "BLOCK": 1024}) == (4, 1, 1)
     assert made["grid"]({"x": object(), "out": object(), "BLOCK": 256}) == (16, 1, 1)
     assert [(c.meta, c.num_warps) for c in made["configs"]] == [({"BLOCK": 256}, 2), ({"BLOCK": 1024}, 4)]
-    assert made["mutates"] == ["out"]
+    assert made["mutates"] == ["out"] and made["dependent"] is False  # launched plainly unless asked

@@ -184,15 +184,19 @@ def test_strict_compiles_match_eager(
     assert choice in (*OPS, SDPBackend.MATH), choice
     if choice in OPS:
         assert "cuda" in INFO[OPS[choice]]["backends"]
+    # One query row over a cache runs opgen's decode-attention kernel, not eager's (float32 softmax and
+    # sums in another order: a unit in the last place apart); every other case binds eager's own kernel.
+    tol = {"atol": 2e-3, "rtol": 2e-3} if dtype == torch.float16 else {"atol": 2e-2, "rtol": 2e-2}
+    tol = tol if case[0].startswith("decode") else {}
     with torch.no_grad():
         expected = model(*inputs)
         compiled = opgen.compile(model, inputs, cache=False)
         assert compiled.report().fallbacks == ()
-        torch.testing.assert_close(compiled(*inputs), expected)
+        torch.testing.assert_close(compiled(*inputs), expected, **tol)
         torch._dynamo.reset()
         seen = _graph_targets(monkeypatch)
         dynamo = torch.compile(model, backend="opgen", dynamic=False, options={"cache": False})
-        torch.testing.assert_close(dynamo(*inputs), expected)
+        torch.testing.assert_close(dynamo(*inputs), expected, **tol)
     if choice in OPS:
         assert f"aten.{OPS[choice]}.default" in seen, seen
 
