@@ -178,3 +178,45 @@ def compile_fused(
     pipeline.insert(pipeline.index("memo"), "fusion_on_cpu")
     compiled = opgen.compile(model, inputs, passes=pipeline, cache=False)
     return compiled, checks
+
+
+def compile_with_pass(
+    monkeypatch: pytest.MonkeyPatch,
+    model: torch.nn.Module,
+    example: tuple[Any, ...],
+    gpu_pass: str,
+    run: Callable[[Program, KernelRegistry], Program],
+    checks: list[str] | None = None,
+    tolerance: dict[str, float] | None = None,
+    before: str = "memo",
+) -> tuple[Any, list[FusedKernel]]:
+    """(compiled function, its kernels): `model` compiled with `run` (one of the passes that make Triton
+    kernels, `gpu_pass` by name) as if on CUDA, at that pass's place in the default pipeline (other
+    GPU passes left out). Kernels are bound to their ATen side, or with `checks`, run in Triton's
+    interpreter with every config and checked against it (`InterpretedBinding`). Where the default
+    pipeline lacks the pass (no GPU), it goes before the pass named `before`."""
+    from opgen.runtime import passes
+    from opgen.runtime.execution import fused as fused_module
+
+    specs: list[FusedKernel] = []
+
+    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
+        out = _relabel(run(_relabel(program, "cuda:0"), registry), "cpu")
+        specs.extend(out.fused)
+        return out
+
+    monkeypatch.setitem(passes.PASSES, f"{gpu_pass}_on_cpu", on_cpu)
+    if checks is not None:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        tol = tolerance or {}
+        monkeypatch.setattr(
+            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tol) for s in found}
+        )
+    else:
+        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
+    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion") or p == gpu_pass]
+    pipeline = [f"{gpu_pass}_on_cpu" if p == gpu_pass else p for p in pipeline]
+    if f"{gpu_pass}_on_cpu" not in pipeline:  # a pipeline without a GPU leaves the pass out: put it `before`
+        pipeline.insert(pipeline.index(before), f"{gpu_pass}_on_cpu")
+    with torch.no_grad():
+        return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs

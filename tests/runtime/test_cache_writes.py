@@ -13,16 +13,13 @@ import importlib.util
 
 import pytest
 import torch
-from fusion_interp import InterpretedBinding, _relabel, ran_in_fresh_interpreter
+from fusion_interp import compile_with_pass, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
-from opgen.runtime import passes
 from opgen.runtime.execution import fused as fused_module
-from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.ir import FusedKernel
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
-from opgen.runtime.pipeline import default_pipeline
-from opgen.runtime.registry import KernelRegistry
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 interpreter = pytest.mark.skipif(
@@ -97,27 +94,8 @@ def inputs(model: Cache, positions: list[int], device: str = "cpu") -> tuple[tor
 def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: tuple, interpret: bool = False,
                    checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
     """Compiled with the pass (as if on CUDA); kernels bound to their ATen side, or to the interpreter."""
-    specs: list[FusedKernel] = []
-
-    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        out = _relabel(fuse_cache_writes(_relabel(program, "cuda:0"), registry), "cpu")
-        specs.extend(out.fused)
-        return out
-
-    monkeypatch.setitem(passes.PASSES, "cache_writes_on_cpu", on_cpu)
-    if interpret:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        monkeypatch.setattr(
-            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, {}) for s in found}
-        )
-    else:
-        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
-    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion")]
-    pipeline = ["cache_writes_on_cpu" if p == "cache_writes" else p for p in pipeline]
-    if "cache_writes_on_cpu" not in pipeline:  # a CPU pipeline leaves cache_writes out
-        pipeline.insert(pipeline.index("memo"), "cache_writes_on_cpu")
-    with torch.no_grad():
-        return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs
+    checks = (checks if checks is not None else []) if interpret else None
+    return compile_with_pass(monkeypatch, model, example, "cache_writes", fuse_cache_writes, checks)
 
 
 def run_steps(

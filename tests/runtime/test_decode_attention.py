@@ -14,17 +14,13 @@ import math
 
 import pytest
 import torch
-from fusion_interp import InterpretedBinding, _relabel, ran_in_fresh_interpreter
+from fusion_interp import compile_with_pass, ran_in_fresh_interpreter
 from torch import nn
 from torch.nn import functional as F
 
 import opgen
-from opgen.runtime import passes
-from opgen.runtime.execution import fused as fused_module
-from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.ir import FusedKernel
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
-from opgen.runtime.pipeline import default_pipeline
-from opgen.runtime.registry import KernelRegistry
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 interpreter = pytest.mark.skipif(
@@ -74,28 +70,10 @@ def inputs(model: CacheAttention, pos: int = 7, dtype: torch.dtype = torch.float
 def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: tuple, interpret: bool = False,
                    checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
     """Compiled with the pass (as if on CUDA); kernels bound to their ATen side, or to the interpreter."""
-    specs: list[FusedKernel] = []
-
-    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        out = _relabel(fuse_decode_attention(_relabel(program, "cuda:0"), registry), "cpu")
-        specs.extend(out.fused)
-        return out
-
-    monkeypatch.setitem(passes.PASSES, "attention_on_cpu", on_cpu)
-    if interpret:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        tolerance = {"atol": 1e-5, "rtol": 1e-5}
-        monkeypatch.setattr(
-            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
-        )
-    else:
-        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
-    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion")]  # the pass where the default has it
-    pipeline = ["attention_on_cpu" if p == "decode_attention" else p for p in pipeline]
-    if "attention_on_cpu" not in pipeline:  # a CPU pipeline leaves decode_attention out
-        pipeline.insert(pipeline.index("attention_masks"), "attention_on_cpu")
-    with torch.no_grad():
-        return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs
+    checks = (checks if checks is not None else []) if interpret else None
+    tolerance = {"atol": 1e-5, "rtol": 1e-5}
+    return compile_with_pass(monkeypatch, model, example, "decode_attention", fuse_decode_attention, checks, tolerance,
+                             before="attention_masks")  # fmt: skip
 
 
 def run_steps(compiled: object, eager: CacheAttention, model: CacheAttention, positions: range, **kw) -> None:
