@@ -156,7 +156,9 @@ def _with_positions(run: Writes, body: Sequence[Line], metas: dict[str, TensorMe
             return run
         terms.append((arg.name, meta, 0 if size == 1 else int(meta.stride[0])))  # type: ignore[union-attr,arg-type]
     if any(producers.get(n, -1) > add for w in run.writes for n in (w.dst, w.values)):
-        return run
+        return run  # a write's values come after the add: the writes cannot move up to it
+    if {name for name, _, _ in terms} & {w.dst for w in run.writes}:
+        return run  # positions read from a buffer the run writes
     if not _movable(run, body, add):
         return run
     return replace(run, positions=replace(run.positions, terms=tuple(terms), add=add), at=add)
