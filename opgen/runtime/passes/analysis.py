@@ -205,3 +205,20 @@ def fresh_namer(program: Program, prefix: str) -> Iterator[str]:
 
 def ref_names(args: Iterable[Arg]) -> list[str]:
     return [a.name for a in args if isinstance(a, Ref)]
+
+
+def view_roots(lines: Sequence[Line], targets: Iterable[str]) -> dict[str, str]:
+    """Value -> the value it views, followed to the end, for `View` lines and calls of the view ops
+    `targets` (their first argument is what they view)."""
+    views = set(targets)
+    roots: dict[str, str] = {}
+    for line in lines:
+        source = None
+        if isinstance(line, View):
+            source = line.source
+        elif isinstance(line, KernelCall) and line.target in views and line.args and isinstance(line.args[0], Ref):
+            source = line.args[0].name
+        if source is not None:
+            for value in defs(line):
+                roots[value.name] = roots.get(source, source)
+    return roots

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
-from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, writes_memory
+from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, view_roots, writes_memory
 from opgen.runtime.passes.fusion.cache_writes_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.registry import KernelRegistry
@@ -167,7 +167,7 @@ def _with_positions(run: Writes, body: Sequence[Line], metas: dict[str, TensorMe
 def _movable(run: Writes, body: Sequence[Line], add: int) -> bool:
     """Each write can move up to the add: the lines it passes neither read the buffers the run
     writes nor write what it writes or reads (the views of either included)."""
-    roots = _view_roots(body)
+    roots = view_roots(body, VIEWS)
     touched = {roots.get(n, n) for w in run.writes for n in (w.dst, w.values)}
     members = {w.at for w in run.writes}
     for at in range(add + 1, run.writes[-1].at):
@@ -181,16 +181,6 @@ def _movable(run: Writes, body: Sequence[Line], add: int) -> bool:
         if isinstance(line, KernelCall) and {roots.get(n, n) for n in line.mutates} & touched:
             return False
     return True
-
-
-def _view_roots(body: Sequence[Line]) -> dict[str, str]:
-    roots: dict[str, str] = {}
-    for line in body:
-        if isinstance(line, KernelCall) and line.target in VIEWS and line.args and isinstance(line.args[0], Ref):
-            for value in line.outputs:
-                if value is not None:
-                    roots[value.name] = roots.get(line.args[0].name, line.args[0].name)
-    return roots
 
 
 def _write(at: int, line: KernelCall, metas: dict[str, TensorMeta]) -> tuple[str | None, Write] | None:

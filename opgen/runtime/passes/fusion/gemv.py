@@ -25,12 +25,11 @@ from opgen.runtime.ir import (
     Program,
     Ref,
     TensorMeta,
-    View,
     defs,
     meta_table,
     substitute_line,
 )
-from opgen.runtime.passes.analysis import fresh_namer, writes_memory
+from opgen.runtime.passes.analysis import fresh_namer, view_roots, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.gemv_gated import Gated, gated
@@ -87,7 +86,7 @@ def find_siblings(program: Program) -> Iterator[Siblings]:
     (a product after it could read what the write changed)."""
     metas = meta_table(program)
     constant = {c.name for c in program.constants} | {v.name for line in program.setup for v in defs(line)}
-    roots = _view_roots(program)
+    roots = view_roots(program.body, VIEWS)  # two views of one root with one layout read the same elements
     open_: dict[tuple[str, TensorMeta], list[Product]] = {}
     for index, line in enumerate(program.body):
         product = _product(index, line, metas, constant) if isinstance(line, KernelCall) else None
@@ -109,22 +108,6 @@ def find_siblings(program: Program) -> Iterator[Siblings]:
 def _siblings(products: list[Product], metas: dict[str, TensorMeta]) -> Siblings:
     x = products[0].x
     return Siblings(x, metas[x].shape[1], metas[x], tuple(products))  # type: ignore[arg-type]
-
-
-def _view_roots(program: Program) -> dict[str, str]:
-    """Value -> the value it views (followed to the end), for views of the body: two views of one
-    root with one layout read the same elements."""
-    roots: dict[str, str] = {}
-    for line in program.body:
-        source = None
-        if isinstance(line, View):
-            source = line.source
-        elif isinstance(line, KernelCall) and line.target in VIEWS and line.args and isinstance(line.args[0], Ref):
-            source = line.args[0].name
-        if source is not None:
-            for value in defs(line):
-                roots[value.name] = roots.get(source, source)
-    return roots
 
 
 def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constant: set[str]) -> Product | None:
