@@ -130,8 +130,7 @@ class InterpretedBinding:
         """A kernel that writes its inputs in place: each config writes copies of them, compared with
         what the ATen calls write into other copies; then the ATen calls write the real ones."""
         spec = self.spec
-        written = {v.name for v in spec.writes}
-        at = [i for i, name in enumerate(spec.inputs) if name in written]
+        at = spec.written_inputs
 
         def copies(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             return [t.clone() if i in at else t for i, t in enumerate(inputs)]

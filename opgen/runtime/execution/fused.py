@@ -54,12 +54,11 @@ class FusedBinding:
                 stacklevel=2,
             )
             return aten
-        written = {v.name for v in self.spec.writes}
         self.choice = Choice(
             f"{self.spec.local} ({self.spec.describe})",
             {"triton": _allocating(self.launcher, self.spec), "aten": aten},
             identity=(_digest(self.spec),),
-            writes=tuple(i for i, name in enumerate(self.spec.inputs) if name in written),
+            writes=self.spec.written_inputs,
             fixed_sizes=True,
             reliable="aten",
         )
@@ -118,8 +117,7 @@ def _launcher(spec: FusedKernel) -> Any:
     # The kernel's own parameter names (inputs, then outputs): a kernel shared by several calls (a
     # model's layers) names them apart from any one call's values.
     params = list(fn.arg_names[: len(spec.inputs) + len(spec.outputs)])
-    written = {v.name for v in spec.writes}
-    mutates = [p for p, name in zip(params, spec.inputs, strict=False) if name in written] + params[len(spec.inputs) :]
+    mutates = [params[i] for i in spec.written_inputs] + params[len(spec.inputs) :]
     return fixed_grid_launcher(
         fn, spec.configs, params, mutates, spec.name, lambda: _examples(spec), dependent_launch=spec.dependent_launch
     )

@@ -60,3 +60,9 @@ class FusedKernel:
     @property
     def device(self) -> str:
         return (*self.outputs, *self.writes)[0].meta.device  # type: ignore[union-attr]
+
+    @property
+    def written_inputs(self) -> tuple[int, ...]:
+        """Positions in `inputs` of the ones it writes."""
+        written = {v.name for v in self.writes}
+        return tuple(i for i, name in enumerate(self.inputs) if name in written)

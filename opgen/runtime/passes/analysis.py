@@ -207,9 +207,14 @@ def ref_names(args: Iterable[Arg]) -> list[str]:
     return [a.name for a in args if isinstance(a, Ref)]
 
 
-def view_roots(lines: Sequence[Line], targets: Iterable[str]) -> dict[str, str]:
+# View ops whose result reads its first argument's elements in their order (a reshape of them).
+RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default")
+
+
+def view_roots(lines: Sequence[Line], targets: Iterable[str] = RESHAPES) -> dict[str, str]:
     """Value -> the value it views, followed to the end, for `View` lines and calls of the view ops
-    `targets` (their first argument is what they view)."""
+    `targets` (their first argument is what they view). Unlike `alias_groups`, which says what may
+    share storage, two values with one root and one layout read the same elements."""
     views = set(targets)
     roots: dict[str, str] = {}
     for line in lines:

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
-from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, view_roots, writes_memory
+from opgen.runtime.passes.analysis import Groups, alias_groups, defined_at, fresh_namer, readers, writes_memory
 from opgen.runtime.passes.fusion.cache_writes_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.registry import KernelRegistry
@@ -38,9 +38,6 @@ INDEX_PUT, COPY, ADD = "index_put_", "copy_", "aten.add.Tensor"
 FLOATS = ("float16", "bfloat16", "float32")
 DTYPES = (*FLOATS, "int32", "int64")
 INDEX_DTYPES = ("int64", "int32")
-VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default",
-         "aten.select.int", "aten.slice.Tensor", "aten.permute.default", "aten.unsqueeze.default",
-         "aten.squeeze.dim", "aten.expand.default", "aten.transpose.int")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,32 +74,42 @@ class Writes:
     at: int
 
     @property
+    def what(self) -> str:
+        """ "2 write(s) at 1 position(s) of a sum", "16 copies into buffers"."""
+        n = len(self.writes)
+        if self.positions is None:
+            return f"{n} cop{'y' if n == 1 else 'ies'} into buffers"
+        summed = " of a sum" if self.positions.add is not None else ""
+        return f"{n} write(s) at {self.positions.length} position(s){summed}"
+
+    @property
     def members(self) -> list[int]:
         adds = [self.positions.add] if self.positions is not None and self.positions.add is not None else []
         return [*adds, *(w.at for w in self.writes)]
 
 
 def fuse_cache_writes(program: Program, registry: KernelRegistry) -> Program:
-    found = list(find_writes(program))
+    found = list(find_writes(program, registry))
     if not found:
         return program
     locals_ = fresh_namer(program, "cache_write")
     return place(program, [(fused_kernel(run, next(locals_), program.body), run.members, run.at) for run in found])
 
 
-def find_writes(program: Program) -> Iterator[Writes]:
+def find_writes(program: Program, registry: KernelRegistry) -> Iterator[Writes]:
     """Runs of writes (through one index tensor, or copies), in body order. The kernel takes the last
     write's place, so the lines between the writes (views, the values' own computation) may neither
     write memory nor read a buffer of the run: they would see a write too late."""
     metas = meta_table(program)
     body = program.body
     producers, read_by = defined_at(body), readers(body)
+    storage = alias_groups(body, registry)
     run: list[Write] = []
     index: str | None = None
 
     def done() -> Writes:
         found = Writes(_positions(index, metas), tuple(run), run[-1].at)
-        return _with_positions(found, body, metas, producers, read_by)
+        return _with_positions(found, body, metas, producers, read_by, storage)
 
     for at, line in enumerate(body):
         found = _write(at, line, metas) if isinstance(line, KernelCall) else None
@@ -134,7 +141,7 @@ def _independent(run: list[Write], write: Write) -> bool:
 
 
 def _with_positions(run: Writes, body: Sequence[Line], metas: dict[str, TensorMeta], producers: dict[str, int],
-                    read_by: dict[str, set[int]]) -> Writes:  # fmt: skip
+                    read_by: dict[str, set[int]], storage: Groups) -> Writes:  # fmt: skip
     """The run computing its positions itself, where an `add` of two integer tensors made them for it
     alone and the writes can move up to the add (see the module's docstring); else the run as it is."""
     if run.positions is None or len(run.positions.terms) != 1:
@@ -159,26 +166,26 @@ def _with_positions(run: Writes, body: Sequence[Line], metas: dict[str, TensorMe
         return run  # a write's values come after the add: the writes cannot move up to it
     if {name for name, _, _ in terms} & {w.dst for w in run.writes}:
         return run  # positions read from a buffer the run writes
-    if not _movable(run, body, add):
+    if not _movable(run, body, add, storage):
         return run
     return replace(run, positions=replace(run.positions, terms=tuple(terms), add=add), at=add)
 
 
-def _movable(run: Writes, body: Sequence[Line], add: int) -> bool:
+def _movable(run: Writes, body: Sequence[Line], add: int, storage: Groups) -> bool:
     """Each write can move up to the add: the lines it passes neither read the buffers the run
-    writes nor write what it writes or reads (the views of either included)."""
-    roots = view_roots(body, VIEWS)
-    touched = {roots.get(n, n) for w in run.writes for n in (w.dst, w.values)}
+    writes nor write what it writes or reads (anything sharing their storage included)."""
+    written = {storage.find(w.dst) for w in run.writes}
+    touched = written | {storage.find(w.values) for w in run.writes}
     members = {w.at for w in run.writes}
     for at in range(add + 1, run.writes[-1].at):
         line = body[at]
         if at in members:
             continue
-        if {roots.get(n, n) for n in uses(line)} & {roots.get(w.dst, w.dst) for w in run.writes}:
+        if {storage.find(n) for n in uses(line)} & written:
             return False
         if isinstance(line, KernelCall) and (line.fallback or line.jit):
             return False
-        if isinstance(line, KernelCall) and {roots.get(n, n) for n in line.mutates} & touched:
+        if isinstance(line, KernelCall) and {storage.find(n) for n in line.mutates} & touched:
             return False
     return True
 
@@ -249,11 +256,6 @@ def fused_kernel(run: Writes, local: str, body: Sequence[Line]) -> FusedKernel:
     inputs = (*(t[0] for t in terms), *(n for w in writes for n in (w.dst, w.values)))
     dtypes = (*(t[1].dtype for t in terms), *(m.dtype for w in writes for m in (w.dst_meta, w.values_meta)))
     shapes = ", ".join("x".join(map(str, w.region)) for w in writes)
-    if run.positions is None:
-        what = f"{len(writes)} cop{'y' if len(writes) == 1 else 'ies'} into buffers"
-    else:
-        computed = " of a sum" if run.positions.add is not None else ""
-        what = f"{len(writes)} write(s) at {run.positions.length} position(s){computed}"
     lines = [body[i] for i in run.members]
     return FusedKernel(
         local=local,
@@ -264,7 +266,7 @@ def fused_kernel(run: Writes, local: str, body: Sequence[Line]) -> FusedKernel:
         outputs=(),
         configs=configs(run),
         nodes=tuple(line.node for line in lines),  # type: ignore[union-attr]
-        describe=f"cache write kernel, {what}: {shapes}",
+        describe=f"cache write kernel, {run.what}: {shapes}",
         lines=tuple(lines),  # type: ignore[arg-type]
         writes=tuple(Value(w.dst, w.dst_meta) for w in writes),
     )

@@ -31,11 +31,7 @@ def kernel(run: Writes) -> tuple[str, str]:
         *(f"index{t}" for t in range(len(terms))),
         *(f"{p}{i}" for i in range(len(writes)) for p in ("dst", "values")),
     ]
-    if positions is None:
-        what = f"{len(writes)} cop{'y' if len(writes) == 1 else 'ies'} into buffers"
-    else:
-        what = f"{len(writes)} write(s) at {positions.length} position(s)" + (" of a sum" if len(terms) > 1 else "")
-    body = [f"    # {what}", "    pid = tl.program_id(0)"]
+    body = [f"    # {run.what}", "    pid = tl.program_id(0)"]
     start = ""
     for i, write in enumerate(writes):
         blocks = f"({_numel(write.region)} + BLOCK - 1) // BLOCK"

@@ -29,7 +29,7 @@ from opgen.runtime.ir import (
     meta_table,
     substitute_line,
 )
-from opgen.runtime.passes.analysis import fresh_namer, view_roots, writes_memory
+from opgen.runtime.passes.analysis import fresh_namer, readers, view_roots, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.gemv_gated import Gated, gated
@@ -37,7 +37,6 @@ from opgen.runtime.passes.fusion.gemv_triton import configs, kernel
 from opgen.runtime.registry import KernelRegistry
 
 PRODUCTS = ("aten.mm.default", "aten.addmm.default")
-VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default")
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_PRODUCTS = 8  # siblings in one kernel
 
@@ -70,10 +69,10 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
         return program
     locals_ = fresh_namer(program, "gemv")
     placed = []
-    dependent = registry.facts.dependent_launch
+    dependent, read_by = registry.facts.dependent_launch, readers(program.body)
     for group in found:
         at = [p.index for p in group.products]
-        gate = gated([p.line for p in group.products], at, group.products[0].n, program.body)
+        gate = gated([p.line for p in group.products], at, group.products[0].n, program.body, read_by)
         if gate is not None and not any(p.bias for p in group.products):
             placed.append((fused_kernel(group, next(locals_), gate, dependent), [*at, *gate.members], gate.at))
         else:
@@ -86,7 +85,7 @@ def find_siblings(program: Program) -> Iterator[Siblings]:
     (a product after it could read what the write changed)."""
     metas = meta_table(program)
     constant = {c.name for c in program.constants} | {v.name for line in program.setup for v in defs(line)}
-    roots = view_roots(program.body, VIEWS)  # two views of one root with one layout read the same elements
+    roots = view_roots(program.body)  # two views of one root with one layout read the same elements
     open_: dict[tuple[str, TensorMeta], list[Product]] = {}
     for index, line in enumerate(program.body):
         product = _product(index, line, metas, constant) if isinstance(line, KernelCall) else None

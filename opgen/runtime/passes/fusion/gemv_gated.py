@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opgen.runtime.ir import KernelCall, Line, Ref, Value
-from opgen.runtime.passes.analysis import readers, writes_memory
+from opgen.runtime.passes.analysis import RESHAPES, writes_memory
 
-VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default")
 SILU = "aten.silu.default"
 MUL = "aten.mul.Tensor"
 
@@ -33,11 +32,13 @@ class Gated:
     at: int  # the mul's index: where the kernel's call goes
 
 
-def gated(products: Sequence[KernelCall], at: Sequence[int], n: int, body: Sequence[Line]) -> Gated | None:
-    """The pair `products` (at body indices `at`, `n` rows each) as a gated product, or None."""
+def gated(
+    products: Sequence[KernelCall], at: Sequence[int], n: int, body: Sequence[Line], read_by: dict[str, set[int]]
+) -> Gated | None:
+    """The pair `products` (at body indices `at`, `n` rows each) as a gated product, or None;
+    `read_by` is `analysis.readers(body)`."""
     if len(products) != 2:
         return None
-    read_by = readers(body)
     for gate in (0, 1):
         found = _match(products[gate], products[1 - gate], body, read_by)
         if found is None:
@@ -63,12 +64,12 @@ def _match(
     if g_reader is None or mul is None:
         return None
     silu = body[g_reader]
-    if not _call(silu, SILU, 1) or silu.args[0] != _ref(g_end):  # type: ignore[union-attr]
+    if not _call(silu, SILU, 1) or silu.args[0] != Ref(g_end):  # type: ignore[union-attr]
         return None
     s = silu.outputs[0].name  # type: ignore[union-attr]
     if read_by.get(s) != {mul} or not _call(body[mul], MUL, 2):
         return None
-    if set(body[mul].args) != {_ref(s), _ref(u_end)}:  # type: ignore[union-attr]
+    if set(body[mul].args) != {Ref(s), Ref(u_end)}:  # type: ignore[union-attr]
         return None
     return sorted((*g_views, *u_views, g_reader)), mul
 
@@ -86,7 +87,7 @@ def _through_views(
             return views, value, None
         (reader,) = found
         line = body[reader]  # type: ignore[assignment]
-        if not (isinstance(line, KernelCall) and line.target in VIEWS and line.args[:1] == (_ref(value),)):
+        if not (isinstance(line, KernelCall) and line.target in RESHAPES and line.args[:1] == (Ref(value),)):
             return views, value, reader
         views.append(reader)
         value = line.outputs[0].name  # type: ignore[union-attr]
@@ -102,7 +103,3 @@ def _call(line: Line, target: str, arity: int) -> bool:
         and line.outputs[0] is not None
         and not writes_memory(line)
     )
-
-
-def _ref(name: str) -> Ref:
-    return Ref(name)

@@ -25,6 +25,7 @@ Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta,
 # N 2048-128256: 1.8-3.1 TB/s, 5-27% less time than the best of the 8x512/16x256/4x1024 tiles before
 # it); the other two are the next best on some shapes.
 TILES = ((2, 1024, 4, 3), (4, 1024, 8, 3), (8, 512, 8, 3))
+META = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
 
 # Both helpers read the first tile of weights before anything else: where kernels launch dependently
 # (`passes.dependent_launch`), the wait for the kernel before comes after it, so the weights (which
@@ -107,8 +108,7 @@ def kernel(group: Siblings, gated: bool = False, dependent: bool = False) -> tup
         args += [up.row_stride, "BLOCK_N", "BLOCK_K"]
         body = [f"    # silu(gate) * up of one row of {group.k}: {gate.n} rows", "    pid = tl.program_id(0)"]
         body.append(f"    _gated({', '.join(map(str, args))})")
-        meta = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
-        return jit_module("gemv", ["x", "w0", "w1", "out0"], meta, "\n".join(body), _helper(_GATED, dependent))
+        return jit_module("gemv", ["x", "w0", "w1", "out0"], META, "\n".join(body), _helper(_GATED, dependent))
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
     params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
     rows = " + ".join(str(p.n) for p in products)
@@ -133,17 +133,16 @@ def kernel(group: Siblings, gated: bool = False, dependent: bool = False) -> tup
         for i, (end, call) in enumerate(calls):
             test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
             body += [f"    {test}", f"        {call}"]
-    meta = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
-    return jit_module("gemv", params, meta, "\n".join(body), _helper(_ROWS, dependent))
+    return jit_module("gemv", params, META, "\n".join(body), _helper(_ROWS, dependent))
 
 
 def configs(group: Siblings, gated: bool = False) -> tuple[Config, ...]:
     """Per tile, the grid covers every product's rows (a gated pair's once: a program does both)."""
     k_blocks = 1 << max(4, math.ceil(math.log2(group.k)))  # the smallest power of two >= K (at least 16)
+    products = group.products[:1] if gated else group.products
     found: list[Config] = []
     for block_n, block_k, warps, stages in TILES:
         block_k = min(block_k, k_blocks)
-        products = group.products[:1] if gated else group.products
         grid = (sum(-(-p.n // block_n) for p in products),)
         config: Config = ((("BLOCK_N", block_n), ("BLOCK_K", block_k)), warps, stages, grid)
         if config not in found:
