@@ -188,12 +188,14 @@ def compile_with_pass(
     checks: list[str] | None = None,
     tolerance: dict[str, float] | None = None,
     before: str = "memo",
+    leave_out: tuple[str, ...] = (),
 ) -> tuple[Any, list[FusedKernel]]:
     """(compiled function, its kernels): `model` compiled with `run` (one of the passes that make Triton
     kernels, `gpu_pass` by name) as if on CUDA, at that pass's place in the default pipeline (other
-    GPU passes left out). Kernels are bound to their ATen side, or with `checks`, run in Triton's
-    interpreter with every config and checked against it (`InterpretedBinding`). Where the default
-    pipeline lacks the pass (no GPU), it goes before the pass named `before`."""
+    GPU passes and those named in `leave_out` left out). Kernels are bound to their ATen side, or
+    with `checks`, run in Triton's interpreter with every config and checked against it
+    (`InterpretedBinding`). Where the default pipeline lacks the pass (no GPU), it goes before the
+    pass named `before`."""
     from opgen.runtime import passes
     from opgen.runtime.execution import fused as fused_module
 
@@ -213,7 +215,7 @@ def compile_with_pass(
         )
     else:
         monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
-    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion") or p == gpu_pass]
+    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion", *leave_out) or p == gpu_pass]
     pipeline = [f"{gpu_pass}_on_cpu" if p == gpu_pass else p for p in pipeline]
     if f"{gpu_pass}_on_cpu" not in pipeline:  # a pipeline without a GPU leaves the pass out: put it `before`
         pipeline.insert(pipeline.index(before), f"{gpu_pass}_on_cpu")

@@ -435,6 +435,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "attention_masks",
         "cache_writes",
         "gemv",
+        "split_bias",
         "fusion",
         "dependent_launch",
         "memory",

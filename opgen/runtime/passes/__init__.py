@@ -26,7 +26,8 @@ converts the boolean masks other attention calls read to additive ones once, whe
 them in every call; `cache_writes` (CUDA, static sizes) runs the `index_put_` writes of a step's
 keys and values into a KV cache (which `reinplace` made) as one Triton kernel; `gemv` (CUDA, static
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
-kernels, and `fusion` turns groups of pointwise nodes and
+kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose
+readers fusion takes, so that they join those kernels, and `fusion` turns groups of pointwise nodes and
 row reductions into generated Triton kernels once the graph is simplified, before memo and memory
 planning see the calls; `dependent_launch` then lets each generated kernel start while the one before
 it finishes (Hopper and newer);
@@ -51,6 +52,7 @@ from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.dependent_launch import launch_dependently
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
+from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.rewrite import fuse
@@ -89,6 +91,7 @@ PASSES: dict[str, Pass] = {
     "attention_masks": additive_masks,
     "cache_writes": fuse_cache_writes,
     "gemv": fuse_gemv,
+    "split_bias": split_bias,
     "fusion": fuse,
     "dependent_launch": launch_dependently,
     "memory": plan_memory,
@@ -119,6 +122,7 @@ DEFAULT_PIPELINE = (
     "attention_masks",
     "cache_writes",
     "gemv",
+    "split_bias",
     "fusion",
     "dependent_launch",
     "memo",

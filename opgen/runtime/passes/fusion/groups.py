@@ -313,6 +313,11 @@ def _reduced_input(step: Step, metas: dict[str, TensorMeta]) -> TensorMeta:
     return metas[source.name]
 
 
+def fusible(line: Line, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> bool:
+    """Whether the fusion pass would take `line` into a group (a pointwise node or a row reduction)."""
+    return isinstance(line, KernelCall) and _step(line, registry, metas) is not None
+
+
 def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> Step | None:
     """The node as a fusible step, or None where it must stay an ATen kernel."""
     if line.fallback or line.jit or line.mutates or not line.outputs:
