@@ -61,6 +61,17 @@ class BiasGelu(nn.Module):
         return torch.nn.functional.gelu(x @ self.w + self.b, approximate=self.approximate) * 1.5
 
 
+class PermutedNorm(nn.Module):
+    """ConvNeXt's layer norm over channels: of a permuted tensor, alone (ATen copies its input first)."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1))
+
+
 class ResidualNorm(nn.Module):
     """Residual add + layer norm: both results are read afterwards."""
 
@@ -181,7 +192,8 @@ class NestedCat(nn.Module):
 
 
 class HardActivations(nn.Module):
-    """MobileNetV3's activations: hardswish, and hardsigmoid scaling a squeeze-excitation branch."""
+    """MobileNetV3's activations: hardswish, and hardsigmoid scaling a squeeze-excitation branch (its
+    [N, C, 1, 1] chain runs inside the kernel of the product it scales)."""
 
     def forward(self, x: torch.Tensor, se: torch.Tensor) -> torch.Tensor:
         return F.hardswish(x * 4.0) * F.hardsigmoid(se * 4.0) + 1.0
@@ -198,6 +210,7 @@ CASES = {  # name -> (model factory, inputs factory)
     "bias_gelu": (BiasGelu, lambda: (torch.randn(2, 5, 32),)),
     "bias_gelu_tanh": (lambda: BiasGelu("tanh"), lambda: (torch.randn(2, 5, 32),)),
     "residual_norm": (ResidualNorm, lambda: (torch.randn(3, 7, 48), torch.randn(3, 7, 48))),
+    "permuted_norm": (PermutedNorm, lambda: (torch.randn(2, 8, 5, 3),)),
     "masked_softmax": (MaskedSoftmax, lambda: (torch.randn(2, 3, 9, 9), _mask(9))),
     "rms_norm": (RMSNorm, lambda: (torch.randn(5, 40),)),
     "type_as_norm": (TypeAsNorm, lambda: (torch.randn(3, 7, 48).bfloat16(), torch.randn(3, 7, 48).bfloat16())),
@@ -218,9 +231,10 @@ CASES = {  # name -> (model factory, inputs factory)
 }
 EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
     "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
-    "residual_norm": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1, "buffer_write": 2, "aliased_output": 2,
+    "residual_norm": 1, "permuted_norm": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1,
+    "buffer_write": 2, "aliased_output": 2,
     "row_reductions": 3, "one_row": 1, "rotary_pairs": 2, "rotate_half": 1, "rotate_half_bf16": 1, "cat_middle": 1,
-    "cat_operand_read_elsewhere": 2, "hard_activations": 2, "nested_cat": 2,
+    "cat_operand_read_elsewhere": 2, "hard_activations": 1, "nested_cat": 2,
 }  # fmt: skip
 # Half precision: intermediate values stay in float32 (as Inductor keeps them), so results are a rounding
 # of the half-precision intermediate apart (bfloat16: 2^-8 relative).
@@ -332,7 +346,8 @@ def test_every_case_fuses_and_its_aten_side_matches(name: str, monkeypatch: pyte
     assert len(program.fused) == EXPECTED_KERNELS[name]
     for fused in program.fused:
         ast.parse(fused.source)
-        assert fused.name in fused.source and len(fused.nodes) >= 2
+        alone = name == "permuted_norm"  # a lone layer norm that reads its strided input in place
+        assert fused.name in fused.source and len(fused.nodes) >= (1 if alone else 2)
 
 
 def test_nothing_fuses_on_the_cpu_or_alone() -> None:

@@ -144,6 +144,13 @@ class _Building:
         self.step_at.append(index)
         self.defined.update((t.name, t) for t in step.outputs if t is not None)
 
+    def _strided_rows(self) -> bool:
+        """A lone row reduction of a strided input (a layer norm of a permuted tensor, as ConvNeXt's):
+        ATen's kernel copies its input to a contiguous one first, the generated one reads it in place."""
+        copying = {"aten.native_layer_norm.default", "aten._softmax.default", "aten._log_softmax.default"}
+        lone = self.steps[0].target in copying if len(self.steps) == 1 else False
+        return lone and any(not t.meta.is_contiguous() for t in self.inputs.values())
+
     def mergeable(self, other: _Building) -> bool:
         """`other` (open, of one shape with this group) can join it: neither read the other's values,
         or the operand's group would have closed."""
@@ -164,7 +171,7 @@ class _Building:
         self.inputs.update(other.inputs)
 
     def finish(self, read_later: dict[str, set[int]]) -> Found | None:
-        if len(flat_steps(tuple(self.steps))) < 2:
+        if len(flat_steps(tuple(self.steps))) < 2 and not self._strided_rows():
             return None  # one node gains nothing: ATen's own kernel runs it
         members = set(self.members)
         outputs = tuple(t for name, t in self.defined.items() if read_later.get(name, set()) - members)
@@ -198,22 +205,42 @@ class _Walk:
             (g for n in operands if (g := self.owner.get(n)) is not None and g.open and g.fits(step, self.metas)),
             None,
         )
+        absorbed = []
         for name in operands:
             group = self.owner.get(name)
             if group is None or group is joined or not group.open:
                 continue
             if joined is not None and joined.mergeable(group):
                 self._merge(joined, group)
+            elif self._broadcast_into(group, step, index):
+                absorbed.append(group)
             else:
                 self._close(group)
         if joined is None:
             joined = self._start(step)
             if joined is None:
+                for group in absorbed:
+                    self._close(group)
                 return
+        for group in absorbed:
+            if group.open:  # once, where two operands come from one group
+                self._merge(joined, group)
         for name in operands:
             if name not in joined.defined:
                 joined.inputs.setdefault(name, Tensor(name, self.metas[name]))
         self._take(joined, index, line, step)
+
+    def _broadcast_into(self, group: _Building, step: Step, index: int) -> bool:
+        """A pointwise group of a smaller shape that broadcasts to the pointwise step's, whose values only
+        that step reads (a squeeze-excitation's `sigmoid(s)` of [N, C, 1, 1] scaling `x` of [N, C, H, W]):
+        it runs inside the step's kernel, recomputed at each element it broadcasts to, never stored."""
+        if step.target in ROW_OPS or group.kind != "pointwise" or group.has_cat or group.device != _device(step):
+            return False
+        shape = _out_shape(step)
+        if group.shape == shape or not _broadcasts(group.shape, shape):
+            return False
+        allowed = {*group.members, index}
+        return all(self.read_later.get(name, set()) <= allowed for name in group.defined)
 
     def _take(self, group: _Building, index: int, line: KernelCall, step: Step) -> None:
         group.take(index, line, step)
@@ -292,6 +319,13 @@ class _Walk:
     def close_all(self) -> None:
         for group in list(self.open):
             self._close(group)
+
+
+def _broadcasts(small: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """`small` broadcasts to `shape` (right-aligned, each dim equal or 1), with no more dims."""
+    if len(small) > len(shape):
+        return False
+    return all(a == b or a == 1 for a, b in zip(reversed(small), reversed(shape), strict=False))
 
 
 def _first(pair: tuple[int, object]) -> int:
