@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from opgen.jit import cache, env
+from opgen.jit import cache, env, worker, workers
 from opgen.jit.binary import KernelBinary
 from opgen.jit.errors import JitError
 from opgen.jit.specialize import Specialization
@@ -38,49 +38,64 @@ def load_or_compile(fn: Any, spec: Specialization, options: Options, device: int
 
 @functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    # One worker: triton.compile is not known to be thread-safe; ptxas runs outside the GIL anyway.
+    # One thread for kernels compiled here: triton.compile is not known to be thread-safe.
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opgen-jit")
 
 
+@functools.cache
+def _worker_threads() -> concurrent.futures.ThreadPoolExecutor:
+    # One thread per compile worker, each waiting on its process (`opgen.jit.workers`).
+    return concurrent.futures.ThreadPoolExecutor(max_workers=workers.count(), thread_name_prefix="opgen-jit-worker")
+
+
 def submit(fn: Any, spec: Specialization, options: Options, device: int) -> concurrent.futures.Future[KernelBinary]:
-    """Start loading or compiling in the background."""
-    return _pool().submit(load_or_compile, fn, spec, options, device)
+    """Start loading or compiling in the background: a kernel opgen generated in a compile worker,
+    several at once (`opgen.jit.workers`), any other on this process's compile thread."""
+    parallel = workers.count() > 0 and workers.generated_file(fn) is not None
+    return (_worker_threads() if parallel else _pool()).submit(load_or_compile, fn, spec, options, device)
 
 
 def _compile(fn: Any, spec: Specialization, options: Options, device: int, key: str) -> KernelBinary:
-    import triton
-    from triton.compiler import ASTSource
-
     start = time.perf_counter()
-    src = ASTSource(fn, spec.signature, spec.constexprs, spec.attrs)
+    args = (spec.signature, spec.constexprs, spec.attrs, options.num_warps, options.num_stages, env.target(device))
     try:
-        compiled = triton.compile(
-            src, target=env.target(device), options={"num_warps": options.num_warps, "num_stages": options.num_stages}
-        )
+        fields = _fields(fn, args)
     except Exception as exc:
         raise JitError(f"Triton could not compile {fn.__name__} ({_describe(spec)}): {exc}") from exc
     cache.STATS.add("compiles")
     cache.STATS.add("compile_seconds", time.perf_counter() - start)
-    md = compiled.metadata
-    if getattr(md, "num_ctas", 1) != 1:
+    if fields["num_ctas"] != 1:
         raise JitError(f"{fn.__name__}: kernels with num_ctas > 1 (thread-block clusters) are not supported")
-    for scratch in ("global_scratch_size", "profile_scratch_size"):
-        if getattr(md, scratch, 0) > 0:
+    for scratch, size in fields["scratch"].items():
+        if size > 0:
             raise JitError(f"{fn.__name__} needs Triton {scratch.split('_')[0]} scratch memory, not supported yet")
-    # Triton's ABI appends one pointer per scratch kind its version knows, null when unused.
-    extra = sum(hasattr(md, s) for s in ("global_scratch_size", "profile_scratch_size"))
     return KernelBinary(
         key=key,
-        name=md.name,
-        cubin=compiled.asm["cubin"],
-        num_warps=md.num_warps,
-        num_stages=md.num_stages,
-        shared=md.shared,
-        extra_pointers=extra,
+        name=fields["name"],
+        cubin=fields["cubin"],
+        num_warps=fields["num_warps"],
+        num_stages=fields["num_stages"],
+        shared=fields["shared"],
+        extra_pointers=fields["extra_pointers"],  # Triton's ABI: one pointer per scratch kind it knows
         params=spec.params,
         meta=tuple((k, _jsonable(v)) for k, v in _meta_items(fn, spec)),
-        arch=str(md.arch),
+        arch=fields["arch"],
     )
+
+
+def _fields(fn: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """Triton's compile of a generated kernel in a worker, else here (no worker, or it died)."""
+    path = workers.generated_file(fn) if workers.count() > 0 else None
+    if path is not None:
+        try:
+            status, value = workers.pool().compile((path, fn.__name__, *args))
+        except workers.WorkerDied:
+            pass
+        else:
+            if status != "ok":
+                raise RuntimeError(value)
+            return value  # type: ignore[no-any-return]
+    return worker.compile_fields(fn, *args)
 
 
 def _meta_items(fn: Any, spec: Specialization) -> list[tuple[str, Any]]:

@@ -1,0 +1,151 @@
+"""Compile workers: Triton compiles of opgen's generated kernels, several at once, in other processes.
+
+A model's first call compiles every fused kernel in each of its configs (EfficientNet-B0: about 60
+kernels, 3 configs each); one after another in the calling process that is most of the first call.
+Triton's compile holds the GIL for much of its work, so threads do not help; like Inductor, opgen
+hands them to worker processes. Each worker runs `opgen/jit/worker.py` as a script, which imports
+triton but neither torch nor opgen, and is kept for the life of the process.
+
+Only kernels opgen generated go to workers: their modules are files in the JIT cache holding
+nothing but the kernel, so a worker can import them. A user's kernel compiles in the calling
+process, as does everything when a worker cannot start or dies (the compile then runs here).
+`OPGEN_COMPILE_WORKERS=N` sets how many run (default: half the cores, at most 8; 0: none).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from opgen.jit import cache
+
+WORKER = Path(__file__).with_name("worker.py")
+_BOOT = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
+MAX_WORKERS = 8
+
+
+class WorkerDied(Exception):
+    """A worker could not start or stopped answering: the compile runs in this process instead."""
+
+
+def count() -> int:
+    """How many workers to run (`OPGEN_COMPILE_WORKERS`, else half the cores, at most 8)."""
+    text = os.environ.get("OPGEN_COMPILE_WORKERS", "").strip()
+    if text:
+        try:
+            return max(0, int(text))
+        except ValueError:
+            raise ValueError(f"OPGEN_COMPILE_WORKERS must be a whole number of workers, got {text!r}") from None
+    return min(MAX_WORKERS, (os.cpu_count() or 1) // 2)
+
+
+def generated_file(fn: Any) -> str | None:
+    """The module file of a @triton.jit function opgen generated (in the JIT cache), else None."""
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    path = Path(code.co_filename) if code is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        path.resolve().relative_to(cache.jit_dir().resolve())
+    except ValueError:
+        return None
+    return str(path)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(WORKER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise WorkerDied(f"could not start a compile worker: {exc}") from exc
+
+    def run(self, request: tuple[Any, ...]) -> tuple[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            pickle.dump(request, self.process.stdin)
+            self.process.stdin.flush()
+            reply: tuple[str, Any] = pickle.load(self.process.stdout)  # noqa: S301 (our own worker, over a pipe)
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            self.close()
+            raise WorkerDied(f"a compile worker stopped ({type(exc).__name__})") from exc
+        return reply
+
+    def close(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()  # the worker's loop ends at EOF
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class Pool:
+    """Up to `size` workers, started as they are first needed; each compile takes an idle one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._idle: list[_Worker] = []
+        self._running = 0
+        self._ready = threading.Condition()
+
+    def compile(self, request: tuple[Any, ...]) -> tuple[str, Any]:
+        worker = self._acquire()
+        try:
+            reply = worker.run(request)
+        except WorkerDied:
+            with self._ready:
+                self._running -= 1
+                self._ready.notify()
+            raise
+        with self._ready:
+            self._idle.append(worker)
+            self._ready.notify()
+        return reply
+
+    def _acquire(self) -> _Worker:
+        with self._ready:
+            while not self._idle and self._running >= self.size:
+                self._ready.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._running += 1
+        try:
+            return _Worker()
+        except WorkerDied:
+            with self._ready:
+                self._running -= 1
+                self._ready.notify()
+            raise
+
+    def close(self) -> None:
+        with self._ready:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.close()
+
+
+_POOL: Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> Pool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = Pool(max(count(), 1))
+            atexit.register(_POOL.close)
+        return _POOL
