@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,14 @@ def generated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.parent.mkdir(parents=True)
     path.write_text(SOURCE)
     return path
+
+
+@pytest.fixture
+def pool() -> Iterator[workers.Pool]:
+    """A pool of one worker, closed after the test."""
+    started = workers.Pool(1)
+    yield started
+    started.close()
 
 
 def request(path: Path, name: str = "double", block: int = 256) -> tuple:  # type: ignore[type-arg]
@@ -90,26 +99,18 @@ def test_workers_compile_what_this_process_compiles(generated: Path) -> None:
 
 
 @needs_triton
-def test_a_compile_error_comes_back_as_a_message(generated: Path) -> None:
-    pool = workers.Pool(1)
-    try:
-        status, message = pool.compile(request(generated, "broken"))
-        assert status == "error" and "no_such_function" in message
-        assert pool.compile(request(generated))[0] == "ok"  # the worker lives on
-    finally:
-        pool.close()
+def test_a_compile_error_comes_back_as_a_message(generated: Path, pool: workers.Pool) -> None:
+    status, message = pool.compile(request(generated, "broken"))
+    assert status == "error" and "no_such_function" in message
+    assert pool.compile(request(generated))[0] == "ok"  # the worker lives on
 
 
 @needs_triton
-def test_a_worker_that_dies_is_replaced(generated: Path) -> None:
-    pool = workers.Pool(1)
-    try:
-        assert pool.compile(request(generated))[0] == "ok"
-        (dead,) = pool._idle
-        dead.process.kill()
-        dead.process.wait()
-        with pytest.raises(workers.WorkerDied):
-            pool.compile(request(generated))
-        assert pool.compile(request(generated))[0] == "ok"  # a fresh worker
-    finally:
-        pool.close()
+def test_a_worker_that_dies_is_replaced(generated: Path, pool: workers.Pool) -> None:
+    assert pool.compile(request(generated))[0] == "ok"
+    (dead,) = pool._idle
+    dead.process.kill()
+    dead.process.wait()
+    with pytest.raises(workers.WorkerDied):
+        pool.compile(request(generated))
+    assert pool.compile(request(generated))[0] == "ok"  # a fresh worker
