@@ -468,7 +468,8 @@ def test_a_failing_candidate_falls_back_to_the_reliable_one_with_a_warning() -> 
 
 def test_kernel_source_for_a_hand_built_group() -> None:
     from opgen.runtime.ir import Ref, TensorMeta
-    from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor
+    from opgen.runtime.passes.fusion.groups import FusedGroup
+    from opgen.runtime.passes.fusion.steps import Step, Tensor
 
     x = Tensor("x", TensorMeta((2, 3), (1, 2), "float16", "cuda:0"))  # column-major input
     out = Tensor("y", TensorMeta((2, 3), (3, 1), "float16", "cuda:0"))

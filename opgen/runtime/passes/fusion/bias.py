@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table
 from opgen.runtime.passes.analysis import RESHAPES, arg_value, constant_names, fresh_namer, readers, with_arg
-from opgen.runtime.passes.fusion.groups import fusible
+from opgen.runtime.passes.fusion.steps import fusible
 from opgen.runtime.registry import KernelRegistry
 
 DTYPES = ("float32", "float16", "bfloat16")

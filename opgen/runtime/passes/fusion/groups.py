@@ -1,6 +1,6 @@
 """Which nodes of a program fuse: maximal groups of pointwise nodes, and row reductions joining them.
 
-One walk over the body, in order. A fusible node (`opgen.runtime.passes.fusion.ops`: a functional CUDA
+One walk over the body, in order. A fusible node (`opgen.runtime.passes.fusion.steps`: a functional CUDA
 call with static sizes) joins the open group that defines one of its operands when the shapes fit,
 else it starts a group. A group runs where its last member was, so it closes (takes no more
 members) when anything outside it reads one of its values, and every group closes at a call that
@@ -18,43 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
+from opgen.runtime.ir import KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
 from opgen.runtime.passes.analysis import readers, writes_memory
-from opgen.runtime.passes.fusion.ops import CAT, DTYPES, POINTWISE, ROW_OPS
-from opgen.runtime.registry import BindError, KernelRegistry, bind
-
-MAX_ROW = 8192  # longest row a row kernel holds in registers (float32)
-
-
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """A tensor a fused kernel reads or writes; `name` is its IR value and the kernel's parameter."""
-
-    name: str
-    meta: TensorMeta
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One graph node inside a fused kernel."""
-
-    node: str
-    target: str  # "aten.mul.Tensor"
-    values: tuple[tuple[str, Arg], ...]  # its arguments by schema name; tensors as `Ref`s
-    outputs: tuple[Tensor | None, ...]  # the values it defines (None: unused)
-    # A cat: per operand, the absorbed steps that compute it in its range (none: the operand is loaded).
-    branches: tuple[tuple[Step, ...], ...] = ()
-
-
-def flat_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
-    """Every step, those inside a cat's branches first (they ran earlier), each once."""
-    seen: dict[str, Step] = {}
-    for step in steps:
-        for branch in step.branches:
-            for inner in flat_steps(branch):
-                seen.setdefault(inner.node, inner)
-        seen.setdefault(step.node, step)
-    return tuple(seen.values())
+from opgen.runtime.passes.fusion.ops import CAT, ROW_OPS
+from opgen.runtime.passes.fusion.steps import Step, Tensor, device_of, flat_steps, out_shape, reduced_input, step_of
+from opgen.runtime.registry import KernelRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +61,7 @@ def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
     read_later = readers(program.body)
     walk = _Walk(metas, read_later)
     for index, line in enumerate(program.body):
-        step = _step(line, registry, metas) if isinstance(line, KernelCall) else None
+        step = step_of(line, registry, metas) if isinstance(line, KernelCall) else None
         if step is None:
             walk.outside(line)
         else:
@@ -121,7 +89,7 @@ class _Building:
         return any(s.target == CAT for s in self.steps)
 
     def fits(self, step: Step, metas: dict[str, TensorMeta]) -> bool:
-        if _device(step) != self.device or step.target == CAT:
+        if device_of(step) != self.device or step.target == CAT:
             return False  # a cat starts its own group (its operands are read at shifted indices)
         if step.target in ROW_OPS and self.has_cat:
             return False  # a row kernel indexes by rows and columns, which a cat's ranges do not use
@@ -131,8 +99,8 @@ class _Building:
                 if self.defined[value.name].meta.shape not in (self.shape, reduced):
                     return False
         if step.target in ROW_OPS:
-            return _reduced_input(step, metas).shape == self.shape
-        shape = _out_shape(step)
+            return reduced_input(step, metas).shape == self.shape
+        shape = out_shape(step)
         return shape == self.shape or (self.kind == "row" and shape == reduced)
 
     def take(self, index: int, line: KernelCall, step: Step) -> None:
@@ -234,9 +202,9 @@ class _Walk:
         """A pointwise group of a smaller shape that broadcasts to the pointwise step's, whose values only
         that step reads (a squeeze-excitation's `sigmoid(s)` of [N, C, 1, 1] scaling `x` of [N, C, H, W]):
         it runs inside the step's kernel, recomputed at each element it broadcasts to, never stored."""
-        if step.target in ROW_OPS or group.kind != "pointwise" or group.has_cat or group.device != _device(step):
+        if step.target in ROW_OPS or group.kind != "pointwise" or group.has_cat or group.device != device_of(step):
             return False
-        shape = _out_shape(step)
+        shape = out_shape(step)
         if group.shape == shape or not _broadcasts(group.shape, shape):
             return False
         allowed = {*group.members, index}
@@ -300,13 +268,13 @@ class _Walk:
 
     def _start(self, step: Step) -> _Building | None:
         if step.target in ROW_OPS:
-            shape = _reduced_input(step, self.metas).shape
+            shape = reduced_input(step, self.metas).shape
             kind = "row"
         else:
-            shape, kind = _out_shape(step), "pointwise"
+            shape, kind = out_shape(step), "pointwise"
         if not shape or any(n == 0 for n in shape):
             return None
-        group = _Building(kind, shape, _device(step))  # type: ignore[arg-type]
+        group = _Building(kind, shape, device_of(step))  # type: ignore[arg-type]
         self.open.append(group)
         return group
 
@@ -330,107 +298,3 @@ def _broadcasts(small: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 
 def _first(pair: tuple[int, object]) -> int:
     return pair[0]
-
-
-def _device(step: Step) -> str:
-    return next(t.meta.device for t in step.outputs if t is not None)
-
-
-def _out_shape(step: Step) -> tuple[int, ...]:
-    first = next(t for t in step.outputs if t is not None)
-    return first.meta.shape  # type: ignore[return-value]
-
-
-def _reduced_input(step: Step, metas: dict[str, TensorMeta]) -> TensorMeta:
-    source = dict(step.values)["input" if step.target == "aten.native_layer_norm.default" else "self"]
-    assert isinstance(source, Ref)
-    return metas[source.name]
-
-
-def fusible(line: Line, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> bool:
-    """Whether the fusion pass would take `line` into a group (a pointwise node or a row reduction)."""
-    return isinstance(line, KernelCall) and _step(line, registry, metas) is not None
-
-
-def _step(line: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> Step | None:
-    """The node as a fusible step, or None where it must stay an ATen kernel."""
-    if line.fallback or line.jit or line.mutates or not line.outputs:
-        return None
-    info = registry.by_name.get(line.kernel)
-    if info is None or info.variant != "functional":
-        return None
-    target = _target(line.target, info.aten)
-    if target not in POINTWISE and target not in ROW_OPS and target != CAT:
-        return None
-    try:
-        values = bind(info, line.args, dict(line.kwargs))
-    except BindError:
-        return None
-    outputs = tuple(None if v is None or v.meta is None else Tensor(v.name, v.meta) for v in line.outputs)
-    tensors = [t.meta for t in outputs if t is not None]
-    for value in refs(tuple(values.values())):
-        meta = metas.get(value)
-        if meta is None:
-            return None  # a non-tensor value by name (a folded shape list): not ours
-        tensors.append(meta)
-    if not tensors or any(t is None for t in outputs[:1]):
-        return None
-    devices = {m.device for m in tensors}
-    if len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
-        return None
-    if any(not m.is_static or m.dtype not in DTYPES or m.span >= 2**31 for m in tensors):
-        return None  # symbolic sizes, odd dtypes, or offsets past int32 indexing
-    step = Step(line.node, target, tuple(values.items()), outputs)
-    if target in ROW_OPS and not _row_op_fits(step, metas):
-        return None
-    if target == CAT and cat_dim(step, metas) is None:
-        return None
-    return step
-
-
-def _target(target: str, aten: str) -> str:
-    """The overload a call runs: its graph node's, or for a call a pass made (a layout copy out of a
-    channels-last region, whose target says why it is there) the one its kernel binds."""
-    if target in POINTWISE or target in ROW_OPS or target == CAT:
-        return target
-    name = aten.removeprefix("aten::")
-    return f"aten.{name}" if "." in name else f"aten.{name}.default"
-
-
-def cat_dim(step: Step, metas: dict[str, TensorMeta]) -> int | None:
-    """The dimension a cat joins its operands along, or None where it is not a plain concatenation of
-    tensors of the output's rank (ATen also skips legacy empty 1-d operands: not ours)."""
-    values = dict(step.values)
-    operands = values["tensors"]
-    out = _out_shape(step)
-    dim = values.get("dim", 0)
-    if not isinstance(operands, tuple) or not operands or not isinstance(dim, int) or not -len(out) <= dim < len(out):
-        return None
-    dim %= len(out)
-    shapes = [metas[r.name].shape for r in operands if isinstance(r, Ref)]
-    if len(shapes) != len(operands) or any(len(s) != len(out) for s in shapes):
-        return None
-    if any(s[:dim] != out[:dim] or s[dim + 1 :] != out[dim + 1 :] or s[dim] == 0 for s in shapes):
-        return None
-    return dim if sum(s[dim] for s in shapes) == out[dim] else None
-
-
-def _row_op_fits(step: Step, metas: dict[str, TensorMeta]) -> bool:
-    """A reduction over exactly the last dimension, of a row short enough for registers."""
-    values = dict(step.values)
-    source = _reduced_input(step, metas)
-    rank = len(source.shape)
-    if rank == 0 or not 1 <= source.shape[-1] <= MAX_ROW:  # type: ignore[operator]
-        return False
-    if step.target == "aten.native_layer_norm.default":
-        shape = values["normalized_shape"]
-        return isinstance(shape, tuple) and list(shape) == [source.shape[-1]]
-    dims = values[ROW_OPS[step.target]]
-    dims = dims if isinstance(dims, tuple) else (dims,)
-    if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] not in (-1, rank - 1):
-        return False
-    if step.target in ("aten.sum.dim_IntList", "aten.mean.dim") and values.get("dtype") is not None:
-        return False
-    if step.target in ("aten._softmax.default", "aten._log_softmax.default") and values.get("half_to_float"):
-        return False
-    return True

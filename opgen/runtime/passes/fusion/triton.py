@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opgen.runtime.ir import Ref, contiguous_strides
-from opgen.runtime.passes.fusion.groups import FusedGroup, Step, Tensor, flat_steps
+from opgen.runtime.passes.fusion.groups import FusedGroup
 from opgen.runtime.passes.fusion.ops import CAT, TL, Operand, cast, compute_type, pointwise
 from opgen.runtime.passes.fusion.source import jit_module
+from opgen.runtime.passes.fusion.steps import Step, Tensor, flat_steps
 
 Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
 
