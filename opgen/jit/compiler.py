@@ -51,8 +51,8 @@ def _worker_threads() -> concurrent.futures.ThreadPoolExecutor:
 def submit(fn: Any, spec: Specialization, options: Options, device: int) -> concurrent.futures.Future[KernelBinary]:
     """Start loading or compiling in the background: a kernel opgen generated in a compile worker,
     several at once (`opgen.jit.workers`), any other on this process's compile thread."""
-    parallel = workers.count() > 0 and workers.generated_file(fn) is not None
-    return (_worker_threads() if parallel else _pool()).submit(load_or_compile, fn, spec, options, device)
+    threads = _worker_threads() if _worker_file(fn) is not None else _pool()
+    return threads.submit(load_or_compile, fn, spec, options, device)
 
 
 def _compile(fn: Any, spec: Specialization, options: Options, device: int, key: str) -> KernelBinary:
@@ -85,7 +85,7 @@ def _compile(fn: Any, spec: Specialization, options: Options, device: int, key: 
 
 def _fields(fn: Any, args: tuple[Any, ...]) -> dict[str, Any]:
     """Triton's compile of a generated kernel in a worker, else here (no worker, or it died)."""
-    path = workers.generated_file(fn) if workers.count() > 0 else None
+    path = _worker_file(fn)
     if path is not None:
         try:
             status, value = workers.pool().compile((path, fn.__name__, *args))
@@ -96,6 +96,11 @@ def _fields(fn: Any, args: tuple[Any, ...]) -> dict[str, Any]:
                 raise RuntimeError(value)
             return value  # type: ignore[no-any-return]
     return worker.compile_fields(fn, *args)
+
+
+def _worker_file(fn: Any) -> str | None:
+    """The module file a compile worker imports `fn` from, or None where `fn` compiles here."""
+    return workers.generated_file(fn) if workers.count() > 0 else None
 
 
 def _meta_items(fn: Any, spec: Specialization) -> list[tuple[str, Any]]:

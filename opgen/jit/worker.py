@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 _MODULES: dict[str, Any] = {}
+SCRATCH = ("global_scratch_size", "profile_scratch_size")  # Triton's scratch memories, by metadata field
 
 
 def compile_fields(fn: Any, signature: dict, constexprs: dict, attrs: dict, num_warps: int, num_stages: int,
@@ -35,8 +36,8 @@ def compile_fields(fn: Any, signature: dict, constexprs: dict, attrs: dict, num_
         "num_stages": md.num_stages,
         "shared": md.shared,
         "num_ctas": getattr(md, "num_ctas", 1),
-        "scratch": {s: getattr(md, s, 0) for s in ("global_scratch_size", "profile_scratch_size")},
-        "extra_pointers": sum(hasattr(md, s) for s in ("global_scratch_size", "profile_scratch_size")),
+        "scratch": {s: getattr(md, s, 0) for s in SCRATCH},
+        "extra_pointers": sum(hasattr(md, s) for s in SCRATCH),
         "arch": str(md.arch),
     }
 

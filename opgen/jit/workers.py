@@ -107,9 +107,7 @@ class Pool:
         try:
             reply = worker.run(request)
         except WorkerDied:
-            with self._ready:
-                self._running -= 1
-                self._ready.notify()
+            self._gone()
             raise
         with self._ready:
             self._idle.append(worker)
@@ -126,10 +124,14 @@ class Pool:
         try:
             return _Worker()
         except WorkerDied:
-            with self._ready:
-                self._running -= 1
-                self._ready.notify()
+            self._gone()
             raise
+
+    def _gone(self) -> None:
+        """A worker that failed to start or died: its place goes to the next compile."""
+        with self._ready:
+            self._running -= 1
+            self._ready.notify()
 
     def close(self) -> None:
         with self._ready:

@@ -26,6 +26,7 @@ from opgen.runtime.passes.fusion.steps import fusible
 from opgen.runtime.registry import KernelRegistry
 
 DTYPES = ("float32", "float16", "bfloat16")
+VIEW = "aten.view.default"
 
 
 def split_bias(program: Program, registry: KernelRegistry) -> Program:
@@ -35,65 +36,63 @@ def split_bias(program: Program, registry: KernelRegistry) -> Program:
     constant = constant_names(program)
     read_by = readers(program.body)
     names = fresh_namer(program, "nobias")
-    body: list[Line | None] = list(program.body)
+    body: list[Line] = list(program.body)
     setup = list(program.setup)
     after: dict[int, list[KernelCall]] = {}  # body index -> adds placed right after that line
 
     def all_fusible(name: str) -> bool:
         at = read_by.get(name, set())
-        return bool(at) and all(fusible(body[i], registry, metas) for i in at)  # type: ignore[arg-type]
+        return bool(at) and all(fusible(body[i], registry, metas) for i in at)
 
     for index, line in enumerate(program.body):
         if not isinstance(line, KernelCall) or line.fallback or line.mutates or len(line.outputs) != 1:
             continue
         out = line.outputs[0]
-        if out is None or not _eligible(out.meta):
+        meta = out.meta if out is not None else None
+        if out is None or meta is None or not _eligible(meta):
             continue
         if line.target == "aten.addmm.default":
-            bias = _addmm_bias(line, registry, metas, out.meta)
+            bias = _addmm_bias(line, registry, metas, meta)
             if bias is None:
                 continue
-            raw = Value(next(names), out.meta)
+            raw = Value(next(names), meta)
             mm = KernelCall("mm", line.args[1:3], (), (raw,), line.node, "aten.mm.default")
             if all_fusible(out.name):
                 body[index] = mm
                 after[index] = [_add(raw, bias, out, line.node)]
                 continue
-            view = _only_reshape(out.name, out.meta.shape[-1], read_by, program.body)
-            if view is None or not all_fusible(view[1].outputs[0].name):  # type: ignore[union-attr]
+            view = _only_reshape(out.name, meta.shape[-1], read_by, program.body)
+            if view is None or not all_fusible(view[2].name):
                 continue
-            at, reshape = view
-            shaped = reshape.outputs[0]
-            assert shaped is not None and shaped.meta is not None
+            at, reshape, shaped = view
             raw_view = Value(next(names), shaped.meta)
             body[index] = mm
             body[at] = replace(reshape, args=(Ref(raw.name), *reshape.args[1:]), outputs=(raw_view,))
             after[at] = [_add(raw_view, bias, shaped, line.node)]
         elif line.kernel == "convolution":
             info = registry.by_name["convolution"]
-            bias = arg_value(line, info, "bias")
-            if not isinstance(bias, Ref) or bias.name not in constant or not all_fusible(out.name):
+            conv_bias = arg_value(line, info, "bias")
+            if not isinstance(conv_bias, Ref) or conv_bias.name not in constant or not all_fusible(out.name):
                 continue
-            channels = _conv_channels(out.meta, metas[bias.name])
-            if channels is None:
+            if not _per_channel(meta, metas[conv_bias.name]):
                 continue
-            column = Value(next(names), _column(metas[bias.name], len(out.meta.shape)))
-            setup.append(KernelCall("view", (bias, column.meta.shape), (), (column,), line.node, "aten.view.default"))
-            raw = Value(next(names), out.meta)
+            column_meta = _column(metas[conv_bias.name], len(meta.shape))
+            column = Value(next(names), column_meta)
+            setup.append(KernelCall("view", (conv_bias, column_meta.shape), (), (column,), line.node, VIEW))
+            raw = Value(next(names), meta)
             body[index] = replace(with_arg(line, info, "bias", None), outputs=(raw,))
             after[index] = [_add(raw, Ref(column.name), out, line.node)]
     if not after:
         return program
     placed: list[Line] = []
     for index, line in enumerate(body):
-        assert line is not None
         placed.append(line)
         placed.extend(after.get(index, ()))
     return replace(program, setup=tuple(setup), body=tuple(placed))
 
 
-def _eligible(meta: TensorMeta | None) -> bool:
-    return meta is not None and meta.device.startswith("cuda") and meta.is_static and meta.dtype in DTYPES
+def _eligible(meta: TensorMeta) -> bool:
+    return meta.device.startswith("cuda") and meta.is_static and meta.dtype in DTYPES
 
 
 def _addmm_bias(
@@ -112,9 +111,9 @@ def _addmm_bias(
 
 def _only_reshape(
     name: str, columns: object, read_by: dict[str, set[int]], body: tuple[Line, ...]
-) -> tuple[int, KernelCall] | None:
-    """The reshape that is the value's only reader, where it keeps the last dimension (a bias over the
-    columns stays a bias over the last dimension)."""
+) -> tuple[int, KernelCall, Value] | None:
+    """(where, the call, its result): the reshape that is the value's only reader, where it keeps the
+    last dimension (a bias over the columns stays a bias over the last dimension)."""
     at = read_by.get(name, set())
     if len(at) != 1:
         return None
@@ -123,16 +122,15 @@ def _only_reshape(
     if not isinstance(line, KernelCall) or line.target not in RESHAPES or len(line.outputs) != 1:
         return None
     out = line.outputs[0]
-    if out is None or not _eligible(out.meta) or not line.args or line.args[0] != Ref(name):
+    meta = out.meta if out is not None else None
+    if out is None or meta is None or not _eligible(meta) or not line.args or line.args[0] != Ref(name):
         return None
-    return (index, line) if out.meta.shape[-1] == columns else None  # type: ignore[union-attr]
+    return (index, line, out) if meta.shape[-1] == columns else None
 
 
-def _conv_channels(out: TensorMeta, bias: TensorMeta) -> int | None:
-    """The convolution's output channels, where its bias is one value per channel."""
-    if len(out.shape) < 3 or bias.shape != (out.shape[1],) or bias.dtype != out.dtype:
-        return None
-    return out.shape[1]  # type: ignore[return-value]
+def _per_channel(out: TensorMeta, bias: TensorMeta) -> bool:
+    """The convolution's bias is one value per output channel, of the output's dtype."""
+    return len(out.shape) >= 3 and bias.shape == (out.shape[1],) and bias.dtype == out.dtype
 
 
 def _column(bias: TensorMeta, rank: int) -> TensorMeta:

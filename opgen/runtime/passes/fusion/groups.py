@@ -24,6 +24,9 @@ from opgen.runtime.passes.fusion.ops import CAT, ROW_OPS
 from opgen.runtime.passes.fusion.steps import Step, Tensor, device_of, flat_steps, out_shape, reduced_input, step_of
 from opgen.runtime.registry import KernelRegistry
 
+# Row reductions whose ATen kernel copies a strided input to a contiguous one before it runs.
+COPYING_ROWS = frozenset({"aten.native_layer_norm.default", "aten._softmax.default", "aten._log_softmax.default"})
+
 
 @dataclass(frozen=True, slots=True)
 class FusedGroup:
@@ -115,8 +118,7 @@ class _Building:
     def _strided_rows(self) -> bool:
         """A lone row reduction of a strided input (a layer norm of a permuted tensor, as ConvNeXt's):
         ATen's kernel copies its input to a contiguous one first, the generated one reads it in place."""
-        copying = {"aten.native_layer_norm.default", "aten._softmax.default", "aten._log_softmax.default"}
-        lone = self.steps[0].target in copying if len(self.steps) == 1 else False
+        lone = len(self.steps) == 1 and self.steps[0].target in COPYING_ROWS
         return lone and any(not t.meta.is_contiguous() for t in self.inputs.values())
 
     def mergeable(self, other: _Building) -> bool:
@@ -207,6 +209,10 @@ class _Walk:
         shape = out_shape(step)
         if group.shape == shape or not _broadcasts(group.shape, shape):
             return False
+        return self._read_only_by(group, index)
+
+    def _read_only_by(self, group: _Building, index: int) -> bool:
+        """Nothing but the group's own members and the line at `index` reads the group's values."""
         allowed = {*group.members, index}
         return all(self.read_later.get(name, set()) <= allowed for name in group.defined)
 
@@ -263,8 +269,7 @@ class _Walk:
         the cat read (it then runs inside the cat's kernel, once per range that reads it)."""
         if group.kind != "pointwise" or group.shape != self.metas[operand].shape or group.has_cat:
             return False  # a cat inside a cat's range: the inner one is written to memory instead
-        allowed = {*group.members, cat}
-        return all(self.read_later.get(name, set()) <= allowed for name in group.defined)
+        return self._read_only_by(group, cat)
 
     def _start(self, step: Step) -> _Building | None:
         if step.target in ROW_OPS:
