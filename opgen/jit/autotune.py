@@ -64,12 +64,19 @@ def _time_config(kernel: JitKernel, binary: KernelBinary, config: Any, args: Seq
     return median_us(lambda *copies: native.jit_launch_strict(scratch, *copies), args, written)
 
 
+# do_bench's spans per timing (ms): warm-up, then timed launches, each after an L2 flush (~0.1 ms on an
+# H100), so a kernel of 5-100 us gets about 40 timed launches: a stable median. A model's first call
+# times every config of every new kernel and every multi-kernel candidate, so these spans are most of
+# it (Triton's defaults, 25 and 100 ms, would make a transformer's first call minutes long).
+WARMUP_MS, TIMED_MS = 1, 5
+
+
 def median_us(fn: Callable[..., Any], args: Sequence[Any], written: Collection[int]) -> float:
     """Triton's `do_bench` median of `fn(*args)`, in us, run on copies of the arguments at `written`."""
     from triton.testing import do_bench
 
     copies = [clone_like(a) if i in written else a for i, a in enumerate(args)]
-    return float(do_bench(lambda: fn(*copies), warmup=5, rep=20, return_mode="median")) * 1000.0
+    return float(do_bench(lambda: fn(*copies), warmup=WARMUP_MS, rep=TIMED_MS, return_mode="median")) * 1000.0
 
 
 def clone_like(t: torch.Tensor) -> torch.Tensor:

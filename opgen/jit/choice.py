@@ -1,7 +1,8 @@
 """The multi-kernel choice: several kernels that compute the same thing; the fastest one runs.
 
 The first call with real arguments of each size times every candidate (on copies of the arguments
-they write), keeps the fastest, and stores the pick in the JIT cache, so later processes benchmark
+they write), keeps the fastest, and stores the pick in the JIT cache under what the candidates compute
+(`identity`), so later processes, and the same kernel in a model's other layers, benchmark
 nothing. With `reliable` (a candidate that always works, such as the ATen kernels a generated one
 replaces), a candidate that raises on its first call (a kernel that fails to compile) is dropped
 with a warning and the reliable one runs. `force` (or OPGEN_FORCE_KERNEL=<candidate name>) skips
@@ -48,7 +49,9 @@ class Choice:
                 raise ValueError(f"Choice {name!r}: force={force!r} is not a candidate ({', '.join(candidates)})")
         self.name = name
         self.candidates = dict(candidates)
-        self.identity = tuple(identity)  # what identifies the candidates across processes (cache key)
+        # What the candidates compute (the pick's cache key, with their names and the sizes): choices of
+        # one identity share a pick, across processes and across a model's repeated layers.
+        self.identity = tuple(identity)
         self.writes = tuple(writes)
         self.force = force
         self.fixed_sizes = fixed_sizes
@@ -111,7 +114,7 @@ class Choice:
         return self._repoint(key, name)
 
     def _benchmarked(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[str, str]:
-        pick_key = cache.make_key(("choice", self.name, self.identity, tuple(self.candidates), key))
+        pick_key = cache.make_key(("choice", self.identity or self.name, tuple(self.candidates), key))
         record = cache.load_pick(pick_key)
         if record is not None and record.get("pick") in self.candidates:
             cache.STATS.add("choice_hits")

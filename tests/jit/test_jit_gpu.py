@@ -230,7 +230,7 @@ def test_runs_on_the_callers_stream():
     torch.testing.assert_close(out, 3 * x)
 
 
-def test_choice_picks_persists_and_can_be_forced(fresh_cache):
+def test_choice_picks_persist_are_shared_by_identity_and_can_be_forced(fresh_cache):
     from opgen.jit.choice import Choice
 
     triton_add = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=1024)
@@ -250,6 +250,12 @@ def test_choice_picks_persists_and_can_be_forced(fresh_cache):
     again = Choice("add", candidates, identity=("test",))
     torch.testing.assert_close(again(a, b), a + b)
     assert STATS.choice_hits == 1 and next(iter(again.picks.values()))[0] == picked
+    layer = Choice("add in another layer", candidates, identity=("test",))  # same computation, another name
+    torch.testing.assert_close(layer(a, b), a + b)
+    assert STATS.choice_hits == 2 and next(iter(layer.picks.values())) == (picked, "pick from the cache")
+    other = Choice("add", candidates, identity=("other",))  # another computation times again
+    torch.testing.assert_close(other(a, b), a + b)
+    assert STATS.choices == 2
     forced = Choice("add", candidates, identity=("test",), force="triton")
     torch.testing.assert_close(forced(a, b), a + b)
     assert next(iter(forced.picks.values())) == ("triton", "forced")
