@@ -28,6 +28,7 @@ from opgen.runtime.ir import (
     contiguous_strides,
 )
 from opgen.runtime.passes import PASSES, run_passes
+from opgen.runtime.passes.analysis import Groups
 from opgen.runtime.passes.constants import fold_constants
 from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
@@ -524,3 +525,13 @@ def test_kernel_choice_offers_fitting_triton_candidates(registry, a, b, chosen) 
         assert f'rt.jit["{choice.local}"]' in emit(out).text
     else:
         assert out == p
+
+
+def test_alias_groups_list_members_in_first_seen_order_after_every_change() -> None:
+    groups = Groups()
+    for a, b in (("x", "v1"), ("y", "v2"), ("v1", "v3")):
+        groups.union(a, b)
+    assert groups.members("v3") == ["x", "v1", "v3"] and groups.members("y") == ["y", "v2"]
+    assert groups.members("new") == ["new"]  # a name not seen before is its own group
+    groups.union("v2", "x")  # a change after members() was asked: the next answer sees it
+    assert groups.members("v1") == groups.members("y") == ["x", "v1", "y", "v2", "v3"]

@@ -147,9 +147,14 @@ class Groups:
     """Union-find over value names: values in one group share storage."""
 
     parent: dict[str, str] = field(default_factory=dict)
+    _by_root: dict[str, list[str]] | None = field(default=None, repr=False, compare=False)  # members, until a change
 
     def find(self, name: str) -> str:
-        root = self.parent.setdefault(name, name)
+        if name not in self.parent:
+            self.parent[name] = name
+            self._by_root = None
+            return name
+        root = self.parent[name]
         while root != self.parent[root]:
             root = self.parent[root]
         self.parent[name] = root
@@ -159,11 +164,18 @@ class Groups:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[rb] = ra
+            self._by_root = None
         return ra
 
     def members(self, name: str) -> list[str]:
-        root = self.find(name)
-        return [n for n in list(self.parent) if self.find(n) == root]
+        """The names in `name`'s group, in the order they were first seen (one pass over all names per change)."""
+        root = self.find(name)  # first: a name seen here for the first time is a group of its own
+        if self._by_root is None:
+            by_root: dict[str, list[str]] = {}
+            for n in list(self.parent):
+                by_root.setdefault(self.find(n), []).append(n)
+            self._by_root = by_root
+        return list(self._by_root[root])
 
 
 def alias_groups(lines: Iterable[Line], registry: KernelRegistry) -> Groups:
