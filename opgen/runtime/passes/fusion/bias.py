@@ -4,7 +4,8 @@
 `convolution(x, W, None, ...)` then `add(., b.view(C, 1, 1))`, where every reader of the result is a
 node the fusion pass takes (pointwise or a row reduction): the add then joins their kernel and costs
 nothing. An `addmm` read only through a reshape that keeps its last dimension (a linear layer on a
-3-d or 4-d input) gets its add after the reshape, in the shape its readers use.
+3-d or 4-d input) gets its add after the reshape, in the shape its readers use. A reader may also be
+a permute whose readers fusion takes: the `permutes` pass then moves it above the add.
 
 Why: ATen adds a convolution's bias in a kernel of its own after cuDNN's (EfficientNet-B0: 81 adds,
 202 us of its 1230 us on an H100), and a float32 `addmm` goes through cuBLASLt's bias epilogue,
@@ -18,6 +19,7 @@ products are its kernels by then), right before `fusion`; CUDA, static sizes, fl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table
@@ -26,7 +28,7 @@ from opgen.runtime.passes.fusion.steps import fusible
 from opgen.runtime.registry import KernelRegistry
 
 DTYPES = ("float32", "float16", "bfloat16")
-VIEW = "aten.view.default"
+VIEW, PERMUTE = "aten.view.default", "aten.permute.default"
 
 
 def split_bias(program: Program, registry: KernelRegistry) -> Program:
@@ -41,8 +43,9 @@ def split_bias(program: Program, registry: KernelRegistry) -> Program:
     after: dict[int, list[KernelCall]] = {}  # body index -> adds placed right after that line
 
     def all_fusible(name: str) -> bool:
+        """Every reader is a node fusion takes, or a permute of such nodes (`permutes` moves it above the add)."""
         at = read_by.get(name, set())
-        return bool(at) and all(fusible(body[i], registry, metas) for i in at)
+        return bool(at) and all(fusible(body[i], registry, metas) or _permute_of(body[i], all_fusible) for i in at)
 
     for index, line in enumerate(program.body):
         if not isinstance(line, KernelCall) or line.fallback or line.mutates or len(line.outputs) != 1:
@@ -89,6 +92,14 @@ def split_bias(program: Program, registry: KernelRegistry) -> Program:
         placed.append(line)
         placed.extend(after.get(index, ()))
     return replace(program, setup=tuple(setup), body=tuple(placed))
+
+
+def _permute_of(line: Line, fused: Callable[[str], bool]) -> bool:
+    """A permute whose readers all fuse (ConvNeXt's `linear -> permute -> layer scale`)."""
+    if not isinstance(line, KernelCall) or line.target != PERMUTE or len(line.outputs) != 1:
+        return False
+    out = line.outputs[0]
+    return out is not None and fused(out.name)
 
 
 def _eligible(meta: TensorMeta) -> bool:

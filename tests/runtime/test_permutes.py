@@ -1,0 +1,151 @@
+"""The permutes pass: a permute moves above the pointwise node it reads, so that the nodes on both sides
+of it fuse as one kernel (ConvNeXt's `linear -> permute -> layer scale -> residual add`).
+
+On the CPU the program is relabelled as CUDA around the passes (split_bias, permutes, fusion), with
+oneDNN's passes left out so that linear layers stay `addmm`, as on CUDA. Kernels are bound to their
+ATen calls, or where triton is installed and there is no GPU, run in Triton's interpreter with every
+config and checked against them. With a GPU the models run for real.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from fusion_interp import compile_with_pass, ran_in_fresh_interpreter
+from torch import nn
+
+import opgen
+from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.passes.fusion.bias import split_bias
+from opgen.runtime.passes.fusion.permutes import permutes_into_pointwise
+from opgen.runtime.passes.fusion.rewrite import fuse
+from opgen.runtime.registry import KernelRegistry
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton, run in its interpreter on a machine without a GPU",
+)
+CPU_PASSES = ("onednn", "prepack")
+
+
+class BlockTail(nn.Module):
+    """ConvNeXt's block less its convolution: norm and linear over channels-last, permute back, layer
+    scale, residual add."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(width), nn.Linear(width, width)
+        self.gamma = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(self.norm(x.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return y.mul(self.gamma.reshape(1, -1, 1, 1)) + x
+
+
+class Chain(nn.Module):
+    """Two pointwise nodes, a permute, a pointwise node; `returned`: the permute is also an output;
+    `matmul`: a product reads the permute."""
+
+    def __init__(self, then: str = "add") -> None:
+        super().__init__()
+        self.then = then
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        p = (x * 2 + 1).permute(0, 2, 1)
+        if self.then == "returned":
+            return p, p + y
+        if self.then == "matmul":
+            return p @ y.transpose(1, 2)
+        return p + y
+
+
+def passes_then_fuse(program: Program, registry: KernelRegistry) -> Program:
+    return fuse(permutes_into_pointwise(split_bias(program, registry), registry), registry)
+
+
+def compiled(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...],
+             checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
+    model = model.eval()
+    return compile_with_pass(monkeypatch, model, inputs, "fusion", passes_then_fuse, checks, leave_out=CPU_PASSES)
+
+
+def check(fn: object, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)  # type: ignore[operator]
+
+
+def block_tail() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return BlockTail(), (torch.randn(2, 8, 5, 6),)
+
+
+def chain(then: str = "add") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return Chain(then), (torch.randn(2, 5, 7), torch.randn(2, 7, 5))
+
+
+def test_the_bias_add_scale_and_residual_add_are_one_kernel(monkeypatch) -> None:
+    model, inputs = block_tail()
+    fn, kernels = compiled(monkeypatch, model, inputs)
+    norm, tail = kernels
+    assert norm.nodes == ("native_layer_norm",) and set(tail.nodes) == {"addmm_bias", "mul", "add"}
+    source = fn.artifact.source  # type: ignore[attr-defined]
+    assert "mm_out(" in source and "addmm_out(" not in source  # the bias left cuBLAS for the kernel,
+    assert "= permute(nobias" in source  # which reads the product through a permute (a view set up once)
+    check(fn, model, inputs)
+
+
+def test_a_permute_moves_above_a_chain_of_pointwise_nodes(monkeypatch) -> None:
+    model, inputs = chain()
+    fn, kernels = compiled(monkeypatch, model, inputs)
+    (kernel,) = kernels
+    assert {"mul", "add", "add_1"} <= set(kernel.nodes)  # x * 2 + 1 and + y: one kernel, reading x permuted
+    check(fn, model, inputs)
+
+
+@pytest.mark.parametrize("then", ["returned", "matmul"])
+def test_a_permute_returned_or_read_by_a_product_stays(monkeypatch, then) -> None:
+    model, inputs = chain(then)
+    fn, kernels = compiled(monkeypatch, model, inputs)
+    permuted = [k for k in kernels if "mul" in k.nodes]
+    assert permuted and "permute" not in "".join(permuted[0].nodes)
+    assert all(not n.startswith("permuted") for n in fn.artifact.source.split())  # type: ignore[attr-defined]
+    check(fn, model, inputs)
+    if then == "returned":  # the caller sees eager's strides: a view of the pointwise result
+        with torch.no_grad():
+            assert fn(*inputs)[0].stride() == model(*inputs)[0].stride()  # type: ignore[operator]
+
+
+def test_cpu_programs_are_unchanged() -> None:
+    model, inputs = chain()
+    passes = [p for p in opgen.runtime.pipeline.default_pipeline() if p not in CPU_PASSES]
+    with torch.no_grad():
+        plain = opgen.compile(model, inputs, passes=[p for p in passes if p != "permutes"], cache=False)
+        moved = opgen.compile(model, inputs, passes=[*passes, "permutes"], cache=False)
+    a, b = plain.artifact, moved.artifact  # type: ignore[attr-defined]
+    assert a.source.replace(a.key[:16], "") == b.source.replace(b.key[:16], "")
+
+
+@interpreter
+@pytest.mark.parametrize("what", ["block_tail", "chain"])
+def test_the_kernels_through_permutes_run_in_the_interpreter(monkeypatch, request, what) -> None:
+    if ran_in_fresh_interpreter(request):
+        return
+    model, inputs = block_tail() if what == "block_tail" else chain()
+    checks: list[str] = []
+    fn, kernels = compiled(monkeypatch, model, inputs, checks)
+    check(fn, model, inputs)
+    assert kernels and len(checks) >= len(kernels)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_on_the_gpu_the_block_tail_is_one_kernel_after_the_product(dtype) -> None:
+    model, x = BlockTail(64).eval().cuda().to(dtype), torch.randn(2, 64, 14, 14, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cache=False)
+        want, got = model(x), fn(x)
+    tol = 5e-3 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert any(set(k.nodes) == {"addmm_bias", "mul", "add"} for k in fn.artifact.fused)  # type: ignore[attr-defined]
