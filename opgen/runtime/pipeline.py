@@ -32,7 +32,7 @@ from opgen.runtime.registry import KernelRegistry, load_registry
 def default_pipeline() -> tuple[str, ...]:
     """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks
     cuDNN, and the passes that make or launch Triton kernels (`decode_attention`, `cache_writes`, `gemv`,
-    `split_bias`, `permutes`, `fusion`, `dependent_launch`) where opgen's JIT cannot run (no CUDA build, GPU or
+    `split_bias`, `lift_views`, `fusion`, `dependent_launch`) where opgen's JIT cannot run (no CUDA build, GPU or
     triton)."""
     has_onednn = torch.backends.mkldnn.is_available()
     missing: set[str] = set()
@@ -44,7 +44,7 @@ def default_pipeline() -> tuple[str, ...]:
         missing.add("cudnn")
     if not _jit_available():
         missing.update(
-            ("decode_attention", "cache_writes", "gemv", "split_bias", "permutes", "fusion", "dependent_launch")
+            ("decode_attention", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "dependent_launch")
         )
     return tuple(p for p in DEFAULT_PIPELINE if p not in missing)
 

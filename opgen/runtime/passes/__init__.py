@@ -27,8 +27,8 @@ them in every call; `cache_writes` (CUDA, static sizes) runs the `index_put_` wr
 keys and values into a KV cache (which `reinplace` made) as one Triton kernel; `gemv` (CUDA, static
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
 kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose
-readers fusion takes, so that they join those kernels, `permutes` (CUDA) moves a permute above the
-pointwise node it reads, so that the nodes on both sides share one iteration space, and `fusion`
+readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves a permute or reshape above
+the pointwise node it reads, so that the nodes on both sides share one iteration space, and `fusion`
 turns groups of pointwise nodes and row reductions into generated Triton kernels once the graph is
 simplified, before memo and memory
 planning see the calls; `dependent_launch` then lets each generated kernel start while the one before
@@ -57,7 +57,7 @@ from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
-from opgen.runtime.passes.fusion.permutes import permutes_into_pointwise
+from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.grouped_attention import read_grouped_heads
 from opgen.runtime.passes.kernel_choice import choose_kernels
@@ -95,7 +95,7 @@ PASSES: dict[str, Pass] = {
     "cache_writes": fuse_cache_writes,
     "gemv": fuse_gemv,
     "split_bias": split_bias,
-    "permutes": permutes_into_pointwise,
+    "lift_views": lift_views,
     "fusion": fuse,
     "dependent_launch": launch_dependently,
     "memory": plan_memory,
@@ -127,7 +127,7 @@ DEFAULT_PIPELINE = (
     "cache_writes",
     "gemv",
     "split_bias",
-    "permutes",
+    "lift_views",
     "fusion",
     "dependent_launch",
     "memo",

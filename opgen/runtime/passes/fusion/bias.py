@@ -5,7 +5,7 @@
 node the fusion pass takes (pointwise or a row reduction): the add then joins their kernel and costs
 nothing. An `addmm` read only through a reshape that keeps its last dimension (a linear layer on a
 3-d or 4-d input) gets its add after the reshape, in the shape its readers use. A reader may also be
-a permute whose readers fusion takes: the `permutes` pass then moves it above the add.
+a permute whose readers fusion takes: the `lift_views` pass then moves it above the add.
 
 Why: ATen adds a convolution's bias in a kernel of its own after cuDNN's (EfficientNet-B0: 81 adds,
 202 us of its 1230 us on an H100), and a float32 `addmm` goes through cuBLASLt's bias epilogue,
@@ -43,7 +43,7 @@ def split_bias(program: Program, registry: KernelRegistry) -> Program:
     after: dict[int, list[KernelCall]] = {}  # body index -> adds placed right after that line
 
     def all_fusible(name: str) -> bool:
-        """Every reader is a node fusion takes, or a permute of such nodes (`permutes` moves it above the add)."""
+        """Every reader is a node fusion takes, or a permute of such nodes (`lift_views` moves it above the add)."""
         at = read_by.get(name, set())
         return bool(at) and all(fusible(body[i], registry, metas) or _permute_of(body[i], all_fusible) for i in at)
 

@@ -1,7 +1,8 @@
-"""The permutes pass: a permute moves above the pointwise node it reads, so that the nodes on both sides
-of it fuse as one kernel (ConvNeXt's `linear -> permute -> layer scale -> residual add`).
+"""The lift_views pass: a permute or reshape moves above the pointwise node it reads, so that the nodes
+on both sides of it fuse as one kernel (ConvNeXt's `linear -> permute -> layer scale -> residual add`,
+Swin's `residual add -> reshape -> layer norm`).
 
-On the CPU the program is relabelled as CUDA around the passes (split_bias, permutes, fusion), with
+On the CPU the program is relabelled as CUDA around the passes (split_bias, lift_views, fusion), with
 oneDNN's passes left out so that linear layers stay `addmm`, as on CUDA. Kernels are bound to their
 ATen calls, or where triton is installed and there is no GPU, run in Triton's interpreter with every
 config and checked against them. With a GPU the models run for real.
@@ -19,7 +20,7 @@ from torch import nn
 import opgen
 from opgen.runtime.ir import FusedKernel, Program
 from opgen.runtime.passes.fusion.bias import split_bias
-from opgen.runtime.passes.fusion.permutes import permutes_into_pointwise
+from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.registry import KernelRegistry
 
@@ -45,6 +46,22 @@ class BlockTail(nn.Module):
         return y.mul(self.gamma.reshape(1, -1, 1, 1)) + x
 
 
+class ResidualNorm(nn.Module):
+    """Swin's block boundary: residual add over (B, H, W, C), reshape to (B, H*W, C), layer norm; `bias`:
+    the add also takes a per-channel vector, which broadcasts the same way after the reshape."""
+
+    def __init__(self, width: int = 8, bias: bool = False) -> None:
+        super().__init__()
+        self.norm, self.bias = nn.LayerNorm(width), nn.Parameter(torch.randn(width)) if bias else None
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        s = x + torch.sigmoid(y)
+        if self.bias is not None:
+            s = s + self.bias
+        b, h, w, c = s.shape
+        return self.norm(s.reshape(b, h * w, c))
+
+
 class Chain(nn.Module):
     """Two pointwise nodes, a permute, a pointwise node; `returned`: the permute is also an output;
     `matmul`: a product reads the permute."""
@@ -63,7 +80,7 @@ class Chain(nn.Module):
 
 
 def passes_then_fuse(program: Program, registry: KernelRegistry) -> Program:
-    return fuse(permutes_into_pointwise(split_bias(program, registry), registry), registry)
+    return fuse(lift_views(split_bias(program, registry), registry), registry)
 
 
 def compiled(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...],
@@ -79,6 +96,10 @@ def check(fn: object, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Non
 
 def block_tail() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return BlockTail(), (torch.randn(2, 8, 5, 6),)
+
+
+def residual_norm(bias: bool = False) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return ResidualNorm(bias=bias), (torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8))
 
 
 def chain(then: str = "add") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -104,13 +125,22 @@ def test_a_permute_moves_above_a_chain_of_pointwise_nodes(monkeypatch) -> None:
     check(fn, model, inputs)
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["add", "add_and_bias"])
+def test_a_residual_add_reshaped_for_a_layer_norm_joins_its_row_kernel(monkeypatch, bias) -> None:
+    model, inputs = residual_norm(bias)
+    fn, kernels = compiled(monkeypatch, model, inputs)
+    (kernel,) = kernels
+    assert {"sigmoid", "add", "native_layer_norm"} <= set(kernel.nodes) and kernel.describe.startswith("row")
+    check(fn, model, inputs)
+
+
 @pytest.mark.parametrize("then", ["returned", "matmul"])
 def test_a_permute_returned_or_read_by_a_product_stays(monkeypatch, then) -> None:
     model, inputs = chain(then)
     fn, kernels = compiled(monkeypatch, model, inputs)
     permuted = [k for k in kernels if "mul" in k.nodes]
     assert permuted and "permute" not in "".join(permuted[0].nodes)
-    assert all(not n.startswith("permuted") for n in fn.artifact.source.split())  # type: ignore[attr-defined]
+    assert all(not n.startswith("lifted") for n in fn.artifact.source.split())  # type: ignore[attr-defined]
     check(fn, model, inputs)
     if then == "returned":  # the caller sees eager's strides: a view of the pointwise result
         with torch.no_grad():
@@ -121,18 +151,18 @@ def test_cpu_programs_are_unchanged() -> None:
     model, inputs = chain()
     passes = [p for p in opgen.runtime.pipeline.default_pipeline() if p not in CPU_PASSES]
     with torch.no_grad():
-        plain = opgen.compile(model, inputs, passes=[p for p in passes if p != "permutes"], cache=False)
-        moved = opgen.compile(model, inputs, passes=[*passes, "permutes"], cache=False)
+        plain = opgen.compile(model, inputs, passes=[p for p in passes if p != "lift_views"], cache=False)
+        moved = opgen.compile(model, inputs, passes=[*passes, "lift_views"], cache=False)
     a, b = plain.artifact, moved.artifact  # type: ignore[attr-defined]
     assert a.source.replace(a.key[:16], "") == b.source.replace(b.key[:16], "")
 
 
 @interpreter
-@pytest.mark.parametrize("what", ["block_tail", "chain"])
-def test_the_kernels_through_permutes_run_in_the_interpreter(monkeypatch, request, what) -> None:
+@pytest.mark.parametrize("what", ["block_tail", "chain", "residual_norm"])
+def test_the_kernels_through_views_run_in_the_interpreter(monkeypatch, request, what) -> None:
     if ran_in_fresh_interpreter(request):
         return
-    model, inputs = block_tail() if what == "block_tail" else chain()
+    model, inputs = {"block_tail": block_tail, "chain": chain, "residual_norm": lambda: residual_norm(True)}[what]()
     checks: list[str] = []
     fn, kernels = compiled(monkeypatch, model, inputs, checks)
     check(fn, model, inputs)

@@ -1,0 +1,168 @@
+"""Views above pointwise nodes on CUDA, so that the nodes before and after a view fuse as one kernel.
+
+`view(f(a, b))`, where the pointwise node `f` is read by the view alone, is `f(view(a), view(b))`:
+each operand is viewed the same way (one that broadcasts, the way that keeps it broadcasting), and
+`f` writes its result in the view's shape. The fusion pass puts nodes in one kernel only where they
+share an iteration space, and a view changes it:
+
+- a permute: ConvNeXt's block ends with `linear -> permute -> mul(layer scale) -> add(residual)`; the
+  bias add (from `split_bias`) ran in one kernel, the scale and the residual add in another. Lifted,
+  the three are one kernel that reads the product through the permute, as Inductor's
+  `triton_poi_fused_add_addmm_mul_permute_view` does.
+- a reshape: Swin's `x + attn(...)` over (B, H, W, C), reshaped to (B, H*W, C) for the next layer
+  norm; lifted, the residual add and the norm are one row kernel.
+
+A pointwise node's loads follow its operands' strides, so the permuted views cost no copy. Only where
+every reader of the view is a node fusion takes (so kernels merge) and nothing returns it (the caller
+sees eager's strides), on CUDA with static sizes; right before `fusion`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, contiguous_strides, meta_table
+from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers
+from opgen.runtime.passes.fusion.ops import POINTWISE
+from opgen.runtime.passes.fusion.steps import fusible, step_of
+from opgen.runtime.registry import KernelRegistry
+
+PERMUTE, VIEW = "aten.permute.default", "aten.view.default"
+ROUNDS = 8  # a view moves above a chain of at most this many pointwise nodes
+
+
+def lift_views(program: Program, registry: KernelRegistry) -> Program:
+    if not {"permute", "view"} <= set(registry.by_name):
+        return program
+    for _ in range(ROUNDS):  # each round moves every view one node up; the next sees the views it made
+        lifted = _one_round(program, registry)
+        if lifted is program:
+            break
+        program = lifted
+    return program
+
+
+def _one_round(program: Program, registry: KernelRegistry) -> Program:
+    """Each view whose source a pointwise node makes for it alone, moved above that node."""
+    metas, read_by = meta_table(program), readers(program.body)
+    made_at, names = defined_at(program.body), fresh_namer(program, "lifted")
+    dropped: set[int] = set()
+    placed: dict[int, list[Line]] = {}  # view index -> the operands' views and the node, in its place
+    for index, line in enumerate(program.body):
+        if not _a_view(line, metas):
+            continue
+        assert isinstance(line, KernelCall) and line.outputs[0] is not None and isinstance(line.args[0], Ref)
+        out, source = line.outputs[0], line.args[0].name
+        at = made_at.get(source)
+        node = program.body[at] if at is not None else None
+        if at is None or not isinstance(node, KernelCall) or read_by.get(source) != {index}:
+            continue
+        if not _pointwise(node, registry, metas) or not _fused_after(out.name, read_by, program.body, registry, metas):
+            continue
+        views: list[Line] = []
+        lift = _Lift(line, metas, names, views)
+        args = tuple(lift(a) for a in node.args)
+        kwargs = tuple((k, lift(a)) for k, a in node.kwargs)
+        if lift.failed:
+            continue
+        assert out.meta is not None
+        fresh = replace(out.meta, stride=contiguous_strides(out.meta.shape), offset=0)  # type: ignore[arg-type]
+        dropped.add(at)
+        placed[index] = [*views, replace(node, args=args, kwargs=kwargs, outputs=(Value(out.name, fresh),))]
+    if not placed:
+        return program
+    body: list[Line] = []
+    for index, line in enumerate(program.body):
+        if index not in dropped:
+            body.extend(placed.get(index, [line]))
+    return replace(program, body=tuple(body))
+
+
+def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
+    """A CUDA permute or reshape of a static, contiguous tensor (a pointwise node's fresh result)."""
+    if not isinstance(line, KernelCall) or line.fallback or len(line.outputs) != 1 or len(line.args) < 2:
+        return False
+    if line.target != PERMUTE and line.target not in RESHAPES:
+        return False
+    out, source = line.outputs[0], line.args[0]
+    meta = metas.get(source.name) if isinstance(source, Ref) else None
+    if out is None or out.meta is None or not out.meta.is_static or meta is None:
+        return False
+    return meta.device.startswith("cuda") and meta.is_static and meta.is_contiguous()
+
+
+def _pointwise(node: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> bool:
+    step = step_of(node, registry, metas)
+    return step is not None and step.target in POINTWISE and len(node.outputs) == 1
+
+
+def _fused_after(
+    name: str, read_by: dict[str, set[int]], body: tuple[Line, ...], registry: KernelRegistry,
+    metas: dict[str, TensorMeta],
+) -> bool:  # fmt: skip
+    """Every reader of the view is a node fusion takes (a Return is not: the caller sees the view)."""
+    at = read_by.get(name, set())
+    return bool(at) and all(fusible(body[i], registry, metas) for i in at)
+
+
+class _Lift:
+    """Maps the node's operands through the view (`failed` where one cannot follow it)."""
+
+    def __init__(self, view: KernelCall, metas: dict[str, TensorMeta], names: Iterator[str], lines: list[Line]) -> None:
+        source, out = view.args[0], view.outputs[0]
+        assert isinstance(source, Ref) and out is not None and out.meta is not None
+        self.view, self.metas, self.names, self.lines = view, metas, names, lines
+        self.before, self.after = metas[source.name].shape, out.meta.shape
+        self.failed = False
+
+    def __call__(self, arg: Arg) -> Arg:
+        meta = self.metas.get(arg.name) if isinstance(arg, Ref) else None
+        if meta is None or not meta.shape:
+            return arg  # scalars and 0-d tensors broadcast to any shape
+        assert isinstance(arg, Ref)
+        if self.view.target == PERMUTE:
+            return self._permuted(arg, meta)
+        return self._reshaped(arg, meta)
+
+    def _permuted(self, arg: Ref, meta: TensorMeta) -> Arg:
+        given = self.view.args[1]
+        rank = len(self.before)
+        dims = tuple(d % rank for d in given) if isinstance(given, tuple) and all(type(d) is int for d in given) else ()
+        if sorted(dims) != list(range(rank)):
+            self.failed = True
+            return arg
+        if len(meta.shape) < rank:  # broadcast from fewer dimensions: leading 1s first
+            padded = (1,) * (rank - len(meta.shape)) + meta.shape
+            lead = (meta.stride[0] * meta.shape[0],) * (rank - len(meta.shape))  # type: ignore[operator]
+            meta = replace(meta, shape=padded, stride=(*lead, *meta.stride))
+            arg = self._line("view", VIEW, (arg, padded), meta)
+        permuted = replace(meta, shape=tuple(meta.shape[d] for d in dims), stride=tuple(meta.stride[d] for d in dims))
+        return self._line("permute", PERMUTE, (arg, dims), permuted)
+
+    def _reshaped(self, arg: Ref, meta: TensorMeta) -> Arg:
+        """The whole operand reshaped like the node's result (it must be contiguous for a view), or one
+        that broadcasts over dimensions the reshape leaves alone, as it is."""
+        if meta.shape == self.before and meta.is_contiguous():
+            shaped = replace(meta, shape=self.after, stride=contiguous_strides(self.after))  # type: ignore[arg-type]
+            return self._line("view", VIEW, (arg, self.after), shaped)
+        kept = len(meta.shape)
+        while kept and meta.shape[len(meta.shape) - kept] == 1:
+            kept -= 1  # leading 1s broadcast anywhere: only the dimensions after them must survive the reshape
+        if (
+            kept < len(self.before)
+            and kept <= len(self.after)
+            and self.before[-kept or len(self.before) :] == (self.after[-kept or len(self.after) :])
+        ):
+            if kept == len(meta.shape):
+                return arg
+            tail = meta.shape[len(meta.shape) - kept :]
+            trimmed = replace(meta, shape=tail, stride=meta.stride[len(meta.stride) - kept :])
+            return self._line("view", VIEW, (arg, tail), trimmed)
+        self.failed = True
+        return arg
+
+    def _line(self, kernel: str, target: str, args: tuple[Arg, ...], meta: TensorMeta) -> Ref:
+        value = Value(next(self.names), meta)
+        self.lines.append(KernelCall(kernel, args, (), (value,), self.view.node, target))
+        return Ref(value.name)
