@@ -10,11 +10,9 @@ config and checked against them. With a GPU the models run for real.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from fusion_interp import compile_with_pass, ran_in_fresh_interpreter
+from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
@@ -25,10 +23,7 @@ from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.registry import KernelRegistry
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-interpreter = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
-    reason="needs triton, run in its interpreter on a machine without a GPU",
-)
+interpreter = needs_triton
 CPU_PASSES = ("onednn", "prepack")
 
 
