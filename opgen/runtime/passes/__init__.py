@@ -27,12 +27,11 @@ them in every call; `cache_writes` (CUDA, static sizes) runs the `index_put_` wr
 keys and values into a KV cache (which `reinplace` made) as one Triton kernel; `gemv` (CUDA, static
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
 kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose
-readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves a permute or reshape above
-the pointwise node it reads, so that the nodes on both sides share one iteration space, and `fusion`
-turns groups of pointwise nodes and row reductions into generated Triton kernels once the graph is
-simplified, before memo and memory
-planning see the calls; `dependent_launch` then lets each generated kernel start while the one before
-it finishes (Hopper and newer);
+readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves a permute or
+reshape above the pointwise node it reads, so that the nodes on both sides share one iteration
+space, and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels
+once the graph is simplified, before memo and memory planning see the calls; `dependent_launch`
+then lets each generated kernel start while the one before it finishes (Hopper and newer);
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
 oneDNN, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,

@@ -113,8 +113,8 @@ def fold_conv_bn(program: Program, registry: KernelRegistry) -> Program:
     setup = list(program.setup)
     names, metas = fresh_namer(program, "fold"), meta_table(program)
     for i in range(len(body)):
-        line = body[i]
-        if not isinstance(line, KernelCall) or line.kernel != BATCH_NORM:
+        candidate = body[i]
+        if not isinstance(candidate, KernelCall) or candidate.kernel != BATCH_NORM:
             continue  # the scan below is over the whole body: only for a batch norm (a transformer has none)
         producers = {
             v.name: j for j, line in enumerate(body) if isinstance(line, KernelCall) for v in line.outputs if v

@@ -24,11 +24,11 @@ from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table
 from opgen.runtime.passes.analysis import RESHAPES, arg_value, constant_names, fresh_namer, readers, with_arg
+from opgen.runtime.passes.fusion.ops import PERMUTE, VIEW
 from opgen.runtime.passes.fusion.steps import fusible
 from opgen.runtime.registry import KernelRegistry
 
 DTYPES = ("float32", "float16", "bfloat16")
-VIEW, PERMUTE = "aten.view.default", "aten.permute.default"
 
 
 def split_bias(program: Program, registry: KernelRegistry) -> Program:

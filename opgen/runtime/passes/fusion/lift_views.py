@@ -24,11 +24,10 @@ from dataclasses import replace
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, contiguous_strides, meta_table
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers
-from opgen.runtime.passes.fusion.ops import POINTWISE
+from opgen.runtime.passes.fusion.ops import PERMUTE, POINTWISE, VIEW
 from opgen.runtime.passes.fusion.steps import fusible, step_of
 from opgen.runtime.registry import KernelRegistry
 
-PERMUTE, VIEW = "aten.permute.default", "aten.view.default"
 ROUNDS = 8  # a view moves above a chain of at most this many pointwise nodes
 
 
@@ -126,10 +125,9 @@ class _Lift:
         return self._reshaped(arg, meta)
 
     def _permuted(self, arg: Ref, meta: TensorMeta) -> Arg:
-        given = self.view.args[1]
-        rank = len(self.before)
-        dims = tuple(d % rank for d in given) if isinstance(given, tuple) and all(type(d) is int for d in given) else ()
-        if sorted(dims) != list(range(rank)):
+        rank, given = len(self.before), self.view.args[1]
+        dims = tuple(d % rank for d in given if isinstance(d, int)) if isinstance(given, tuple) else ()
+        if sorted(dims) != list(range(rank)):  # a permutation of every dimension, each an int
             self.failed = True
             return arg
         if len(meta.shape) < rank:  # broadcast from fewer dimensions: leading 1s first
@@ -146,18 +144,15 @@ class _Lift:
         if meta.shape == self.before and meta.is_contiguous():
             shaped = replace(meta, shape=self.after, stride=contiguous_strides(self.after))  # type: ignore[arg-type]
             return self._line("view", VIEW, (arg, self.after), shaped)
-        kept = len(meta.shape)
-        while kept and meta.shape[len(meta.shape) - kept] == 1:
-            kept -= 1  # leading 1s broadcast anywhere: only the dimensions after them must survive the reshape
-        if (
-            kept < len(self.before)
-            and kept <= len(self.after)
-            and self.before[-kept or len(self.before) :] == (self.after[-kept or len(self.after) :])
-        ):
-            if kept == len(meta.shape):
+        # Leading 1s broadcast anywhere: only the dimensions after them must survive the reshape.
+        lead = next((i for i, n in enumerate(meta.shape) if n != 1), len(meta.shape))
+        tail = meta.shape[lead:]
+        kept = len(tail)
+        before, after = self.before[len(self.before) - kept :], self.after[len(self.after) - kept :]
+        if kept < len(self.before) and kept <= len(self.after) and before == after:
+            if lead == 0:
                 return arg
-            tail = meta.shape[len(meta.shape) - kept :]
-            trimmed = replace(meta, shape=tail, stride=meta.stride[len(meta.stride) - kept :])
+            trimmed = replace(meta, shape=tail, stride=meta.stride[lead:])
             return self._line("view", VIEW, (arg, tail), trimmed)
         self.failed = True
         return arg

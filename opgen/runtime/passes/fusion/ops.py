@@ -321,6 +321,9 @@ POINTWISE: dict[str, Emit] = {
 # the joined dimension); `groups` and the Triton backend handle it.
 CAT = "aten.cat.default"
 
+# Views the passes before fusion make and move (`split_bias`, `lift_views`): no kernel, a new shape or order.
+VIEW, PERMUTE = "aten.view.default", "aten.permute.default"
+
 # Reductions over the last dimension: target -> the argument naming the reduced dims ("" for softmax's `dim`).
 ROW_OPS = {
     "aten._softmax.default": "dim",
