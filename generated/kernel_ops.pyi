@@ -2019,6 +2019,18 @@ def flip_out(self: Tensor, dims: Sequence[int], *, out: Tensor) -> Tensor:
     """flip.out(Tensor self, int[] dims, *, Tensor(a!) out) -> Tensor(a!)
     """
 
+def roll(self: Tensor, shifts: Sequence[int] | int, dims: Sequence[int] | int = []) -> Tensor:
+    """roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
+
+    Entries shifted cyclically along dims (along the flattened tensor without dims).
+    """
+
+def roll_out(self: Tensor, shifts: Sequence[int] | int, dims: Sequence[int] | int = [], *, out: Tensor) -> Tensor:
+    """roll.out(Tensor self, SymInt[1] shifts, int[1] dims=[], *, Tensor(a!) out) -> Tensor(a!)
+
+    Entries shifted cyclically along dims (along the flattened tensor without dims).
+    """
+
 def fmod_scalar(self: Tensor, other: complex | float | bool | Tensor) -> Tensor:
     """fmod.Scalar(Tensor self, Scalar other) -> Tensor
     """

@@ -2126,7 +2126,7 @@ PyObject* kernel_ops_empty_strided(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:944: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:949: ge.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2149,7 +2149,7 @@ PyObject* kernel_ops_ge_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:946: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:951: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2174,7 +2174,7 @@ PyObject* kernel_ops_ge_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:947: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:952: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("ge_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2201,7 +2201,7 @@ PyObject* kernel_ops_ge_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:958: isinf(Tensor self) -> Tensor
+// ops.yaml:963: isinf(Tensor self) -> Tensor
 PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2217,7 +2217,7 @@ PyObject* kernel_ops_isinf(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:960: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:965: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isinf_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2236,7 +2236,7 @@ PyObject* kernel_ops_isinf_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:962: isnan(Tensor self) -> Tensor
+// ops.yaml:967: isnan(Tensor self) -> Tensor
 PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2258,7 +2258,7 @@ PyObject* kernel_ops_isnan(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:964: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:969: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("isnan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2277,7 +2277,7 @@ PyObject* kernel_ops_isnan_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:981: logical_xor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:986: logical_xor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2294,7 +2294,7 @@ PyObject* kernel_ops_logical_xor(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:983: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:988: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2312,7 +2312,7 @@ PyObject* kernel_ops_logical_xor_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:984: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:989: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("logical_xor_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2340,7 +2340,7 @@ PyObject* kernel_ops_logical_xor_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1013: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1018: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("rand", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2360,7 +2360,7 @@ PyObject* kernel_ops_rand(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1019: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1024: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randperm", {"n", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2380,7 +2380,7 @@ PyObject* kernel_ops_randperm(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1030: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1035: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2403,7 +2403,7 @@ PyObject* kernel_ops_reflection_pad3d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1032: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1037: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2430,7 +2430,7 @@ PyObject* kernel_ops_reflection_pad3d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1057: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1062: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2457,7 +2457,7 @@ PyObject* kernel_ops_scatter_reduce_two(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1059: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1064: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_", {"self", "dim", "index", "src", "reduce", "include_self"}, 5, 0x1f);
   OPGEN_TRY
@@ -2486,7 +2486,7 @@ PyObject* kernel_ops_scatter_reduce_two_(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1060: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1065: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_reduce_two_out", {"self", "dim", "index", "src", "reduce", "include_self", "out"}, 5, 0x5f);
   OPGEN_TRY
@@ -2519,7 +2519,7 @@ PyObject* kernel_ops_scatter_reduce_two_out(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1071: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+// ops.yaml:1076: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
 PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter", {"self", "src", "dim", "start", "end", "step"}, 6, 0x3);
   OPGEN_TRY
@@ -2540,7 +2540,7 @@ PyObject* kernel_ops_slice_scatter(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1073: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1078: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("slice_scatter_out", {"self", "src", "dim", "start", "end", "step", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2565,7 +2565,7 @@ PyObject* kernel_ops_slice_scatter_out(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1089: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1094: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk", {"self", "k", "dim", "largest", "sorted"}, 5, 0x3);
   OPGEN_TRY
@@ -2591,7 +2591,7 @@ PyObject* kernel_ops_topk(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1091: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1096: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("topk_out", {"self", "k", "dim", "largest", "sorted", "values", "indices"}, 5, 0x63);
   OPGEN_TRY
@@ -2623,7 +2623,7 @@ PyObject* kernel_ops_topk_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1102: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+// ops.yaml:1107: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec", {"input", "output_size", "scale_factors"}, 3, 0x7);
   OPGEN_TRY
@@ -2641,7 +2641,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec(PyObject*, PyObject* const* args, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1104: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1109: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_nearest2d_vec_out", {"input", "output_size", "scale_factors", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2662,7 +2662,7 @@ PyObject* kernel_ops_upsample_nearest2d_vec_out(PyObject*, PyObject* const* args
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1106: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+// ops.yaml:1111: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
 PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim", {"self", "dim", "unbiased", "keepdim"}, 4, 0x3);
   OPGEN_TRY
@@ -2681,7 +2681,7 @@ PyObject* kernel_ops_var_dim(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1108: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1113: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("var_dim_out", {"self", "dim", "unbiased", "keepdim", "out"}, 4, 0x13);
   OPGEN_TRY
@@ -2703,7 +2703,7 @@ PyObject* kernel_ops_var_dim_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1114: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+// ops.yaml:1119: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
 PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"}, 6, 0x3);
   OPGEN_TRY
@@ -2724,7 +2724,7 @@ PyObject* kernel_ops_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1116: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1121: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("avg_pool1d_out", {"self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "out"}, 6, 0x43);
   OPGEN_TRY
@@ -2748,7 +2748,7 @@ PyObject* kernel_ops_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1129: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1134: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention_for_cpu", {"query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"}, 5, 0x7);
   OPGEN_TRY
@@ -2772,7 +2772,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention_for_cpu(PyObject*, PyOb
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1157: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1162: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2797,7 +2797,7 @@ PyObject* kernel_ops_addcmul(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1159: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1164: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_", {"self", "tensor1", "tensor2", "value"}, 3, 0x7);
   OPGEN_TRY
@@ -2824,7 +2824,7 @@ PyObject* kernel_ops_addcmul_(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1160: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1165: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("addcmul_out", {"self", "tensor1", "tensor2", "value", "out"}, 3, 0x17);
   OPGEN_TRY
@@ -2855,7 +2855,7 @@ PyObject* kernel_ops_addcmul_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1181: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1186: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_linear_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_linear_pointwise", {"X", "W", "B", "attr", "scalars", "algorithm"}, 6, 0x3f);
   OPGEN_TRY
@@ -2878,7 +2878,7 @@ PyObject* kernel_ops_mkldnn_linear_pointwise(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1187: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
+// ops.yaml:1192: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
 PyObject* kernel_ops_mkldnn_linear_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_linear_pointwise_binary", {"X", "other", "W", "B", "attr"}, 5, 0x1f);
   OPGEN_TRY

@@ -2514,7 +2514,7 @@ PyObject* kernel_ops_flip_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:939: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:944: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2537,7 +2537,7 @@ PyObject* kernel_ops_fmod(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:941: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:946: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2562,7 +2562,7 @@ PyObject* kernel_ops_fmod_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:942: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:947: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2590,7 +2590,7 @@ PyObject* kernel_ops_fmod_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:966: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:971: le.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2613,7 +2613,7 @@ PyObject* kernel_ops_le_scalar(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:968: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:973: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2638,7 +2638,7 @@ PyObject* kernel_ops_le_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:969: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:974: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("le_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2665,7 +2665,7 @@ PyObject* kernel_ops_le_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1026: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1031: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2688,7 +2688,7 @@ PyObject* kernel_ops_reflection_pad2d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1028: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1033: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2715,7 +2715,7 @@ PyObject* kernel_ops_reflection_pad2d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1034: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:1039: remainder.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2732,7 +2732,7 @@ PyObject* kernel_ops_remainder_scalar(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1036: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:1041: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2750,7 +2750,7 @@ PyObject* kernel_ops_remainder_scalar_(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1037: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1042: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("remainder_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2770,7 +2770,7 @@ PyObject* kernel_ops_remainder_scalar_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1047: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1052: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2795,7 +2795,7 @@ PyObject* kernel_ops_scatter_src(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1049: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1054: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2822,7 +2822,7 @@ PyObject* kernel_ops_scatter_src_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1050: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1055: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_src_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2853,7 +2853,7 @@ PyObject* kernel_ops_scatter_src_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1062: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+// ops.yaml:1067: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
 PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter", {"self", "src", "dim", "index"}, 4, 0xf);
   OPGEN_TRY
@@ -2872,7 +2872,7 @@ PyObject* kernel_ops_select_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1064: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1069: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("select_scatter_out", {"self", "src", "dim", "index", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2895,7 +2895,7 @@ PyObject* kernel_ops_select_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1079: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+// ops.yaml:1084: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2913,7 +2913,7 @@ PyObject* kernel_ops_sub_scalar(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1081: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:1086: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_", {"self", "other", "alpha"}, 3, 0x3);
   OPGEN_TRY
@@ -2932,7 +2932,7 @@ PyObject* kernel_ops_sub_scalar_(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1082: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1087: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sub_scalar_out", {"self", "other", "alpha", "out"}, 3, 0xb);
   OPGEN_TRY
@@ -2953,7 +2953,7 @@ PyObject* kernel_ops_sub_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1093: trunc(Tensor self) -> Tensor
+// ops.yaml:1098: trunc(Tensor self) -> Tensor
 PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2975,7 +2975,7 @@ PyObject* kernel_ops_trunc(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1095: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1100: trunc_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2999,7 +2999,7 @@ PyObject* kernel_ops_trunc_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1096: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1101: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("trunc_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -3025,7 +3025,7 @@ PyObject* kernel_ops_trunc_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1098: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+// ops.yaml:1103: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
 PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec", {"input", "output_size", "align_corners", "scale_factors"}, 4, 0xf);
   OPGEN_TRY
@@ -3044,7 +3044,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1100: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1105: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("upsample_bilinear2d_vec_out", {"input", "output_size", "align_corners", "scale_factors", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -3066,7 +3066,7 @@ PyObject* kernel_ops_upsample_bilinear2d_vec_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1166: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
+// ops.yaml:1171: triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
 PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("triton_add", {"self", "other", "alpha"}, 2, 0x3);
   OPGEN_TRY
@@ -3083,7 +3083,7 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   opgen::jit::require_contiguous(sig, other, 1);
   opgen::jit::require_same_shape(sig, self, 0, other, 1);
   at::Tensor out = opgen::jit::empty_like(self);
-  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"checks\":[],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1166\",\"mutates\":[],\"name\":\"triton_add\",\"opaque\":[],\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
+  static opgen::jit::SpecKernel kSpec_triton_add{"triton_add", "{\"args\":[{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"self\",\"optional\":false,\"type\":\"Tensor\"},{\"kind\":\"input\",\"kwarg_only\":false,\"name\":\"other\",\"optional\":false,\"type\":\"Tensor\"},{\"default\":1,\"kind\":\"attr\",\"kwarg_only\":true,\"name\":\"alpha\",\"optional\":true,\"type\":\"Scalar\"}],\"aten\":\"opgen::triton_add\",\"backends\":[\"triton\"],\"checks\":[],\"doc\":\"Adds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA).\",\"functional\":\"triton_add\",\"inplace\":null,\"is_inplace\":false,\"is_out\":false,\"is_view\":false,\"kernels\":{},\"location\":\"ops.yaml:1171\",\"mutates\":[],\"name\":\"triton_add\",\"opaque\":[],\"out\":null,\"release_gil\":false,\"returns\":[{\"name\":\"\",\"type\":\"Tensor\"}],\"returns_tuple\":false,\"schema\":\"triton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\",\"triton\":{\"args\":{\"alpha\":\"alpha\",\"n_elements\":\"numel(self)\",\"out_ptr\":\"out\",\"x_ptr\":\"self\",\"y_ptr\":\"other\"},\"candidate_for\":\"aten.add.Tensor\",\"configs\":[{\"meta\":{\"BLOCK\":1024},\"num_stages\":3,\"num_warps\":4},{\"meta\":{\"BLOCK\":4096},\"num_stages\":3,\"num_warps\":8}],\"contiguous\":[\"self\",\"other\"],\"grid\":[\"cdiv(n_elements, BLOCK)\"],\"kernel\":\"opgen.jit.library:add_kernel\",\"outputs\":{\"out\":\"empty_like(self)\"},\"params\":[\"x_ptr\",\"y_ptr\",\"out_ptr\",\"n_elements\",\"alpha\"],\"same_shape\":[\"self\",\"other\"]},\"variant\":\"functional\"}"};
   opgen::jit::launch(kSpec_triton_add, {opgen::jit::tensor_arg(self), opgen::jit::tensor_arg(other), opgen::jit::tensor_arg(out), opgen::jit::int_arg(self.numel()), opgen::jit::scalar_arg(alpha)});
   return opgen::wrap(std::move(out));
   OPGEN_CATCH(sig)

@@ -58,6 +58,8 @@
 #include <ATen/ops/remainder_cpu_dispatch.h>
 #include <ATen/ops/replication_pad3d_cpu_dispatch.h>
 #include <ATen/ops/resize_cpu_dispatch.h>
+#include <ATen/ops/roll_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/roll_cpu_dispatch.h>
 #include <ATen/ops/rsqrt_cpu_dispatch.h>
 #include <ATen/ops/sign_cpu_dispatch.h>
 #include <ATen/ops/sin_cpu_dispatch.h>
@@ -105,6 +107,7 @@
 #include <ATen/ops/remainder_cuda_dispatch.h>
 #include <ATen/ops/replication_pad3d_cuda_dispatch.h>
 #include <ATen/ops/resize_cuda_dispatch.h>
+#include <ATen/ops/roll_cuda_dispatch.h>
 #include <ATen/ops/rsqrt_cuda_dispatch.h>
 #include <ATen/ops/sign_cuda_dispatch.h>
 #include <ATen/ops/sin_cuda_dispatch.h>
@@ -2234,7 +2237,52 @@ PyObject* kernel_ops_div_scalar_mode_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:949: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+// ops.yaml:934: roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
+PyObject* kernel_ops_roll(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("roll", {"self", "shifts", "dims"}, 3, 0x3);
+  OPGEN_TRY
+  PyObject* slots[3];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> shifts = opgen::int_list(slots[1], sig, 1, 1);
+  const std::vector<int64_t> dims = slots[2] ? opgen::int_list(slots[2], sig, 2, 1) : std::vector<int64_t>({});
+  opgen::Devices devices(sig);
+  devices.add(self, 0);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(at::cpu::roll(self, shifts, dims));
+#ifdef OPGEN_WITH_CUDA
+    case c10::DeviceType::CUDA:
+      return opgen::wrap(at::cuda::roll(self, shifts, dims));
+#endif
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:936: roll.out(Tensor self, SymInt[1] shifts, int[1] dims=[], *, Tensor(a!) out) -> Tensor(a!)
+PyObject* kernel_ops_roll_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("roll_out", {"self", "shifts", "dims", "out"}, 3, 0xb);
+  OPGEN_TRY
+  PyObject* slots[4];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& self = opgen::tensor(slots[0], sig, 0);
+  const std::vector<int64_t> shifts = opgen::int_list(slots[1], sig, 1, 1);
+  const std::vector<int64_t> dims = slots[2] ? opgen::int_list(slots[2], sig, 2, 1) : std::vector<int64_t>({});
+  at::Tensor& out = opgen::mutable_tensor(slots[3], sig, 3);
+  opgen::Devices devices(sig);
+  devices.add(self, 0).add(out, 3);
+  opgen::checks::out_not_input(sig, out, 3, self, 0);
+  switch (devices.type()) {
+    default:
+      at::compositeexplicitautograd::roll_outf(self, shifts, dims, out);
+      return opgen::same(slots[3]);
+  }
+  OPGEN_CATCH(sig)
+}
+
+// ops.yaml:954: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
 PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners"}, 5, 0x1f);
   OPGEN_TRY
@@ -2260,7 +2308,7 @@ PyObject* kernel_ops_grid_sampler_2d(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:951: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:956: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("grid_sampler_2d_out", {"input", "grid", "interpolation_mode", "padding_mode", "align_corners", "out"}, 5, 0x3f);
   OPGEN_TRY
@@ -2284,7 +2332,7 @@ PyObject* kernel_ops_grid_sampler_2d_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:976: log2(Tensor self) -> Tensor
+// ops.yaml:981: log2(Tensor self) -> Tensor
 PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2306,7 +2354,7 @@ PyObject* kernel_ops_log2(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:978: log2_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:983: log2_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2330,7 +2378,7 @@ PyObject* kernel_ops_log2_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:979: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:984: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log2_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2356,7 +2404,7 @@ PyObject* kernel_ops_log2_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:986: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+// ops.yaml:991: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
 PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2374,7 +2422,7 @@ PyObject* kernel_ops_masked_scatter(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:988: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+// ops.yaml:993: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_", {"self", "mask", "source"}, 3, 0x7);
   OPGEN_TRY
@@ -2400,7 +2448,7 @@ PyObject* kernel_ops_masked_scatter_(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:989: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:994: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("masked_scatter_out", {"self", "mask", "source", "out"}, 3, 0xf);
   OPGEN_TRY
@@ -2423,7 +2471,7 @@ PyObject* kernel_ops_masked_scatter_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:995: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// ops.yaml:1000: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout", {"input", "p", "train"}, 3, 0x7);
   OPGEN_TRY
@@ -2447,7 +2495,7 @@ PyObject* kernel_ops_native_dropout(PyObject*, PyObject* const* args, Py_ssize_t
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:997: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:1002: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("native_dropout_out", {"input", "p", "train", "out0", "out1"}, 3, 0x1f);
   OPGEN_TRY
@@ -2470,7 +2518,7 @@ PyObject* kernel_ops_native_dropout_out(PyObject*, PyObject* const* args, Py_ssi
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1008: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:1013: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all", {"self", "dtype"}, 1, 0x1);
   OPGEN_TRY
@@ -2493,7 +2541,7 @@ PyObject* kernel_ops_prod_all(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1011: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1016: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("prod_all_out", {"self", "dtype", "out"}, 1, 0x5);
   OPGEN_TRY
@@ -2513,7 +2561,7 @@ PyObject* kernel_ops_prod_all_out(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1016: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1021: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("randn", {"size", "dtype", "layout", "device", "pin_memory"}, 1, 0x1);
   OPGEN_TRY
@@ -2533,7 +2581,7 @@ PyObject* kernel_ops_randn(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1022: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+// ops.yaml:1027: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
 PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2556,7 +2604,7 @@ PyObject* kernel_ops_reflection_pad1d(PyObject*, PyObject* const* args, Py_ssize
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1024: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1029: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("reflection_pad1d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2583,7 +2631,7 @@ PyObject* kernel_ops_reflection_pad1d_out(PyObject*, PyObject* const* args, Py_s
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1043: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1048: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2606,7 +2654,7 @@ PyObject* kernel_ops_replication_pad3d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1045: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1050: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad3d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2633,7 +2681,7 @@ PyObject* kernel_ops_replication_pad3d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1066: sinh(Tensor self) -> Tensor
+// ops.yaml:1071: sinh(Tensor self) -> Tensor
 PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2655,7 +2703,7 @@ PyObject* kernel_ops_sinh(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1068: sinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1073: sinh_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2679,7 +2727,7 @@ PyObject* kernel_ops_sinh_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1069: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1074: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sinh_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2705,7 +2753,7 @@ PyObject* kernel_ops_sinh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1075: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+// ops.yaml:1080: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
 PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort", {"self", "dim", "descending"}, 3, 0x1);
   OPGEN_TRY
@@ -2723,7 +2771,7 @@ PyObject* kernel_ops_sort(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1077: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1082: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("sort_out", {"self", "dim", "descending", "values", "indices"}, 3, 0x19);
   OPGEN_TRY
@@ -2746,7 +2794,7 @@ PyObject* kernel_ops_sort_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1110: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+// ops.yaml:1115: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
 PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool1d", {"self", "output_size"}, 2, 0x3);
   OPGEN_TRY
@@ -2763,7 +2811,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1112: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1117: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("adaptive_avg_pool1d_out", {"self", "output_size", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2783,7 +2831,7 @@ PyObject* kernel_ops_adaptive_avg_pool1d_out(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1118: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+// ops.yaml:1123: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
 PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("resize_", {"self", "size", "memory_format"}, 2, 0x3);
   OPGEN_TRY
@@ -2809,7 +2857,7 @@ PyObject* kernel_ops_resize_(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1136: _scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
+// ops.yaml:1141: _scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
 PyObject* kernel_ops__scaled_dot_product_flash_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_flash_attention", {"query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale"}, 6, 0x7);
   OPGEN_TRY
@@ -2836,7 +2884,7 @@ PyObject* kernel_ops__scaled_dot_product_flash_attention(PyObject*, PyObject* co
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1141: _scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)
+// ops.yaml:1146: _scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)
 PyObject* kernel_ops__scaled_dot_product_efficient_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_efficient_attention", {"query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "scale"}, 7, 0x1f);
   OPGEN_TRY
@@ -2864,7 +2912,7 @@ PyObject* kernel_ops__scaled_dot_product_efficient_attention(PyObject*, PyObject
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1151: mish(Tensor self) -> Tensor
+// ops.yaml:1156: mish(Tensor self) -> Tensor
 PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2886,7 +2934,7 @@ PyObject* kernel_ops_mish(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1153: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1158: mish_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2910,7 +2958,7 @@ PyObject* kernel_ops_mish_(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1154: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1159: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mish_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2936,7 +2984,7 @@ PyObject* kernel_ops_mish_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1194: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1199: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_convolution_pointwise", {"X", "W", "B", "padding", "stride", "dilation", "groups", "attr", "scalars", "algorithm"}, 10, 0x3ff);
   OPGEN_TRY
@@ -2963,7 +3011,7 @@ PyObject* kernel_ops_mkldnn_convolution_pointwise(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1200: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+// ops.yaml:1205: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
 PyObject* kernel_ops_mkldnn_convolution_pointwise_binary(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("mkldnn_convolution_pointwise_binary", {"X", "other", "W", "B", "padding", "stride", "dilation", "groups", "binary_attr", "alpha", "unary_attr", "unary_scalars", "unary_algorithm"}, 13, 0x1fff);
   OPGEN_TRY
@@ -3086,6 +3134,8 @@ PyMethodDef opgen_methods_2[] = {
 {"div_scalar_mode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_mode)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_mode($module, self, other, *, rounding_mode)\n--\n\ndiv.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor"},
 {"div_scalar_mode_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_mode_)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_mode_($module, self, other, *, rounding_mode)\n--\n\ndiv_.Scalar_mode(Tensor(a!) self, Scalar other, *, str? rounding_mode) -> Tensor(a!)"},
 {"div_scalar_mode_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_div_scalar_mode_out)), METH_FASTCALL | METH_KEYWORDS, "div_scalar_mode_out($module, self, other, *, rounding_mode, out)\n--\n\ndiv.Scalar_mode_out(Tensor self, Scalar other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)"},
+{"roll", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_roll)), METH_FASTCALL | METH_KEYWORDS, "roll($module, self, shifts, dims=[])\n--\n\nroll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor\n\nEntries shifted cyclically along dims (along the flattened tensor without dims)."},
+{"roll_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_roll_out)), METH_FASTCALL | METH_KEYWORDS, "roll_out($module, self, shifts, dims=[], *, out)\n--\n\nroll.out(Tensor self, SymInt[1] shifts, int[1] dims=[], *, Tensor(a!) out) -> Tensor(a!)\n\nEntries shifted cyclically along dims (along the flattened tensor without dims)."},
 {"grid_sampler_2d", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_grid_sampler_2d)), METH_FASTCALL | METH_KEYWORDS, "grid_sampler_2d($module, input, grid, interpolation_mode, padding_mode, align_corners)\n--\n\ngrid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor"},
 {"grid_sampler_2d_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_grid_sampler_2d_out)), METH_FASTCALL | METH_KEYWORDS, "grid_sampler_2d_out($module, input, grid, interpolation_mode, padding_mode, align_corners, *, out)\n--\n\ngrid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)"},
 {"log2", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_log2)), METH_FASTCALL | METH_KEYWORDS, "log2($module, self)\n--\n\nlog2(Tensor self) -> Tensor"},

@@ -2176,7 +2176,7 @@ PyObject* kernel_ops_cosh_out(PyObject*, PyObject* const* args, Py_ssize_t nargs
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:934: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:939: fmod.Scalar(Tensor self, Scalar other) -> Tensor
 PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2193,7 +2193,7 @@ PyObject* kernel_ops_fmod_scalar(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:936: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:941: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_", {"self", "other"}, 2, 0x3);
   OPGEN_TRY
@@ -2211,7 +2211,7 @@ PyObject* kernel_ops_fmod_scalar_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:937: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:942: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("fmod_scalar_out", {"self", "other", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2231,7 +2231,7 @@ PyObject* kernel_ops_fmod_scalar_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:953: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+// ops.yaml:958: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2250,7 +2250,7 @@ PyObject* kernel_ops_index_put(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:955: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+// ops.yaml:960: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
 PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_", {"self", "indices", "values", "accumulate"}, 4, 0x7);
   OPGEN_TRY
@@ -2270,7 +2270,7 @@ PyObject* kernel_ops_index_put_(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:956: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:961: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("index_put_out", {"self", "indices", "values", "accumulate", "out"}, 4, 0x17);
   OPGEN_TRY
@@ -2294,7 +2294,7 @@ PyObject* kernel_ops_index_put_out(PyObject*, PyObject* const* args, Py_ssize_t 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:971: log10(Tensor self) -> Tensor
+// ops.yaml:976: log10(Tensor self) -> Tensor
 PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2316,7 +2316,7 @@ PyObject* kernel_ops_log10(PyObject*, PyObject* const* args, Py_ssize_t nargs, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:973: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:978: log10_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2340,7 +2340,7 @@ PyObject* kernel_ops_log10_(PyObject*, PyObject* const* args, Py_ssize_t nargs, 
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:974: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:979: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("log10_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2366,7 +2366,7 @@ PyObject* kernel_ops_log10_out(PyObject*, PyObject* const* args, Py_ssize_t narg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:991: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:996: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6, 0x3);
   OPGEN_TRY
@@ -2393,7 +2393,7 @@ PyObject* kernel_ops_max_pool3d_with_indices(PyObject*, PyObject* const* args, P
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:993: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:998: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("max_pool3d_with_indices_out", {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "out", "indices"}, 6, 0xc3);
   OPGEN_TRY
@@ -2426,7 +2426,7 @@ PyObject* kernel_ops_max_pool3d_with_indices_out(PyObject*, PyObject* const* arg
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:999: nonzero(Tensor self) -> Tensor
+// ops.yaml:1004: nonzero(Tensor self) -> Tensor
 PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2448,7 +2448,7 @@ PyObject* kernel_ops_nonzero(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1001: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1006: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("nonzero_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2474,7 +2474,7 @@ PyObject* kernel_ops_nonzero_out(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1003: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:1008: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base", {"self", "exponent"}, 2, 0x3);
   OPGEN_TRY
@@ -2497,7 +2497,7 @@ PyObject* kernel_ops_pow_scalar_base(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1006: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1011: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("pow_scalar_base_out", {"self", "exponent", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2524,7 +2524,7 @@ PyObject* kernel_ops_pow_scalar_base_out(PyObject*, PyObject* const* args, Py_ss
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1039: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1044: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d", {"self", "padding"}, 2, 0x3);
   OPGEN_TRY
@@ -2547,7 +2547,7 @@ PyObject* kernel_ops_replication_pad2d(PyObject*, PyObject* const* args, Py_ssiz
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1041: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1046: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("replication_pad2d_out", {"self", "padding", "out"}, 2, 0x7);
   OPGEN_TRY
@@ -2574,7 +2574,7 @@ PyObject* kernel_ops_replication_pad2d_out(PyObject*, PyObject* const* args, Py_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1052: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1057: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2599,7 +2599,7 @@ PyObject* kernel_ops_scatter_add(PyObject*, PyObject* const* args, Py_ssize_t na
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1054: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1059: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_", {"self", "dim", "index", "src"}, 4, 0xf);
   OPGEN_TRY
@@ -2626,7 +2626,7 @@ PyObject* kernel_ops_scatter_add_(PyObject*, PyObject* const* args, Py_ssize_t n
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1055: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1060: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scatter_add_out", {"self", "dim", "index", "src", "out"}, 4, 0x1f);
   OPGEN_TRY
@@ -2657,7 +2657,7 @@ PyObject* kernel_ops_scatter_add_out(PyObject*, PyObject* const* args, Py_ssize_
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1084: tan(Tensor self) -> Tensor
+// ops.yaml:1089: tan(Tensor self) -> Tensor
 PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2679,7 +2679,7 @@ PyObject* kernel_ops_tan(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1086: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1091: tan_(Tensor(a!) self) -> Tensor(a!)
 PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_", {"self"}, 1, 0x1);
   OPGEN_TRY
@@ -2703,7 +2703,7 @@ PyObject* kernel_ops_tan_(PyObject*, PyObject* const* args, Py_ssize_t nargs, Py
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1087: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1092: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("tan_out", {"self", "out"}, 1, 0x3);
   OPGEN_TRY
@@ -2729,7 +2729,7 @@ PyObject* kernel_ops_tan_out(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1125: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1130: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("scaled_dot_product_attention", {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}, 6, 0x7);
   OPGEN_TRY
@@ -2752,7 +2752,7 @@ PyObject* kernel_ops_scaled_dot_product_attention(PyObject*, PyObject* const* ar
   OPGEN_CATCH(sig)
 }
 
-// ops.yaml:1146: _scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)
+// ops.yaml:1151: _scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)
 PyObject* kernel_ops__scaled_dot_product_cudnn_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static const opgen::Signature sig("_scaled_dot_product_cudnn_attention", {"query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask", "scale"}, 8, 0x1f);
   OPGEN_TRY

@@ -19,6 +19,6 @@ nullptr,
 
 // The identity of these thunks (opgen.gen.emit.thunk_digest): a package records the digest it was made
 // with and runs only on thunks of the same one (csrc/opgen/package.cpp).
-extern const char kThunkDigest[] = "5da241d89db14afb";
+extern const char kThunkDigest[] = "4f9bcc3bbe44127f";
 
 }  // namespace opgen::exec

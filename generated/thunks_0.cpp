@@ -1350,7 +1350,7 @@ void thunk_empty_strided_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& i
 }
 #endif
 
-// ops.yaml:944: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:949: ge.Scalar(Tensor self, Scalar other) -> Tensor
 void thunk_ge_scalar_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1358,7 +1358,7 @@ void thunk_ge_scalar_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:944: ge.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:949: ge.Scalar(Tensor self, Scalar other) -> Tensor
 void thunk_ge_scalar_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1366,7 +1366,7 @@ void thunk_ge_scalar_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:946: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:951: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 void thunk_ge_scalar__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1374,7 +1374,7 @@ void thunk_ge_scalar__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:946: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:951: ge_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 void thunk_ge_scalar__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1382,7 +1382,7 @@ void thunk_ge_scalar__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
 }
 #endif
 
-// ops.yaml:947: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:952: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_ge_scalar_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1391,7 +1391,7 @@ void thunk_ge_scalar_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:947: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:952: ge.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_ge_scalar_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1400,55 +1400,55 @@ void thunk_ge_scalar_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& i
 }
 #endif
 
-// ops.yaml:958: isinf(Tensor self) -> Tensor
+// ops.yaml:963: isinf(Tensor self) -> Tensor
 void thunk_isinf_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::compositeexplicitautograd::isinf(self));
 }
 
-// ops.yaml:960: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:965: isinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_isinf_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
   f.result(in, at::compositeexplicitautograd::isinf_outf(self, out));
 }
 
-// ops.yaml:962: isnan(Tensor self) -> Tensor
+// ops.yaml:967: isnan(Tensor self) -> Tensor
 void thunk_isnan_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::isnan(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:962: isnan(Tensor self) -> Tensor
+// ops.yaml:967: isnan(Tensor self) -> Tensor
 void thunk_isnan_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::isnan(self));
 }
 #endif
 
-// ops.yaml:964: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:969: isnan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_isnan_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
   f.result(in, at::compositeexplicitautograd::isnan_outf(self, out));
 }
 
-// ops.yaml:981: logical_xor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:986: logical_xor(Tensor self, Tensor other) -> Tensor
 void thunk_logical_xor_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
   f.result(in, at::compositeexplicitautograd::logical_xor(self, other));
 }
 
-// ops.yaml:983: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:988: logical_xor_(Tensor(a!) self, Tensor other) -> Tensor(a!)
 void thunk_logical_xor__default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
   f.result(in, at::compositeexplicitautograd::logical_xor_(self, other));
 }
 
-// ops.yaml:984: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:989: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_logical_xor_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1457,7 +1457,7 @@ void thunk_logical_xor_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:984: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:989: logical_xor.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_logical_xor_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1466,7 +1466,7 @@ void thunk_logical_xor_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 #endif
 
-// ops.yaml:1013: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1018: rand(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 void thunk_rand_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const std::vector<int64_t> size = f.arg<std::vector<int64_t>>(in, 0);
   const std::optional<at::ScalarType> dtype = f.has(in, 1) ? f.arg<std::optional<at::ScalarType>>(in, 1) : std::nullopt;
@@ -1476,7 +1476,7 @@ void thunk_rand_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   f.result(in, at::compositeexplicitautograd::rand(size, dtype, layout, device, pin_memory));
 }
 
-// ops.yaml:1019: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1024: randperm(SymInt n, *, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 void thunk_randperm_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const int64_t n = f.arg<int64_t>(in, 0);
   const std::optional<at::ScalarType> dtype = f.has(in, 1) ? f.arg<std::optional<at::ScalarType>>(in, 1) : std::optional<at::ScalarType>(at::ScalarType::Long);
@@ -1486,7 +1486,7 @@ void thunk_randperm_default(opgen::exec::Frame& f, const opgen::exec::Instr& in)
   f.result(in, at::compositeexplicitautograd::randperm(n, dtype, layout, device, pin_memory));
 }
 
-// ops.yaml:1030: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1035: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 void thunk_reflection_pad3d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1494,7 +1494,7 @@ void thunk_reflection_pad3d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1030: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1035: reflection_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 void thunk_reflection_pad3d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1502,7 +1502,7 @@ void thunk_reflection_pad3d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr
 }
 #endif
 
-// ops.yaml:1032: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1037: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_reflection_pad3d_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1511,7 +1511,7 @@ void thunk_reflection_pad3d_out_cpu(opgen::exec::Frame& f, const opgen::exec::In
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1032: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1037: reflection_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_reflection_pad3d_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1520,7 +1520,7 @@ void thunk_reflection_pad3d_out_cuda(opgen::exec::Frame& f, const opgen::exec::I
 }
 #endif
 
-// ops.yaml:1057: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1062: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 void thunk_scatter_reduce_two_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1532,7 +1532,7 @@ void thunk_scatter_reduce_two_cpu(opgen::exec::Frame& f, const opgen::exec::Inst
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1057: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+// ops.yaml:1062: scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
 void thunk_scatter_reduce_two_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1544,7 +1544,7 @@ void thunk_scatter_reduce_two_cuda(opgen::exec::Frame& f, const opgen::exec::Ins
 }
 #endif
 
-// ops.yaml:1059: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1064: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 void thunk_scatter_reduce_two__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1556,7 +1556,7 @@ void thunk_scatter_reduce_two__cpu(opgen::exec::Frame& f, const opgen::exec::Ins
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1059: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
+// ops.yaml:1064: scatter_reduce_.two(Tensor(a!) self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor(a!)
 void thunk_scatter_reduce_two__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1568,7 +1568,7 @@ void thunk_scatter_reduce_two__cuda(opgen::exec::Frame& f, const opgen::exec::In
 }
 #endif
 
-// ops.yaml:1060: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1065: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 void thunk_scatter_reduce_two_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1581,7 +1581,7 @@ void thunk_scatter_reduce_two_out_cpu(opgen::exec::Frame& f, const opgen::exec::
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1060: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1065: scatter_reduce.two_out(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True, Tensor(a!) out) -> Tensor(a!)
 void thunk_scatter_reduce_two_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1594,7 +1594,7 @@ void thunk_scatter_reduce_two_out_cuda(opgen::exec::Frame& f, const opgen::exec:
 }
 #endif
 
-// ops.yaml:1071: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
+// ops.yaml:1076: slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor
 void thunk_slice_scatter_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& src = f.tensor(in, 1);
@@ -1605,7 +1605,7 @@ void thunk_slice_scatter_default(opgen::exec::Frame& f, const opgen::exec::Instr
   f.result(in, at::compositeexplicitautogradnonfunctional::slice_scatter(self, src, dim, start, end, step));
 }
 
-// ops.yaml:1073: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1078: slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_slice_scatter_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& src = f.tensor(in, 1);
@@ -1617,7 +1617,7 @@ void thunk_slice_scatter_out_default(opgen::exec::Frame& f, const opgen::exec::I
   f.result(in, at::compositeexplicitautograd::slice_scatter_outf(self, src, dim, start, end, step, out));
 }
 
-// ops.yaml:1089: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1094: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 void thunk_topk_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t k = f.arg<int64_t>(in, 1);
@@ -1628,7 +1628,7 @@ void thunk_topk_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1089: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+// ops.yaml:1094: topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
 void thunk_topk_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t k = f.arg<int64_t>(in, 1);
@@ -1639,7 +1639,7 @@ void thunk_topk_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1091: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1096: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 void thunk_topk_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t k = f.arg<int64_t>(in, 1);
@@ -1652,7 +1652,7 @@ void thunk_topk_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1091: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1096: topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 void thunk_topk_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t k = f.arg<int64_t>(in, 1);
@@ -1665,7 +1665,7 @@ void thunk_topk_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1102: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+// ops.yaml:1107: upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
 void thunk_upsample_nearest2d_vec_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const std::optional<std::vector<int64_t>> output_size = f.arg<std::optional<std::vector<int64_t>>>(in, 1);
@@ -1673,7 +1673,7 @@ void thunk_upsample_nearest2d_vec_default(opgen::exec::Frame& f, const opgen::ex
   f.result(in, at::compositeimplicitautograd::upsample_nearest2d(input, opgen::opt_ref(output_size), opgen::opt_ref(scale_factors)));
 }
 
-// ops.yaml:1104: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1109: upsample_nearest2d.vec_out(Tensor input, SymInt[]? output_size, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_upsample_nearest2d_vec_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const std::optional<std::vector<int64_t>> output_size = f.arg<std::optional<std::vector<int64_t>>>(in, 1);
@@ -1682,7 +1682,7 @@ void thunk_upsample_nearest2d_vec_out_default(opgen::exec::Frame& f, const opgen
   f.result(in, at::compositeexplicitautograd::upsample_nearest2d_outf(input, opgen::opt_ref(output_size), opgen::opt_ref(scale_factors), out));
 }
 
-// ops.yaml:1106: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
+// ops.yaml:1111: var.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor
 void thunk_var_dim_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::optional<std::vector<int64_t>> dim = f.arg<std::optional<std::vector<int64_t>>>(in, 1);
@@ -1691,7 +1691,7 @@ void thunk_var_dim_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
   f.result(in, at::compositeimplicitautograd::var(self, opgen::opt_ref(dim), unbiased, keepdim));
 }
 
-// ops.yaml:1108: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1113: var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_var_dim_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::optional<std::vector<int64_t>> dim = f.arg<std::optional<std::vector<int64_t>>>(in, 1);
@@ -1701,7 +1701,7 @@ void thunk_var_dim_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& 
   f.result(in, at::compositeimplicitautograd::var_outf(self, opgen::opt_ref(dim), unbiased, keepdim, out));
 }
 
-// ops.yaml:1114: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
+// ops.yaml:1119: avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor
 void thunk_avg_pool1d_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> kernel_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1712,7 +1712,7 @@ void thunk_avg_pool1d_default(opgen::exec::Frame& f, const opgen::exec::Instr& i
   f.result(in, at::compositeimplicitautograd::avg_pool1d(self, kernel_size, stride, padding, ceil_mode, count_include_pad));
 }
 
-// ops.yaml:1116: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1121: avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_avg_pool1d_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> kernel_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1724,7 +1724,7 @@ void thunk_avg_pool1d_out_default(opgen::exec::Frame& f, const opgen::exec::Inst
   f.result(in, at::compositeexplicitautograd::avg_pool1d_outf(self, kernel_size, stride, padding, ceil_mode, count_include_pad, out));
 }
 
-// ops.yaml:1129: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
+// ops.yaml:1134: _scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)
 void thunk__scaled_dot_product_flash_attention_for_cpu_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& query = f.tensor(in, 0);
   const at::Tensor& key = f.tensor(in, 1);
@@ -1736,7 +1736,7 @@ void thunk__scaled_dot_product_flash_attention_for_cpu_cpu(opgen::exec::Frame& f
   f.result(in, at::cpu::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask, scale));
 }
 
-// ops.yaml:1157: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1162: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 void thunk_addcmul_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& tensor1 = f.tensor(in, 1);
@@ -1746,7 +1746,7 @@ void thunk_addcmul_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1157: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
+// ops.yaml:1162: addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor
 void thunk_addcmul_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& tensor1 = f.tensor(in, 1);
@@ -1756,7 +1756,7 @@ void thunk_addcmul_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1159: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1164: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 void thunk_addcmul__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& tensor1 = f.tensor(in, 1);
@@ -1766,7 +1766,7 @@ void thunk_addcmul__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1159: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
+// ops.yaml:1164: addcmul_(Tensor(a!) self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor(a!)
 void thunk_addcmul__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& tensor1 = f.tensor(in, 1);
@@ -1776,7 +1776,7 @@ void thunk_addcmul__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1160: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1165: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 void thunk_addcmul_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& tensor1 = f.tensor(in, 1);
@@ -1787,7 +1787,7 @@ void thunk_addcmul_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1160: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1165: addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)
 void thunk_addcmul_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& tensor1 = f.tensor(in, 1);
@@ -1798,7 +1798,7 @@ void thunk_addcmul_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in)
 }
 #endif
 
-// ops.yaml:1181: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1186: mkldnn_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, float[] scalars, str? algorithm) -> Tensor
 void thunk_mkldnn_linear_pointwise_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& X = f.tensor(in, 0);
   const at::Tensor& W = f.tensor(in, 1);
@@ -1809,7 +1809,7 @@ void thunk_mkldnn_linear_pointwise_cpu(opgen::exec::Frame& f, const opgen::exec:
   f.result(in, opgen::kernels::mkldnn_linear_pointwise(X, W, B, attr, scalars, opgen::opt_view(algorithm)));
 }
 
-// ops.yaml:1187: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
+// ops.yaml:1192: mkldnn_linear_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, str attr) -> Tensor
 void thunk_mkldnn_linear_pointwise_binary_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& X = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);

@@ -1611,7 +1611,7 @@ void thunk_flip_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in)
   f.result(in, at::compositeexplicitautograd::flip_outf(self, dims, out));
 }
 
-// ops.yaml:939: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:944: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 void thunk_fmod_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1619,7 +1619,7 @@ void thunk_fmod_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:939: fmod.Tensor(Tensor self, Tensor other) -> Tensor
+// ops.yaml:944: fmod.Tensor(Tensor self, Tensor other) -> Tensor
 void thunk_fmod_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1627,7 +1627,7 @@ void thunk_fmod_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:941: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:946: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 void thunk_fmod__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1635,7 +1635,7 @@ void thunk_fmod__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:941: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
+// ops.yaml:946: fmod_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)
 void thunk_fmod__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1643,7 +1643,7 @@ void thunk_fmod__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:942: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:947: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_fmod_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1652,7 +1652,7 @@ void thunk_fmod_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:942: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:947: fmod.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_fmod_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -1661,7 +1661,7 @@ void thunk_fmod_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:966: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:971: le.Scalar(Tensor self, Scalar other) -> Tensor
 void thunk_le_scalar_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1669,7 +1669,7 @@ void thunk_le_scalar_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:966: le.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:971: le.Scalar(Tensor self, Scalar other) -> Tensor
 void thunk_le_scalar_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1677,7 +1677,7 @@ void thunk_le_scalar_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:968: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:973: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 void thunk_le_scalar__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1685,7 +1685,7 @@ void thunk_le_scalar__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:968: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:973: le_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 void thunk_le_scalar__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1693,7 +1693,7 @@ void thunk_le_scalar__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
 }
 #endif
 
-// ops.yaml:969: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:974: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_le_scalar_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1702,7 +1702,7 @@ void thunk_le_scalar_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:969: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:974: le.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_le_scalar_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1711,7 +1711,7 @@ void thunk_le_scalar_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& i
 }
 #endif
 
-// ops.yaml:1026: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1031: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 void thunk_reflection_pad2d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1719,7 +1719,7 @@ void thunk_reflection_pad2d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1026: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1031: reflection_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 void thunk_reflection_pad2d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1727,7 +1727,7 @@ void thunk_reflection_pad2d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr
 }
 #endif
 
-// ops.yaml:1028: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1033: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_reflection_pad2d_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1736,7 +1736,7 @@ void thunk_reflection_pad2d_out_cpu(opgen::exec::Frame& f, const opgen::exec::In
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1028: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1033: reflection_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_reflection_pad2d_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1745,21 +1745,21 @@ void thunk_reflection_pad2d_out_cuda(opgen::exec::Frame& f, const opgen::exec::I
 }
 #endif
 
-// ops.yaml:1034: remainder.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:1039: remainder.Scalar(Tensor self, Scalar other) -> Tensor
 void thunk_remainder_scalar_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
   f.result(in, at::compositeexplicitautograd::remainder(self, other));
 }
 
-// ops.yaml:1036: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:1041: remainder_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 void thunk_remainder_scalar__default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
   f.result(in, at::compositeexplicitautograd::remainder_(self, other));
 }
 
-// ops.yaml:1037: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1042: remainder.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_remainder_scalar_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1767,7 +1767,7 @@ void thunk_remainder_scalar_out_default(opgen::exec::Frame& f, const opgen::exec
   f.result(in, at::compositeexplicitautograd::remainder_outf(self, other, out));
 }
 
-// ops.yaml:1047: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1052: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 void thunk_scatter_src_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1777,7 +1777,7 @@ void thunk_scatter_src_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1047: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1052: scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 void thunk_scatter_src_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1787,7 +1787,7 @@ void thunk_scatter_src_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in)
 }
 #endif
 
-// ops.yaml:1049: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1054: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 void thunk_scatter_src__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1797,7 +1797,7 @@ void thunk_scatter_src__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in)
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1049: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1054: scatter_.src(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 void thunk_scatter_src__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1807,7 +1807,7 @@ void thunk_scatter_src__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in
 }
 #endif
 
-// ops.yaml:1050: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1055: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_scatter_src_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1818,7 +1818,7 @@ void thunk_scatter_src_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1050: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1055: scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_scatter_src_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1829,7 +1829,7 @@ void thunk_scatter_src_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 #endif
 
-// ops.yaml:1062: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
+// ops.yaml:1067: select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor
 void thunk_select_scatter_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& src = f.tensor(in, 1);
@@ -1838,7 +1838,7 @@ void thunk_select_scatter_default(opgen::exec::Frame& f, const opgen::exec::Inst
   f.result(in, at::compositeexplicitautogradnonfunctional::select_scatter(self, src, dim, index));
 }
 
-// ops.yaml:1064: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1069: select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_select_scatter_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& src = f.tensor(in, 1);
@@ -1848,7 +1848,7 @@ void thunk_select_scatter_out_default(opgen::exec::Frame& f, const opgen::exec::
   f.result(in, at::compositeexplicitautograd::select_scatter_outf(self, src, dim, index, out));
 }
 
-// ops.yaml:1079: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
+// ops.yaml:1084: sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor
 void thunk_sub_scalar_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1856,7 +1856,7 @@ void thunk_sub_scalar_default(opgen::exec::Frame& f, const opgen::exec::Instr& i
   f.result(in, at::compositeexplicitautograd::sub(self, other, alpha));
 }
 
-// ops.yaml:1081: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
+// ops.yaml:1086: sub_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)
 void thunk_sub_scalar__default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1864,7 +1864,7 @@ void thunk_sub_scalar__default(opgen::exec::Frame& f, const opgen::exec::Instr& 
   f.result(in, at::compositeexplicitautograd::sub_(self, other, alpha));
 }
 
-// ops.yaml:1082: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1087: sub.Scalar_out(Tensor self, Scalar other, Scalar alpha=1, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_sub_scalar_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1873,35 +1873,35 @@ void thunk_sub_scalar_out_default(opgen::exec::Frame& f, const opgen::exec::Inst
   f.result(in, at::compositeexplicitautograd::sub_outf(self, other, alpha, out));
 }
 
-// ops.yaml:1093: trunc(Tensor self) -> Tensor
+// ops.yaml:1098: trunc(Tensor self) -> Tensor
 void thunk_trunc_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::trunc(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1093: trunc(Tensor self) -> Tensor
+// ops.yaml:1098: trunc(Tensor self) -> Tensor
 void thunk_trunc_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::trunc(self));
 }
 #endif
 
-// ops.yaml:1095: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1100: trunc_(Tensor(a!) self) -> Tensor(a!)
 void thunk_trunc__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cpu::trunc_(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1095: trunc_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1100: trunc_(Tensor(a!) self) -> Tensor(a!)
 void thunk_trunc__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cuda::trunc_(self));
 }
 #endif
 
-// ops.yaml:1096: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1101: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_trunc_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1909,7 +1909,7 @@ void thunk_trunc_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1096: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1101: trunc.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_trunc_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1917,7 +1917,7 @@ void thunk_trunc_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1098: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+// ops.yaml:1103: upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
 void thunk_upsample_bilinear2d_vec_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const std::optional<std::vector<int64_t>> output_size = f.arg<std::optional<std::vector<int64_t>>>(in, 1);
@@ -1926,7 +1926,7 @@ void thunk_upsample_bilinear2d_vec_default(opgen::exec::Frame& f, const opgen::e
   f.result(in, at::compositeimplicitautograd::upsample_bilinear2d(input, opgen::opt_ref(output_size), align_corners, opgen::opt_ref(scale_factors)));
 }
 
-// ops.yaml:1100: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1105: upsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_upsample_bilinear2d_vec_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const std::optional<std::vector<int64_t>> output_size = f.arg<std::optional<std::vector<int64_t>>>(in, 1);

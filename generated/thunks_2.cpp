@@ -57,6 +57,8 @@
 #include <ATen/ops/remainder_cpu_dispatch.h>
 #include <ATen/ops/replication_pad3d_cpu_dispatch.h>
 #include <ATen/ops/resize_cpu_dispatch.h>
+#include <ATen/ops/roll_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/roll_cpu_dispatch.h>
 #include <ATen/ops/rsqrt_cpu_dispatch.h>
 #include <ATen/ops/sign_cpu_dispatch.h>
 #include <ATen/ops/sin_cpu_dispatch.h>
@@ -104,6 +106,7 @@
 #include <ATen/ops/remainder_cuda_dispatch.h>
 #include <ATen/ops/replication_pad3d_cuda_dispatch.h>
 #include <ATen/ops/resize_cuda_dispatch.h>
+#include <ATen/ops/roll_cuda_dispatch.h>
 #include <ATen/ops/rsqrt_cuda_dispatch.h>
 #include <ATen/ops/sign_cuda_dispatch.h>
 #include <ATen/ops/sin_cuda_dispatch.h>
@@ -1426,7 +1429,34 @@ void thunk_div_scalar_mode_out_default(opgen::exec::Frame& f, const opgen::exec:
   f.result(in, at::compositeexplicitautograd::div_outf(self, other, opgen::opt_view(rounding_mode), out));
 }
 
-// ops.yaml:949: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+// ops.yaml:934: roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
+void thunk_roll_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
+  const at::Tensor& self = f.tensor(in, 0);
+  const std::vector<int64_t> shifts = f.arg<std::vector<int64_t>>(in, 1);
+  const std::vector<int64_t> dims = f.has(in, 2) ? f.arg<std::vector<int64_t>>(in, 2) : std::vector<int64_t>({});
+  f.result(in, at::cpu::roll(self, shifts, dims));
+}
+
+#ifdef OPGEN_WITH_CUDA
+// ops.yaml:934: roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
+void thunk_roll_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
+  const at::Tensor& self = f.tensor(in, 0);
+  const std::vector<int64_t> shifts = f.arg<std::vector<int64_t>>(in, 1);
+  const std::vector<int64_t> dims = f.has(in, 2) ? f.arg<std::vector<int64_t>>(in, 2) : std::vector<int64_t>({});
+  f.result(in, at::cuda::roll(self, shifts, dims));
+}
+#endif
+
+// ops.yaml:936: roll.out(Tensor self, SymInt[1] shifts, int[1] dims=[], *, Tensor(a!) out) -> Tensor(a!)
+void thunk_roll_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
+  const at::Tensor& self = f.tensor(in, 0);
+  const std::vector<int64_t> shifts = f.arg<std::vector<int64_t>>(in, 1);
+  const std::vector<int64_t> dims = f.has(in, 2) ? f.arg<std::vector<int64_t>>(in, 2) : std::vector<int64_t>({});
+  at::Tensor& out = f.mutable_tensor(in, 3);
+  f.result(in, at::compositeexplicitautograd::roll_outf(self, shifts, dims, out));
+}
+
+// ops.yaml:954: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
 void thunk_grid_sampler_2d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const at::Tensor& grid = f.tensor(in, 1);
@@ -1437,7 +1467,7 @@ void thunk_grid_sampler_2d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:949: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+// ops.yaml:954: grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
 void thunk_grid_sampler_2d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const at::Tensor& grid = f.tensor(in, 1);
@@ -1448,7 +1478,7 @@ void thunk_grid_sampler_2d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 #endif
 
-// ops.yaml:951: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:956: grid_sampler_2d.out(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_grid_sampler_2d_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const at::Tensor& grid = f.tensor(in, 1);
@@ -1459,35 +1489,35 @@ void thunk_grid_sampler_2d_out_default(opgen::exec::Frame& f, const opgen::exec:
   f.result(in, at::compositeexplicitautograd::grid_sampler_2d_outf(input, grid, interpolation_mode, padding_mode, align_corners, out));
 }
 
-// ops.yaml:976: log2(Tensor self) -> Tensor
+// ops.yaml:981: log2(Tensor self) -> Tensor
 void thunk_log2_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::log2(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:976: log2(Tensor self) -> Tensor
+// ops.yaml:981: log2(Tensor self) -> Tensor
 void thunk_log2_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::log2(self));
 }
 #endif
 
-// ops.yaml:978: log2_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:983: log2_(Tensor(a!) self) -> Tensor(a!)
 void thunk_log2__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cpu::log2_(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:978: log2_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:983: log2_(Tensor(a!) self) -> Tensor(a!)
 void thunk_log2__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cuda::log2_(self));
 }
 #endif
 
-// ops.yaml:979: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:984: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_log2_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1495,7 +1525,7 @@ void thunk_log2_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:979: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:984: log2.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_log2_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1503,7 +1533,7 @@ void thunk_log2_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:986: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+// ops.yaml:991: masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
 void thunk_masked_scatter_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& mask = f.tensor(in, 1);
@@ -1511,7 +1541,7 @@ void thunk_masked_scatter_default(opgen::exec::Frame& f, const opgen::exec::Inst
   f.result(in, at::compositeexplicitautograd::masked_scatter(self, mask, source));
 }
 
-// ops.yaml:988: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+// ops.yaml:993: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 void thunk_masked_scatter__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& mask = f.tensor(in, 1);
@@ -1520,7 +1550,7 @@ void thunk_masked_scatter__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:988: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
+// ops.yaml:993: masked_scatter_(Tensor(a!) self, Tensor mask, Tensor source) -> Tensor(a!)
 void thunk_masked_scatter__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Tensor& mask = f.tensor(in, 1);
@@ -1529,7 +1559,7 @@ void thunk_masked_scatter__cuda(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 #endif
 
-// ops.yaml:989: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:994: masked_scatter.out(Tensor self, Tensor mask, Tensor source, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_masked_scatter_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Tensor& mask = f.tensor(in, 1);
@@ -1538,7 +1568,7 @@ void thunk_masked_scatter_out_default(opgen::exec::Frame& f, const opgen::exec::
   f.result(in, at::compositeexplicitautograd::masked_scatter_outf(self, mask, source, out));
 }
 
-// ops.yaml:995: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// ops.yaml:1000: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 void thunk_native_dropout_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const double p = f.arg<double>(in, 1);
@@ -1547,7 +1577,7 @@ void thunk_native_dropout_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& i
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:995: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// ops.yaml:1000: native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 void thunk_native_dropout_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const double p = f.arg<double>(in, 1);
@@ -1556,7 +1586,7 @@ void thunk_native_dropout_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 #endif
 
-// ops.yaml:997: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:1002: native_dropout.out(Tensor input, float p, bool? train, *, Tensor(a!) out0, Tensor(b!) out1) -> (Tensor(a!), Tensor(b!))
 void thunk_native_dropout_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& input = f.tensor(in, 0);
   const double p = f.arg<double>(in, 1);
@@ -1566,7 +1596,7 @@ void thunk_native_dropout_out_default(opgen::exec::Frame& f, const opgen::exec::
   f.result(in, at::compositeexplicitautograd::native_dropout_outf(input, p, train, out0, out1));
 }
 
-// ops.yaml:1008: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:1013: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 void thunk_prod_all_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::optional<at::ScalarType> dtype = f.has(in, 1) ? f.arg<std::optional<at::ScalarType>>(in, 1) : std::nullopt;
@@ -1574,7 +1604,7 @@ void thunk_prod_all_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1008: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
+// ops.yaml:1013: prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 void thunk_prod_all_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::optional<at::ScalarType> dtype = f.has(in, 1) ? f.arg<std::optional<at::ScalarType>>(in, 1) : std::nullopt;
@@ -1582,7 +1612,7 @@ void thunk_prod_all_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1011: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1016: prod.out(Tensor self, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)
 void thunk_prod_all_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::optional<at::ScalarType> dtype = f.has(in, 1) ? f.arg<std::optional<at::ScalarType>>(in, 1) : std::nullopt;
@@ -1590,7 +1620,7 @@ void thunk_prod_all_out_default(opgen::exec::Frame& f, const opgen::exec::Instr&
   f.result(in, at::compositeexplicitautograd::prod_outf(self, dtype, out));
 }
 
-// ops.yaml:1016: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+// ops.yaml:1021: randn(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 void thunk_randn_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const std::vector<int64_t> size = f.arg<std::vector<int64_t>>(in, 0);
   const std::optional<at::ScalarType> dtype = f.has(in, 1) ? f.arg<std::optional<at::ScalarType>>(in, 1) : std::nullopt;
@@ -1600,7 +1630,7 @@ void thunk_randn_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   f.result(in, at::compositeexplicitautograd::randn(size, dtype, layout, device, pin_memory));
 }
 
-// ops.yaml:1022: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+// ops.yaml:1027: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
 void thunk_reflection_pad1d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1608,7 +1638,7 @@ void thunk_reflection_pad1d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1022: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
+// ops.yaml:1027: reflection_pad1d(Tensor self, SymInt[2] padding) -> Tensor
 void thunk_reflection_pad1d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1616,7 +1646,7 @@ void thunk_reflection_pad1d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr
 }
 #endif
 
-// ops.yaml:1024: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1029: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_reflection_pad1d_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1625,7 +1655,7 @@ void thunk_reflection_pad1d_out_cpu(opgen::exec::Frame& f, const opgen::exec::In
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1024: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1029: reflection_pad1d.out(Tensor self, SymInt[2] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_reflection_pad1d_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1634,7 +1664,7 @@ void thunk_reflection_pad1d_out_cuda(opgen::exec::Frame& f, const opgen::exec::I
 }
 #endif
 
-// ops.yaml:1043: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1048: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 void thunk_replication_pad3d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1642,7 +1672,7 @@ void thunk_replication_pad3d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1043: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
+// ops.yaml:1048: replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor
 void thunk_replication_pad3d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1650,7 +1680,7 @@ void thunk_replication_pad3d_cuda(opgen::exec::Frame& f, const opgen::exec::Inst
 }
 #endif
 
-// ops.yaml:1045: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1050: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_replication_pad3d_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1659,7 +1689,7 @@ void thunk_replication_pad3d_out_cpu(opgen::exec::Frame& f, const opgen::exec::I
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1045: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1050: replication_pad3d.out(Tensor self, SymInt[6] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_replication_pad3d_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1668,35 +1698,35 @@ void thunk_replication_pad3d_out_cuda(opgen::exec::Frame& f, const opgen::exec::
 }
 #endif
 
-// ops.yaml:1066: sinh(Tensor self) -> Tensor
+// ops.yaml:1071: sinh(Tensor self) -> Tensor
 void thunk_sinh_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::sinh(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1066: sinh(Tensor self) -> Tensor
+// ops.yaml:1071: sinh(Tensor self) -> Tensor
 void thunk_sinh_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::sinh(self));
 }
 #endif
 
-// ops.yaml:1068: sinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1073: sinh_(Tensor(a!) self) -> Tensor(a!)
 void thunk_sinh__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cpu::sinh_(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1068: sinh_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1073: sinh_(Tensor(a!) self) -> Tensor(a!)
 void thunk_sinh__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cuda::sinh_(self));
 }
 #endif
 
-// ops.yaml:1069: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1074: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_sinh_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1704,7 +1734,7 @@ void thunk_sinh_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1069: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1074: sinh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_sinh_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1712,7 +1742,7 @@ void thunk_sinh_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1075: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
+// ops.yaml:1080: sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)
 void thunk_sort_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.has(in, 1) ? f.arg<int64_t>(in, 1) : int64_t(-1);
@@ -1720,7 +1750,7 @@ void thunk_sort_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   f.result(in, at::compositeexplicitautograd::sort(self, dim, descending));
 }
 
-// ops.yaml:1077: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
+// ops.yaml:1082: sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 void thunk_sort_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.has(in, 1) ? f.arg<int64_t>(in, 1) : int64_t(-1);
@@ -1730,14 +1760,14 @@ void thunk_sort_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in)
   f.result(in, at::compositeexplicitautograd::sort_outf(self, dim, descending, values, indices));
 }
 
-// ops.yaml:1110: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
+// ops.yaml:1115: adaptive_avg_pool1d(Tensor self, int[1] output_size) -> Tensor
 void thunk_adaptive_avg_pool1d_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> output_size = f.arg<std::vector<int64_t>>(in, 1);
   f.result(in, at::compositeimplicitautograd::adaptive_avg_pool1d(self, output_size));
 }
 
-// ops.yaml:1112: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1117: adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_adaptive_avg_pool1d_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> output_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1745,7 +1775,7 @@ void thunk_adaptive_avg_pool1d_out_default(opgen::exec::Frame& f, const opgen::e
   f.result(in, at::compositeexplicitautograd::adaptive_avg_pool1d_outf(self, output_size, out));
 }
 
-// ops.yaml:1118: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+// ops.yaml:1123: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
 void thunk_resize__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const std::vector<int64_t> size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1754,7 +1784,7 @@ void thunk_resize__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1118: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
+// ops.yaml:1123: resize_(Tensor(a!) self, SymInt[] size, *, MemoryFormat? memory_format=None) -> Tensor(a!)
 void thunk_resize__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const std::vector<int64_t> size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1764,7 +1794,7 @@ void thunk_resize__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 #endif
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1136: _scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
+// ops.yaml:1141: _scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
 void thunk__scaled_dot_product_flash_attention_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& query = f.tensor(in, 0);
   const at::Tensor& key = f.tensor(in, 1);
@@ -1778,7 +1808,7 @@ void thunk__scaled_dot_product_flash_attention_cuda(opgen::exec::Frame& f, const
 #endif
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1141: _scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)
+// ops.yaml:1146: _scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, Tensor philox_offset)
 void thunk__scaled_dot_product_efficient_attention_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& query = f.tensor(in, 0);
   const at::Tensor& key = f.tensor(in, 1);
@@ -1792,35 +1822,35 @@ void thunk__scaled_dot_product_efficient_attention_cuda(opgen::exec::Frame& f, c
 }
 #endif
 
-// ops.yaml:1151: mish(Tensor self) -> Tensor
+// ops.yaml:1156: mish(Tensor self) -> Tensor
 void thunk_mish_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::mish(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1151: mish(Tensor self) -> Tensor
+// ops.yaml:1156: mish(Tensor self) -> Tensor
 void thunk_mish_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::mish(self));
 }
 #endif
 
-// ops.yaml:1153: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1158: mish_(Tensor(a!) self) -> Tensor(a!)
 void thunk_mish__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cpu::mish_(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1153: mish_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1158: mish_(Tensor(a!) self) -> Tensor(a!)
 void thunk_mish__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cuda::mish_(self));
 }
 #endif
 
-// ops.yaml:1154: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1159: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_mish_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1828,7 +1858,7 @@ void thunk_mish_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1154: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1159: mish.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_mish_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1836,7 +1866,7 @@ void thunk_mish_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1194: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1199: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
 void thunk_mkldnn_convolution_pointwise_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& X = f.tensor(in, 0);
   const at::Tensor& W = f.tensor(in, 1);
@@ -1851,7 +1881,7 @@ void thunk_mkldnn_convolution_pointwise_cpu(opgen::exec::Frame& f, const opgen::
   f.result(in, opgen::kernels::mkldnn_convolution_pointwise(X, W, B, padding, stride, dilation, groups, attr, scalars, opgen::opt_view(algorithm)));
 }
 
-// ops.yaml:1200: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+// ops.yaml:1205: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
 void thunk_mkldnn_convolution_pointwise_binary_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& X = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);
@@ -2141,6 +2171,11 @@ extern const opgen::exec::ThunkEntry opgen_thunks_2[] = {
     {"div_scalar_mode", "default", thunk_div_scalar_mode_default, false},
     {"div_scalar_mode_", "default", thunk_div_scalar_mode__default, false},
     {"div_scalar_mode_out", "default", thunk_div_scalar_mode_out_default, false},
+    {"roll", "cpu", thunk_roll_cpu, false},
+#ifdef OPGEN_WITH_CUDA
+    {"roll", "cuda", thunk_roll_cuda, false},
+#endif
+    {"roll_out", "default", thunk_roll_out_default, false},
     {"grid_sampler_2d", "cpu", thunk_grid_sampler_2d_cpu, false},
 #ifdef OPGEN_WITH_CUDA
     {"grid_sampler_2d", "cuda", thunk_grid_sampler_2d_cuda, false},

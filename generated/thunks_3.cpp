@@ -1451,21 +1451,21 @@ void thunk_cosh_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:934: fmod.Scalar(Tensor self, Scalar other) -> Tensor
+// ops.yaml:939: fmod.Scalar(Tensor self, Scalar other) -> Tensor
 void thunk_fmod_scalar_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
   f.result(in, at::compositeexplicitautograd::fmod(self, other));
 }
 
-// ops.yaml:936: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
+// ops.yaml:941: fmod_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)
 void thunk_fmod_scalar__default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
   f.result(in, at::compositeexplicitautograd::fmod_(self, other));
 }
 
-// ops.yaml:937: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:942: fmod.Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_fmod_scalar_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const at::Scalar other = f.arg<at::Scalar>(in, 1);
@@ -1473,7 +1473,7 @@ void thunk_fmod_scalar_out_default(opgen::exec::Frame& f, const opgen::exec::Ins
   f.result(in, at::compositeexplicitautograd::fmod_outf(self, other, out));
 }
 
-// ops.yaml:953: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+// ops.yaml:958: index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 void thunk_index_put_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const c10::List<std::optional<at::Tensor>> indices = f.arg<c10::List<std::optional<at::Tensor>>>(in, 1);
@@ -1482,7 +1482,7 @@ void thunk_index_put_default(opgen::exec::Frame& f, const opgen::exec::Instr& in
   f.result(in, at::compositeexplicitautograd::index_put(self, indices, values, accumulate));
 }
 
-// ops.yaml:955: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
+// ops.yaml:960: index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)
 void thunk_index_put__default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const c10::List<std::optional<at::Tensor>> indices = f.arg<c10::List<std::optional<at::Tensor>>>(in, 1);
@@ -1491,7 +1491,7 @@ void thunk_index_put__default(opgen::exec::Frame& f, const opgen::exec::Instr& i
   f.result(in, at::compositeexplicitautograd::index_put_(self, indices, values, accumulate));
 }
 
-// ops.yaml:956: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:961: index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_index_put_out_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const c10::List<std::optional<at::Tensor>> indices = f.arg<c10::List<std::optional<at::Tensor>>>(in, 1);
@@ -1501,35 +1501,35 @@ void thunk_index_put_out_default(opgen::exec::Frame& f, const opgen::exec::Instr
   f.result(in, at::compositeexplicitautograd::index_put_outf(self, indices, values, accumulate, out));
 }
 
-// ops.yaml:971: log10(Tensor self) -> Tensor
+// ops.yaml:976: log10(Tensor self) -> Tensor
 void thunk_log10_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::log10(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:971: log10(Tensor self) -> Tensor
+// ops.yaml:976: log10(Tensor self) -> Tensor
 void thunk_log10_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::log10(self));
 }
 #endif
 
-// ops.yaml:973: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:978: log10_(Tensor(a!) self) -> Tensor(a!)
 void thunk_log10__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cpu::log10_(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:973: log10_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:978: log10_(Tensor(a!) self) -> Tensor(a!)
 void thunk_log10__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cuda::log10_(self));
 }
 #endif
 
-// ops.yaml:974: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:979: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_log10_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1537,7 +1537,7 @@ void thunk_log10_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:974: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:979: log10.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_log10_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1545,7 +1545,7 @@ void thunk_log10_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:991: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:996: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 void thunk_max_pool3d_with_indices_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> kernel_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1557,7 +1557,7 @@ void thunk_max_pool3d_with_indices_cpu(opgen::exec::Frame& f, const opgen::exec:
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:991: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
+// ops.yaml:996: max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)
 void thunk_max_pool3d_with_indices_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> kernel_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1569,7 +1569,7 @@ void thunk_max_pool3d_with_indices_cuda(opgen::exec::Frame& f, const opgen::exec
 }
 #endif
 
-// ops.yaml:993: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:998: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 void thunk_max_pool3d_with_indices_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> kernel_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1583,7 +1583,7 @@ void thunk_max_pool3d_with_indices_out_cpu(opgen::exec::Frame& f, const opgen::e
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:993: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
+// ops.yaml:998: max_pool3d_with_indices.out(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))
 void thunk_max_pool3d_with_indices_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> kernel_size = f.arg<std::vector<int64_t>>(in, 1);
@@ -1597,21 +1597,21 @@ void thunk_max_pool3d_with_indices_out_cuda(opgen::exec::Frame& f, const opgen::
 }
 #endif
 
-// ops.yaml:999: nonzero(Tensor self) -> Tensor
+// ops.yaml:1004: nonzero(Tensor self) -> Tensor
 void thunk_nonzero_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::nonzero(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:999: nonzero(Tensor self) -> Tensor
+// ops.yaml:1004: nonzero(Tensor self) -> Tensor
 void thunk_nonzero_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::nonzero(self));
 }
 #endif
 
-// ops.yaml:1001: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1006: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_nonzero_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1619,7 +1619,7 @@ void thunk_nonzero_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1001: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1006: nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_nonzero_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1627,7 +1627,7 @@ void thunk_nonzero_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in)
 }
 #endif
 
-// ops.yaml:1003: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:1008: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 void thunk_pow_scalar_base_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Scalar self = f.arg<at::Scalar>(in, 0);
   const at::Tensor& exponent = f.tensor(in, 1);
@@ -1635,7 +1635,7 @@ void thunk_pow_scalar_base_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1003: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
+// ops.yaml:1008: pow.Scalar(Scalar self, Tensor exponent) -> Tensor
 void thunk_pow_scalar_base_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Scalar self = f.arg<at::Scalar>(in, 0);
   const at::Tensor& exponent = f.tensor(in, 1);
@@ -1643,7 +1643,7 @@ void thunk_pow_scalar_base_cuda(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 #endif
 
-// ops.yaml:1006: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1011: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_pow_scalar_base_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Scalar self = f.arg<at::Scalar>(in, 0);
   const at::Tensor& exponent = f.tensor(in, 1);
@@ -1652,7 +1652,7 @@ void thunk_pow_scalar_base_out_cpu(opgen::exec::Frame& f, const opgen::exec::Ins
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1006: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1011: pow.Scalar_out(Scalar self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_pow_scalar_base_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Scalar self = f.arg<at::Scalar>(in, 0);
   const at::Tensor& exponent = f.tensor(in, 1);
@@ -1661,7 +1661,7 @@ void thunk_pow_scalar_base_out_cuda(opgen::exec::Frame& f, const opgen::exec::In
 }
 #endif
 
-// ops.yaml:1039: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1044: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 void thunk_replication_pad2d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1669,7 +1669,7 @@ void thunk_replication_pad2d_cpu(opgen::exec::Frame& f, const opgen::exec::Instr
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1039: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
+// ops.yaml:1044: replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor
 void thunk_replication_pad2d_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1677,7 +1677,7 @@ void thunk_replication_pad2d_cuda(opgen::exec::Frame& f, const opgen::exec::Inst
 }
 #endif
 
-// ops.yaml:1041: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1046: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_replication_pad2d_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1686,7 +1686,7 @@ void thunk_replication_pad2d_out_cpu(opgen::exec::Frame& f, const opgen::exec::I
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1041: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1046: replication_pad2d.out(Tensor self, SymInt[4] padding, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_replication_pad2d_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const std::vector<int64_t> padding = f.arg<std::vector<int64_t>>(in, 1);
@@ -1695,7 +1695,7 @@ void thunk_replication_pad2d_out_cuda(opgen::exec::Frame& f, const opgen::exec::
 }
 #endif
 
-// ops.yaml:1052: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1057: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 void thunk_scatter_add_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1705,7 +1705,7 @@ void thunk_scatter_add_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1052: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+// ops.yaml:1057: scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
 void thunk_scatter_add_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1715,7 +1715,7 @@ void thunk_scatter_add_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in)
 }
 #endif
 
-// ops.yaml:1054: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1059: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 void thunk_scatter_add__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1725,7 +1725,7 @@ void thunk_scatter_add__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in)
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1054: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
+// ops.yaml:1059: scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) -> Tensor(a!)
 void thunk_scatter_add__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1735,7 +1735,7 @@ void thunk_scatter_add__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in
 }
 #endif
 
-// ops.yaml:1055: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1060: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_scatter_add_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1746,7 +1746,7 @@ void thunk_scatter_add_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& 
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1055: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1060: scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_scatter_add_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   const int64_t dim = f.arg<int64_t>(in, 1);
@@ -1757,35 +1757,35 @@ void thunk_scatter_add_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr&
 }
 #endif
 
-// ops.yaml:1084: tan(Tensor self) -> Tensor
+// ops.yaml:1089: tan(Tensor self) -> Tensor
 void thunk_tan_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cpu::tan(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1084: tan(Tensor self) -> Tensor
+// ops.yaml:1089: tan(Tensor self) -> Tensor
 void thunk_tan_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   f.result(in, at::cuda::tan(self));
 }
 #endif
 
-// ops.yaml:1086: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1091: tan_(Tensor(a!) self) -> Tensor(a!)
 void thunk_tan__cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cpu::tan_(self));
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1086: tan_(Tensor(a!) self) -> Tensor(a!)
+// ops.yaml:1091: tan_(Tensor(a!) self) -> Tensor(a!)
 void thunk_tan__cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   at::Tensor& self = f.mutable_tensor(in, 0);
   f.result(in, at::cuda::tan_(self));
 }
 #endif
 
-// ops.yaml:1087: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1092: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_tan_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1793,7 +1793,7 @@ void thunk_tan_out_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1087: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+// ops.yaml:1092: tan.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 void thunk_tan_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& self = f.tensor(in, 0);
   at::Tensor& out = f.mutable_tensor(in, 1);
@@ -1801,7 +1801,7 @@ void thunk_tan_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1125: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+// ops.yaml:1130: scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 void thunk_scaled_dot_product_attention_default(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& query = f.tensor(in, 0);
   const at::Tensor& key = f.tensor(in, 1);
@@ -1815,7 +1815,7 @@ void thunk_scaled_dot_product_attention_default(opgen::exec::Frame& f, const opg
 }
 
 #ifdef OPGEN_WITH_CUDA
-// ops.yaml:1146: _scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)
+// ops.yaml:1151: _scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, Tensor debug_attn_mask)
 void thunk__scaled_dot_product_cudnn_attention_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& query = f.tensor(in, 0);
   const at::Tensor& key = f.tensor(in, 1);

@@ -212,6 +212,10 @@ CORE_SAMPLES: dict[str, OpSamples] = {
     "as_strided": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [2, 2], [1, 2]), S(m(3, 4), [2], [3], 1)]),
     "diagonal": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4)), S(m(3, 4), 1), S(m(2, 3, 4), 0, 1, 2)]),
     "flip": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), [0]), S(m(3, 4), [0, 1])]),
+    "roll": OpSamples(
+        FLOAT_INT,
+        lambda m: [S(m(3, 4), [1], [0]), S(m(2, 5, 4), [-2, 7], [1, 2]), S(m(3, 4), [5]), S(m(4, 3).t(), [1], [-1])],
+    ),
     "select_scatter": OpSamples(FLOAT_INT, lambda m: [S(m(3, 4), m(4), 0, 1), S(m(3, 4), m(3), 1, -1)]),
     "slice_scatter": OpSamples(FLOAT_INT, lambda m: [S(m(4, 3), m(2, 3), 0, 1, 3), S(m(3, 4), m(3, 2), 1, 0, 4, 2)]),
     "scatter.src": OpSamples(FLOAT_INT, _scatter),

@@ -43,6 +43,7 @@ KEEP_FUSED: tuple[Any, ...] = (
     _aten.upsample_nearest2d.default,
     _aten.upsample_bilinear2d.vec,
     _aten.upsample_nearest2d.vec,
+    _aten.roll.default,  # one kernel, where the table makes an index_select per rolled dimension
     _aten.select_scatter.default,  # `buf[i] = v`: one scatter, which passes.reinplace writes in place
 )
 
