@@ -197,3 +197,37 @@ def test_the_pass_is_optional() -> None:
         compiled = opgen.compile(model, (x,), passes=passes, cache=False)
         torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
     assert "constant_pad_nd(" in compiled.artifact.source
+
+
+def relu(x: str, out: str, meta: TensorMeta) -> KernelCall:
+    return KernelCall("relu", (Ref(x),), (), (Value(out, meta),), out, "aten.relu")
+
+
+def test_an_empty_pad_is_its_source(registry) -> None:
+    p = program(pad("x", "p", (0, 0, 0, 0), (1, 8, 10, 10)), relu("p", "r", cpu(1, 8, 10, 10)), Return((Ref("r"),)))
+    folded = fold_pads(p, registry)
+    assert kernels(folded) == ["relu"] and folded.body[0].args == (Ref("x"),)  # type: ignore[union-attr]
+
+
+def test_an_empty_pad_stays_where_it_copies_or_is_returned(registry) -> None:
+    permuted = TensorMeta((1, 8, 10, 10), (800, 1, 80, 8), "float32", "cpu")  # the pad's result is contiguous
+    layouts = Program("forward", (Input("x", permuted),), (), (), (
+        pad("x", "p", (0, 0), (1, 8, 10, 10)), relu("p", "r", cpu(1, 8, 10, 10)), Return((Ref("r"),)),
+    ))  # fmt: skip
+    returned = program(pad("x", "p", (0, 0), (1, 8, 10, 10)), Return((Ref("p"),)))
+    for p in (layouts, returned):
+        assert kernels(fold_pads(p, registry)) == kernels(p)
+
+
+class WindowPad(nn.Module):
+    """Swin's window partition pads to a multiple of the window: by nothing at these sizes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pad(torch.relu(x), (0, 0, 0, 0, 0, 0)).view(2, 2, 2, 2, 2, 3).permute(0, 1, 3, 2, 4, 5).reshape(-1, 3)
+
+
+def test_an_empty_pad_leaves_the_compiled_program() -> None:
+    model, x = WindowPad(), torch.randn(2, 4, 4, 3)
+    fn = opgen.compile(model, (x,), cache=False)
+    assert "constant_pad_nd" not in fn.artifact.source  # type: ignore[attr-defined]
+    torch.testing.assert_close(fn(x), model(x))

@@ -11,6 +11,10 @@ convolution that reads the unpadded value joins the oneDNN region (`onednn`) dir
 Asymmetric pads (`(0, 1, 0, 1)` before a 3x3 of stride 2 on an even size) stay: ATen's convolution
 pads symmetrically. The pad's result must be read only as the input of non-transposed convolutions
 (never returned), so every reader can take the unpadded value. Runs first, before `conv_bn`.
+
+An empty pad (every amount 0: Swin pads each window partition to a multiple of the window, by
+nothing at the usual sizes) is a copy; its readers read its source instead, where the two have one
+layout, nothing returns the pad and nothing may write memory until its last reader.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, uses
-from opgen.runtime.passes.analysis import arg_value, readers
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Return, meta_table, substitute_line, uses
+from opgen.runtime.passes.analysis import arg_value, readers, writes_between
 from opgen.runtime.registry import KernelRegistry
 
 PAD, CONV = "constant_pad_nd", "convolution"
@@ -65,7 +69,10 @@ def _padded(conv: Line | None, name: str, per_dim: tuple[int, ...], registry: Ke
 
 
 def fold_pads(program: Program, registry: KernelRegistry) -> Program:
-    if not {PAD, CONV} <= set(registry.by_name):
+    if PAD not in registry.by_name:
+        return program
+    program = _drop_empty_pads(program, registry)
+    if CONV not in registry.by_name:
         return program
     body: list[Line | None] = list(program.body)
     read_by = readers(program.body)  # folding rewrites readers in place: other pads' readers keep their places
@@ -84,3 +91,29 @@ def fold_pads(program: Program, registry: KernelRegistry) -> Program:
             body[j] = replace(conv, args=(Ref(source), *conv.args[1:]))
         body[i] = None
     return replace(program, body=tuple(line for line in body if line is not None))
+
+
+def _drop_empty_pads(program: Program, registry: KernelRegistry) -> Program:
+    """Each empty pad's readers read its source (see the module's doc)."""
+    metas, read_by = meta_table(program), readers(program.body)
+    info = registry.by_name[PAD]
+    renamed: dict[str, Arg] = {}
+    dropped: set[int] = set()
+    for i, line in enumerate(program.body):
+        if not isinstance(line, KernelCall) or line.kernel != PAD or line.fallback or len(line.outputs) != 1:
+            continue
+        source, pad, out = arg_value(line, info, "self"), arg_value(line, info, "pad"), line.outputs[0]
+        if not isinstance(source, Ref) or not isinstance(pad, tuple) or any(p != 0 or type(p) is not int for p in pad):
+            continue
+        meta = metas.get(source.name)
+        at = sorted(read_by.get(out.name, ())) if out is not None else []
+        if out is None or meta is None or out.meta != meta or not at:
+            continue
+        if any(isinstance(program.body[j], Return) for j in at) or writes_between(program.body, i, at[-1] + 1):
+            continue
+        renamed[out.name] = renamed.get(source.name, source)
+        dropped.add(i)
+    if not dropped:
+        return program
+    body = tuple(substitute_line(line, renamed) for i, line in enumerate(program.body) if i not in dropped)
+    return replace(program, body=body)
