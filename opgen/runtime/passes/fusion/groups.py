@@ -35,10 +35,11 @@ class FusedGroup:
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]  # the values read after the kernel, in definition order
     steps: tuple[Step, ...]
+    moved: tuple[str, ...] = ()  # nodes of the data movements its outputs are stored through (`placement`)
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        return tuple(s.node for s in flat_steps(self.steps))
+        return (*(s.node for s in flat_steps(self.steps)), *self.moved)
 
     def describe(self) -> str:
         dims = "x".join(map(str, self.shape))
@@ -57,9 +58,10 @@ class Found:
     group: FusedGroup
     members: tuple[int, ...]
     lines: tuple[KernelCall, ...]
+    alone: bool = False  # one node, which ATen runs as well (found only when asked for: `singles`)
 
 
-def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
+def find_groups(program: Program, registry: KernelRegistry, singles: bool = False) -> list[Found]:
     metas = meta_table(program)
     read_later = readers(program.body)
     walk = _Walk(metas, read_later)
@@ -71,7 +73,7 @@ def find_groups(program: Program, registry: KernelRegistry) -> list[Found]:
             assert isinstance(line, KernelCall)
             walk.add(index, line, step)
     walk.close_all()
-    return [found for b in walk.done if (found := b.finish(read_later)) is not None]
+    return [found for b in walk.done if (found := b.finish(read_later, singles)) is not None]
 
 
 @dataclass
@@ -140,15 +142,16 @@ class _Building:
         self.defined.update(other.defined)
         self.inputs.update(other.inputs)
 
-    def finish(self, read_later: dict[str, set[int]]) -> Found | None:
-        if len(flat_steps(tuple(self.steps))) < 2 and not self._strided_rows():
+    def finish(self, read_later: dict[str, set[int]], singles: bool) -> Found | None:
+        alone = len(flat_steps(tuple(self.steps))) < 2 and not self._strided_rows()
+        if alone and not singles:
             return None  # one node gains nothing: ATen's own kernel runs it
         members = set(self.members)
         outputs = tuple(t for name, t in self.defined.items() if read_later.get(name, set()) - members)
         if not outputs:
             return None
         group = FusedGroup(self.kind, self.shape, tuple(self.inputs.values()), outputs, tuple(self.steps))
-        return Found(group, tuple(self.members), tuple(self.lines))
+        return Found(group, tuple(self.members), tuple(self.lines), alone)
 
 
 class _Walk:

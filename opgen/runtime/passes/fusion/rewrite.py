@@ -1,7 +1,8 @@
 """GPU fusion: groups of pointwise nodes (and the row reductions that end or join them) become one
 generated Triton kernel each.
 
-`opgen.runtime.passes.fusion.groups` decides the groups, `opgen.runtime.passes.fusion.triton` writes each
+`opgen.runtime.passes.fusion.groups` decides the groups, `opgen.runtime.passes.fusion.placement` carries
+their outputs through the copies that move them, `opgen.runtime.passes.fusion.triton` writes each
 kernel. Here each group's calls leave the body and one call of a `FusedKernel` takes the place of
 the last: it reads the group's inputs and returns the values anything after it reads; values only
 the group reads are never written to memory. At load time the call is bound to a choice between
@@ -21,12 +22,13 @@ from opgen.runtime.ir import Comment, FusedKernel, KernelCall, Line, Program, Va
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.groups import find_groups
+from opgen.runtime.passes.fusion.placement import place_outputs
 from opgen.runtime.passes.fusion.triton import CodegenError, kernel
 from opgen.runtime.registry import KernelRegistry
 
 
 def fuse(program: Program, registry: KernelRegistry) -> Program:
-    found = find_groups(program, registry)
+    found = place_outputs(find_groups(program, registry, singles=True), program, registry)
     if not found:
         return program
     locals_ = fresh_namer(program, "fused")

@@ -14,12 +14,26 @@ from opgen.runtime.registry import BindError, KernelRegistry, bind
 MAX_ROW = 8192  # longest row a row kernel holds in registers (float32)
 
 
+# A data movement from a group's value to where an output holds it (`fusion.placement`):
+# ("reshape", shape, ()), ("permute", dims, ()) or ("roll", shifts, dims).
+Move = tuple[str, tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """An output that holds the group's value `source` moved by `moves` (`fusion.placement`)."""
+
+    source: str
+    moves: tuple[Move, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Tensor:
     """A tensor a fused kernel reads or writes; `name` is its IR value and the kernel's parameter."""
 
     name: str
     meta: TensorMeta
+    placement: Placement | None = None  # an output: stored where these moves put the group's value
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from typing import Any
 from opgen.runtime.ir import Ref, contiguous_strides
 from opgen.runtime.passes.fusion.groups import FusedGroup
 from opgen.runtime.passes.fusion.ops import CAT, TL, Operand, cast, compute_type, pointwise
+from opgen.runtime.passes.fusion.placement import Index, placed_address
 from opgen.runtime.passes.fusion.source import jit_module
 from opgen.runtime.passes.fusion.steps import Step, Tensor, flat_steps
 
@@ -181,8 +182,12 @@ class _Body:
         return cast(Operand(text, value.ctype), compute_type(dtype))
 
     def store(self, tensor: Tensor) -> None:
-        value = self.values[tensor.name]
-        address, where = _address(self.group, tensor, output=True)
+        if tensor.placement is not None:  # the group's value, where a chain of data movements puts it
+            value = self.values[tensor.placement.source]
+            address, where = placed_address(_start(self.group), tensor.placement, tensor.meta), "mask"
+        else:
+            value = self.values[tensor.name]
+            address, where = _address(self.group, tensor, output=True)
         dtype = tensor.meta.dtype
         if dtype in ("float16", "bfloat16"):
             stored = f"{value.text}.to({TL[dtype]})"
@@ -218,6 +223,14 @@ def _address(group: FusedGroup, tensor: Tensor, output: bool = False, space: _Sp
         parts = [p for p in (_linear(shape, strides, space.index) or (f"{space.index} * 0" if output else ""),) if p]
         where = space.mask if parts else ""
     return " + ".join(parts), where
+
+
+def _start(group: FusedGroup) -> Index:
+    """The current element of the iteration space: the flat index, or a row kernel's row and column."""
+    if group.kind != "row":
+        return Index(group.shape, linear="offs")
+    lead = Index(group.shape[:-1], linear="rows").coordinates() if len(group.shape) > 1 else ()
+    return Index(group.shape, linear=f"rows * {group.shape[-1]} + cols", coords=(*lead, "cols"))
 
 
 def _linear(shape: tuple[int, ...], strides: list[int], index: str) -> str:
