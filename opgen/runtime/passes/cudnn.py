@@ -8,7 +8,8 @@ Two rewrites of 2-d convolutions on CUDA (float32, float16, bfloat16), after bat
    have no other reader: one cuDNN kernel instead of three launches.
 2. Layout: convolutions with a constant weight run in channels-last (cuDNN's fast layout on
    tensor-core GPUs): the weight is copied to channels-last once, at bind time, so cuDNN returns
-   channels-last results, and relu, add and max pooling of such results stay channels-last. Every
+   channels-last results, and relu, add and max pooling of such results stay channels-last, as do
+   other pointwise nodes and per-channel means of them (`region_ops`: SiLU, squeeze-excitation). Every
    value of such a region that something else reads (a mean, a view, the caller) is copied back to
    the contiguous layout the graph recorded, so nothing outside the region sees another layout.
 
@@ -36,6 +37,7 @@ from opgen.runtime.ir import (
 from opgen.runtime.passes.analysis import arg_value, constant_names, fresh_namer, use_counts
 from opgen.runtime.passes.layout import channels_last as channels_last_meta
 from opgen.runtime.passes.layout import exit_copies
+from opgen.runtime.passes.region_ops import region_meta
 from opgen.runtime.registry import KernelRegistry
 
 CONV, RELU, ADD, POOL = "convolution", "relu", "add", "max_pool2d_with_indices"
@@ -115,9 +117,12 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
     names = fresh_namer(program, "cl")
     setup, body = list(program.setup), []
     region: dict[str, str] = {}  # value -> its channels-last name
+    region_metas: dict[str, TensorMeta] = {}  # value -> the meta of its channels-last copy
     packed: dict[str, str] = {}  # weight -> channels-last copy
     for line in program.body:
-        if not _joins_region(line, region, constant, metas, registry):
+        joined = _joins_region(line, region, constant, metas, registry)
+        other = region_meta(line, region_metas, metas) if not joined and isinstance(line, KernelCall) else None
+        if not joined and other is None:
             body.append(line)
             continue
         assert isinstance(line, KernelCall)
@@ -130,8 +135,8 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
         mapping = {n: Ref(cl) for n, cl in region.items()} | {w: Ref(cl) for w, cl in packed.items()}
         out = line.outputs[0]
         assert out is not None and out.meta is not None
-        cl_out = Value(next(names), channels_last_meta(out.meta))
-        region[out.name] = cl_out.name
+        cl_out = Value(next(names), other or channels_last_meta(out.meta))
+        region[out.name], region_metas[out.name] = cl_out.name, cl_out.meta  # type: ignore[assignment]
         outputs = (cl_out, *line.outputs[1:])
         body.append(replace(substitute_line(line, mapping), outputs=outputs))  # type: ignore[type-var]
     if not packed:
