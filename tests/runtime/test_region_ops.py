@@ -147,7 +147,7 @@ def test_a_copy_to_a_named_layout_leaves_the_region() -> None:
 class SqueezeExcitation(nn.Module):
     def __init__(self, c: int = 16) -> None:
         super().__init__()
-        self.conv, self.reduce, self.expand = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, 4, 1), nn.Conv2d(4, c, 1)
+        self.conv, self.reduce, self.expand = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, 8, 1), nn.Conv2d(8, c, 1)
         self.bn, self.out = nn.BatchNorm2d(c), nn.Conv2d(c, c, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,3 +172,53 @@ def test_on_the_gpu_a_squeeze_excitation_block_runs_channels_last(dtype) -> None
         torch.cuda.synchronize()
     copies = [e.name for e in profile.events() if "copy" in e.name.lower() and e.device_type.name == "CUDA"]
     assert len(copies) <= 1, copies  # no convolution copies its input to channels-last (at most the way out)
+
+
+class ChannelsLastPointwise(nn.Module):
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(c, 1, 1))
+
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(x + self.bias) * s
+
+
+def channels_last_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return ChannelsLastPointwise(), (torch.randn(2, 8, 5, 6).to(memory_format=CL), torch.randn(2, 8, 1, 1))
+
+
+def test_a_channels_last_kernel_walks_memory_order(monkeypatch) -> None:
+    """The fused kernel's flat index runs over (N, H, W, C): the channels-last tensors load at it directly."""
+    from fusion_interp import compile_with_pass
+
+    from opgen.runtime.passes.fusion.rewrite import fuse
+
+    model, inputs = channels_last_case()
+    fn, (kernel,) = compile_with_pass(
+        monkeypatch, model.eval(), inputs, "fusion", fuse, leave_out=("onednn", "prepack")
+    )
+    assert "tl.load(in0 + offs" in kernel.source and "tl.store(out0 + offs," in kernel.source
+    assert "# pointwise kernel over 2x5x6x8" in kernel.source  # (N, H, W, C)
+    with torch.no_grad():
+        got, want = fn(*inputs), model(*inputs)  # type: ignore[operator]
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
+def test_a_channels_last_kernel_runs_in_the_interpreter(monkeypatch, request) -> None:
+    from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
+
+    from opgen.runtime.passes.fusion.rewrite import fuse
+
+    if needs_triton.args[0]:
+        pytest.skip(needs_triton.kwargs["reason"])
+    if ran_in_fresh_interpreter(request):
+        return
+    model, inputs = channels_last_case()
+    checks: list[str] = []
+    fn, kernels = compile_with_pass(
+        monkeypatch, model.eval(), inputs, "fusion", fuse, checks, leave_out=("onednn", "prepack")
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
+    assert kernels and len(checks) >= len(kernels)

@@ -26,6 +26,7 @@ from typing import Any
 from opgen.runtime.ir import Ref, contiguous_strides
 from opgen.runtime.passes.fusion.groups import FusedGroup
 from opgen.runtime.passes.fusion.ops import CAT, TL, Operand, cast, compute_type, pointwise
+from opgen.runtime.passes.fusion.order import in_memory_order
 from opgen.runtime.passes.fusion.placement import Index, placed_address
 from opgen.runtime.passes.fusion.source import jit_module
 from opgen.runtime.passes.fusion.steps import Step, Tensor, flat_steps
@@ -48,6 +49,7 @@ def kernel(group: FusedGroup) -> Kernel:
     """The group's kernel. Its source names no graph value or node (parameters `in0..`, `out0..`, the
     kernel `fused_<hash of the body>`), so groups that compute the same thing on the same sizes, as a
     model's layers do, share one source: one compile and one tuning. The report names the nodes."""
+    group = in_memory_order(group)
     body = _Body(group)
     for step in group.steps:
         body.step(step)
