@@ -32,8 +32,8 @@ from opgen.runtime.registry import KernelRegistry, load_registry
 def default_pipeline() -> tuple[str, ...]:
     """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks
     cuDNN, and the passes that make or launch Triton kernels (`decode_attention`, `cache_writes`, `gemv`,
-    `split_bias`, `lift_views`, `fusion`, `dependent_launch`) where opgen's JIT cannot run (no CUDA build, GPU or
-    triton)."""
+    `split_bias`, `lift_views`, `fusion`, `spatial_mean`, `dependent_launch`) where opgen's JIT cannot run
+    (no CUDA build, GPU or triton)."""
     has_onednn = torch.backends.mkldnn.is_available()
     missing: set[str] = set()
     if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -44,7 +44,16 @@ def default_pipeline() -> tuple[str, ...]:
         missing.add("cudnn")
     if not _jit_available():
         missing.update(
-            ("decode_attention", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "dependent_launch")
+            (
+                "decode_attention",
+                "cache_writes",
+                "gemv",
+                "split_bias",
+                "lift_views",
+                "fusion",
+                "spatial_mean",
+                "dependent_launch",
+            )
         )
     return tuple(p for p in DEFAULT_PIPELINE if p not in missing)
 

@@ -439,6 +439,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "split_bias",
         "lift_views",
         "fusion",
+        "spatial_mean",
         "dependent_launch",
         "memory",
         "hoist_views",

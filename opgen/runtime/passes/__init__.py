@@ -58,6 +58,7 @@ from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
+from opgen.runtime.passes.fusion.spatial_mean import spatial_means
 from opgen.runtime.passes.grouped_attention import read_grouped_heads
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
@@ -96,6 +97,7 @@ PASSES: dict[str, Pass] = {
     "split_bias": split_bias,
     "lift_views": lift_views,
     "fusion": fuse,
+    "spatial_mean": spatial_means,
     "dependent_launch": launch_dependently,
     "memory": plan_memory,
     "hoist_views": hoist_views,
@@ -128,6 +130,7 @@ DEFAULT_PIPELINE = (
     "split_bias",
     "lift_views",
     "fusion",
+    "spatial_mean",
     "dependent_launch",
     "memo",
     "memory",

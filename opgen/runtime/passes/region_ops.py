@@ -43,7 +43,7 @@ def region_meta(
         return None  # a copy to a named layout (`clone(memory_format=...)`) has that layout
     if line.target == MEAN:
         source = region.get(tensors[0])
-        if not _spatial_mean(line) or source is None or _layout(source) != "channels_last":
+        if not spatial_mean(line) or source is None or _layout(source) != "channels_last":
             return None
         return _strided(out.meta, "dense")
     if line.target not in POINTWISE:
@@ -76,7 +76,8 @@ def _strided(meta: TensorMeta, layout: str) -> TensorMeta | None:
     return None
 
 
-def _spatial_mean(line: KernelCall) -> bool:
+def spatial_mean(line: KernelCall) -> bool:
+    """A keepdim mean over H and W (dims 2 and 3) of its input, without a dtype."""
     args = dict(line.kwargs)
     dims = line.args[1] if len(line.args) > 1 else args.get("dim")
     keepdim = line.args[2] if len(line.args) > 2 else args.get("keepdim", False)
