@@ -49,6 +49,19 @@ def test_a_channels_last_mean_becomes_a_kernel(monkeypatch, shape) -> None:
         torch.testing.assert_close(fn(x), Mean()(x))
 
 
+def test_after_fusion_each_kernel_has_its_own_local(monkeypatch) -> None:
+    """The mean's kernel and the fused sigmoid * x kernel in one program (their locals once collided)."""
+    from opgen.runtime.passes.fusion.rewrite import fuse
+
+    x = torch.randn(2, 8, 5, 5).to(memory_format=CL)
+    both = compile_with_pass(monkeypatch, Mean().eval(), (x,), "fusion", lambda p, r: spatial_means(fuse(p, r), r),
+                             leave_out=("onednn", "prepack"))  # fmt: skip
+    fn, kernels = both
+    assert len({k.local for k in kernels}) == len(kernels) == 2 and means(kernels)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), Mean()(x))
+
+
 @pytest.mark.parametrize(
     ("model", "layout"),
     [(Mean(), torch.contiguous_format), (Mean(keepdim=False), CL), (Mean((1,)), CL), (Mean((1, 2)), CL)],

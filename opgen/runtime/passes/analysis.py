@@ -203,8 +203,8 @@ def written_names(program: Program, registry: KernelRegistry) -> set[str]:
 
 
 def fresh_namer(program: Program, prefix: str) -> Iterator[str]:
-    """Names `prefix0`, `prefix1`, ... not used anywhere in the program."""
-    taken = {i.name for i in program.inputs} | {c.name for c in program.constants}
+    """Names `prefix0`, `prefix1`, ... not used anywhere in the program (values and generated kernels' locals)."""
+    taken = {i.name for i in program.inputs} | {c.name for c in program.constants} | {f.local for f in program.fused}
     for line in program_lines(program):
         taken.update(v.name for v in defs(line))
         taken.update(uses(line))

@@ -29,7 +29,7 @@ TILES = ((8, 256, 4), (32, 64, 4), (64, 64, 4), (128, 32, 8))  # (BLOCK_C, BLOCK
 
 def spatial_means(program: Program, registry: KernelRegistry) -> Program:
     metas = meta_table(program)
-    locals_ = fresh_namer(program, "fused")
+    locals_ = fresh_namer(program, "mean")
     kernels = ((i, _kernel(line, metas, locals_)) for i, line in enumerate(program.body))
     return place(program, [(spec, (i,), i) for i, spec in kernels if spec is not None])
 
