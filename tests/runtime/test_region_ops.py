@@ -231,3 +231,111 @@ def test_a_channels_last_kernel_runs_in_the_interpreter(monkeypatch, request) ->
     with torch.no_grad():
         torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
     assert kernels and len(checks) >= len(kernels)
+
+
+def permute_to_nhwc(x: str, out: str) -> KernelCall:
+    """(N, C, H, W) -> (N, H, W, C) of an NCHW value, as the graph records it (strided)."""
+    strided = TensorMeta((N, H, W, C), (C * H * W, W, 1, H * W), "float32", "cuda:0")
+    return KernelCall("permute", (Ref(x), (0, 2, 3, 1)), (), (Value(out, strided),), out, "aten.permute.default")
+
+
+def test_a_permute_that_layer_norms_read_views_the_channels_last_value(registry) -> None:
+    nhwc = (N, H, W, C)
+    p = program(
+        conv("x", "c", "w"),
+        permute_to_nhwc("c", "p"),
+        KernelCall("native_layer_norm", (Ref("p"), (C,), None, None, 1e-6), (), (Value("n", meta(*nhwc)), None, None),
+                   "n", "aten.native_layer_norm.default"),
+        returned="n",
+    )  # fmt: skip
+    out = fuse_cudnn(p, registry)
+    permute = by_node(out)["p"]
+    assert permute.args[0] == Ref(by_node(out)["c"].outputs[0].name)  # type: ignore[union-attr]  # the channels-last value
+    assert permute.outputs[0].meta.stride == dense(nhwc) and not copies_out(out)  # type: ignore[union-attr]
+
+
+def test_a_permute_read_otherwise_keeps_the_copy_out(registry) -> None:
+    p = program(
+        conv("x", "c", "w"),
+        permute_to_nhwc("c", "p"),
+        returned="p",
+    )  # fmt: skip
+    out = fuse_cudnn(p, registry)
+    assert by_node(out)["p"].args[0] == Ref("c") and copies_out(out) == ["c"]
+
+
+class NormAfterBias(nn.Module):
+    """ConvNeXt's block head after its depthwise convolution: bias, permute to (N, H, W, C), layer norm."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.bias, self.norm = nn.Parameter(torch.randn(c, 1, 1)), nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm((x + self.bias).permute(0, 2, 3, 1))
+
+
+def norm_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return NormAfterBias(), (torch.randn(2, 8, 5, 6).to(memory_format=CL),)
+
+
+def lifted_then_fused(program: Program, registry: object) -> Program:
+    from opgen.runtime.passes.fusion.lift_views import lift_views
+    from opgen.runtime.passes.fusion.rewrite import fuse
+
+    return fuse(lift_views(program, registry), registry)  # type: ignore[arg-type]
+
+
+def test_a_bias_add_of_channels_last_values_joins_the_norm_after_the_permute(monkeypatch) -> None:
+    from fusion_interp import compile_with_pass
+
+    model, inputs = norm_case()
+    fn, kernels = compile_with_pass(monkeypatch, model.eval(), inputs, "fusion", lifted_then_fused,
+                                    leave_out=("onednn", "prepack"))  # fmt: skip
+    (kernel,) = kernels
+    assert {"add", "native_layer_norm"} <= set(kernel.nodes) and kernel.describe.startswith("row")
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
+
+
+def test_the_norm_after_a_channels_last_bias_runs_in_the_interpreter(monkeypatch, request) -> None:
+    from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
+
+    if needs_triton.args[0]:
+        pytest.skip(needs_triton.kwargs["reason"])
+    if ran_in_fresh_interpreter(request):
+        return
+    model, inputs = norm_case()
+    checks: list[str] = []
+    fn, kernels = compile_with_pass(monkeypatch, model.eval(), inputs, "fusion", lifted_then_fused, checks,
+                                    leave_out=("onednn", "prepack"))  # fmt: skip
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
+    assert kernels and len(checks) >= len(kernels)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.dw, self.norm = nn.Conv2d(c, c, 7, padding=3, groups=c), nn.LayerNorm(c, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc2(nn.functional.gelu(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1)))))
+        return x + (y * self.gamma).permute(0, 3, 1, 2)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_on_the_gpu_a_convnext_block_norms_channels_last_rows(dtype) -> None:
+    model = ConvNeXtBlock().eval().cuda().to(dtype)
+    x = torch.randn(2, 32, 14, 14, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cache=False)
+        got, want = fn(x), model(x)
+    tol = 5e-3 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert got.stride() == want.stride()
+    norms = [k for k in fn.artifact.fused if "native_layer_norm" in k.nodes]  # type: ignore[attr-defined]
+    assert norms and any(n.startswith("dw") or "bias" in n for n in norms[0].nodes)  # the conv's bias joined the norm

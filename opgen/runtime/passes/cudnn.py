@@ -34,10 +34,10 @@ from opgen.runtime.ir import (
     meta_table,
     substitute_line,
 )
-from opgen.runtime.passes.analysis import arg_value, constant_names, fresh_namer, use_counts
+from opgen.runtime.passes.analysis import arg_value, constant_names, fresh_namer, readers, use_counts
 from opgen.runtime.passes.layout import channels_last as channels_last_meta
 from opgen.runtime.passes.layout import exit_copies
-from opgen.runtime.passes.region_ops import region_meta
+from opgen.runtime.passes.region_ops import region_meta, region_view
 from opgen.runtime.registry import KernelRegistry
 
 CONV, RELU, ADD, POOL = "convolution", "relu", "add", "max_pool2d_with_indices"
@@ -119,9 +119,20 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
     region: dict[str, str] = {}  # value -> its channels-last name
     region_metas: dict[str, TensorMeta] = {}  # value -> the meta of its channels-last copy
     packed: dict[str, str] = {}  # weight -> channels-last copy
+    read_by = readers(program.body)
     for line in program.body:
         joined = _joins_region(line, region, constant, metas, registry)
         other = region_meta(line, region_metas, metas) if not joined and isinstance(line, KernelCall) else None
+        view = (
+            None
+            if joined or other
+            else region_view(line, region_metas, [program.body[i] for i in read_by.get(_out(line), ())])
+        )
+        if view is not None:  # a permute read by layer norms: it views the channels-last value itself
+            assert isinstance(line, KernelCall)
+            mapping = {n: Ref(cl) for n, cl in region.items()}
+            body.append(replace(substitute_line(line, mapping), outputs=(Value(_out(line), view),)))  # type: ignore[type-var]
+            continue
         if not joined and other is None:
             body.append(line)
             continue
@@ -142,6 +153,11 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
     if not packed:
         return program
     return replace(program, setup=tuple(setup), body=tuple(exit_copies(body, region, metas)))
+
+
+def _out(line: Line) -> str:
+    out = line.outputs[0] if isinstance(line, KernelCall) and line.outputs else None
+    return out.name if out is not None else ""
 
 
 def _joins_region(

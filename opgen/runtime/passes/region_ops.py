@@ -18,13 +18,14 @@ channels-last [N, C, 1, 1] operand, as a 1x1 convolution's result is). Other sha
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
-from opgen.runtime.ir import KernelCall, Ref, Sym, TensorMeta, contiguous_strides
-from opgen.runtime.passes.fusion.ops import POINTWISE
+from opgen.runtime.ir import KernelCall, Line, Ref, Sym, TensorMeta, contiguous_strides
+from opgen.runtime.passes.fusion.ops import PERMUTE, POINTWISE
 from opgen.runtime.passes.layout import channels_last_strides
 
-MEAN = "aten.mean.dim"
+MEAN, NORM = "aten.mean.dim", "aten.native_layer_norm.default"
 SPATIAL = ({2, 3}, {-1, -2})  # H and W of an NCHW tensor, as dims
 
 
@@ -53,6 +54,34 @@ def region_meta(
     if not full or len(layouts) != 1 or None in layouts:
         return None
     return _strided(out.meta, layouts.pop())  # type: ignore[arg-type]
+
+
+def region_view(line: Line, region: Mapping[str, TensorMeta], readers: Sequence[Line]) -> TensorMeta | None:
+    """The meta of a permute of a region value that only layer norms read (ConvNeXt's `permute(0, 2, 3, 1)`
+    before its norm), viewing the channels-last value itself: (N, H, W, C), dense. A layer norm's
+    results are contiguous whatever its input's strides, so no recorded meta after it changes; the
+    norm then reads dense rows where it read a copy back to NCHW, permuted."""
+    if not isinstance(line, KernelCall) or line.target != PERMUTE or line.fallback or len(line.outputs) != 1:
+        return None
+    source, out = (line.args[0] if line.args else None), line.outputs[0]
+    meta = region.get(source.name) if isinstance(source, Ref) else None
+    dims = line.args[1] if len(line.args) > 1 else dict(line.kwargs).get("dims")
+    if meta is None or out is None or out.meta is None or not isinstance(dims, tuple) or len(dims) != 4:
+        return None
+    if not readers or any(not _reads_as_norm(r, out.name) for r in readers):
+        return None
+    order = [d % 4 for d in dims if isinstance(d, int)]
+    if sorted(order) != [0, 1, 2, 3]:
+        return None
+    return replace(out.meta, stride=tuple(meta.stride[d] for d in order))
+
+
+def _reads_as_norm(line: Line, name: str) -> bool:
+    """`line` is a layer norm of `name` (its input) that reads it nowhere else."""
+    if not isinstance(line, KernelCall) or line.target != NORM or line.fallback or not line.args:
+        return False
+    rest = (*line.args[1:], *(v for _, v in line.kwargs))
+    return line.args[0] == Ref(name) and Ref(name) not in rest
 
 
 def _layout(meta: TensorMeta) -> str | None:

@@ -79,7 +79,9 @@ def _one_round(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
-    """A CUDA permute or reshape of a static, contiguous tensor (a pointwise node's fresh result)."""
+    """A CUDA permute or reshape of a static, contiguous tensor (a pointwise node's fresh result); a
+    permute also of a dense one in another order (a channels-last value, as ConvNeXt's bias add after
+    its depthwise convolution)."""
     if not isinstance(line, KernelCall) or line.fallback or len(line.outputs) != 1 or len(line.args) < 2:
         return False
     if line.target != PERMUTE and line.target not in RESHAPES:
@@ -88,7 +90,19 @@ def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
     meta = metas.get(source.name) if isinstance(source, Ref) else None
     if out is None or out.meta is None or not out.meta.is_static or meta is None:
         return False
-    return meta.device.startswith("cuda") and meta.is_static and meta.is_contiguous()
+    if not (meta.device.startswith("cuda") and meta.is_static):
+        return False
+    return meta.is_contiguous() or (line.target == PERMUTE and _dense(meta))
+
+
+def _dense(meta: TensorMeta) -> bool:
+    """Every element once, no gaps: the strides, smallest first, are the running products of the sizes."""
+    step = 1
+    for stride, n in sorted((s, n) for s, n in zip(meta.stride, meta.shape, strict=True) if n != 1):  # type: ignore[type-var]
+        if stride != step:
+            return False
+        step *= n  # type: ignore[operator]
+    return meta.offset == 0
 
 
 def _pointwise(node: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> bool:
