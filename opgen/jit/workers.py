@@ -9,7 +9,8 @@ triton but neither torch nor opgen, and is kept for the life of the process.
 Only kernels opgen generated go to workers: their modules are files in the JIT cache holding
 nothing but the kernel, so a worker can import them. A user's kernel compiles in the calling
 process, as does everything when a worker cannot start or dies (the compile then runs here).
-`OPGEN_COMPILE_WORKERS=N` sets how many run (default: half the cores, at most 8; 0: none).
+`OPGEN_COMPILE_WORKERS=N` sets how many run (default: every core but one, at most 16; 0: none). The
+calling process mostly waits for them meanwhile; Inductor's pool also takes every core.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from opgen.jit import cache
 
 WORKER = Path(__file__).with_name("worker.py")
 _BOOT = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
-MAX_WORKERS = 8
+MAX_WORKERS = 16
 
 
 class WorkerDied(Exception):
@@ -35,14 +36,14 @@ class WorkerDied(Exception):
 
 
 def count() -> int:
-    """How many workers to run (`OPGEN_COMPILE_WORKERS`, else half the cores, at most 8)."""
+    """How many workers to run (`OPGEN_COMPILE_WORKERS`, else every core but one, at most 16)."""
     text = os.environ.get("OPGEN_COMPILE_WORKERS", "").strip()
     if text:
         try:
             return max(0, int(text))
         except ValueError:
             raise ValueError(f"OPGEN_COMPILE_WORKERS must be a whole number of workers, got {text!r}") from None
-    return min(MAX_WORKERS, (os.cpu_count() or 1) // 2)
+    return min(MAX_WORKERS, max(1, (os.cpu_count() or 1) - 1))
 
 
 def generated_file(fn: Any) -> str | None:
