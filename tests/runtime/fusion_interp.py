@@ -221,3 +221,22 @@ def compile_with_pass(
         pipeline.insert(pipeline.index(before), f"{gpu_pass}_on_cpu")
     with torch.no_grad():
         return opgen.compile(model.eval(), example, passes=pipeline, cache=False), specs
+
+
+def compile_as_on_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    checks: list[str] | None = None,
+) -> tuple[Any, list[FusedKernel]]:
+    """`model` compiled with the GPU passes before fusion (split_bias, lift_views) and fusion itself as if on
+    CUDA, oneDNN's passes left out so that linear layers stay `addmm` as on CUDA (`compile_with_pass`)."""
+    from opgen.runtime.passes.fusion.bias import split_bias
+    from opgen.runtime.passes.fusion.lift_views import lift_views
+
+    def passes(program: Program, registry: KernelRegistry) -> Program:
+        return fuse(lift_views(split_bias(program, registry), registry), registry)
+
+    return compile_with_pass(
+        monkeypatch, model.eval(), inputs, "fusion", passes, checks, leave_out=("onednn", "prepack")
+    )

@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
+from fusion_interp import compile_as_on_cuda, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
-from opgen.runtime.ir import FusedKernel, Program
-from opgen.runtime.passes.fusion.bias import split_bias
-from opgen.runtime.passes.fusion.lift_views import lift_views
-from opgen.runtime.passes.fusion.rewrite import fuse
-from opgen.runtime.registry import KernelRegistry
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 interpreter = needs_triton
@@ -74,14 +69,7 @@ class Chain(nn.Module):
         return p + y
 
 
-def passes_then_fuse(program: Program, registry: KernelRegistry) -> Program:
-    return fuse(lift_views(split_bias(program, registry), registry), registry)
-
-
-def compiled(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...],
-             checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
-    model = model.eval()
-    return compile_with_pass(monkeypatch, model, inputs, "fusion", passes_then_fuse, checks, leave_out=CPU_PASSES)
+compiled = compile_as_on_cuda  # split_bias, lift_views and fusion as on CUDA
 
 
 def check(fn: object, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
