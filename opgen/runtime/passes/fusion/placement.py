@@ -19,7 +19,8 @@ graph (its kernel for Swin's `roll` + partition + layer norm stores through one 
 Links: reshapes (`view`, `_unsafe_view`, `reshape`, `alias`), `permute`, `roll`, `clone`; static
 sizes, one dtype. The chain's lines join the group's members (its ATen side runs them, so both sides
 of the kernel choice compute the same values); the kernel stays where the group was, since the
-chain reads nothing else. A value of `y` read besides the chain must not be a view or a write.
+chain reads nothing else, and no member reads the chain (a group takes no member after a line
+outside it has read its values). A value of `y` read besides the chain must not be a view or a write.
 """
 
 from __future__ import annotations
