@@ -24,16 +24,15 @@ from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.lowering.collectives import group_sizes
 from opgen.runtime.lowering.lower import LowerOptions, lower
 from opgen.runtime.lowering.signature import GraphSignature
-from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
+from opgen.runtime.passes import DEFAULT_PIPELINE, JIT_PASSES, run_passes
 from opgen.runtime.passes.analysis import written_names
 from opgen.runtime.registry import KernelRegistry, load_registry
 
 
 def default_pipeline() -> tuple[str, ...]:
     """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks
-    cuDNN, and the passes that make or launch Triton kernels (`decode_attention`, `cache_writes`, `gemv`,
-    `split_bias`, `lift_views`, `fusion`, `spatial_mean`, `dependent_launch`) where opgen's JIT cannot run
-    (no CUDA build, GPU or triton)."""
+    cuDNN, and the passes that make or launch Triton kernels (`passes.JIT_PASSES`) where opgen's JIT
+    cannot run (no CUDA build, GPU or triton)."""
     has_onednn = torch.backends.mkldnn.is_available()
     missing: set[str] = set()
     if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -43,18 +42,7 @@ def default_pipeline() -> tuple[str, ...]:
     if not torch.backends.cudnn.is_available():
         missing.add("cudnn")
     if not _jit_available():
-        missing.update(
-            (
-                "decode_attention",
-                "cache_writes",
-                "gemv",
-                "split_bias",
-                "lift_views",
-                "fusion",
-                "spatial_mean",
-                "dependent_launch",
-            )
-        )
+        missing.update(JIT_PASSES)
     return tuple(p for p in DEFAULT_PIPELINE if p not in missing)
 
 

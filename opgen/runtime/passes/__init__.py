@@ -141,6 +141,14 @@ DEFAULT_PIPELINE = (
 )
 
 
+# The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
+# (`opgen.runtime.pipeline.default_pipeline`).
+JIT_PASSES = frozenset(
+    ("decode_attention", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "spatial_mean",
+     "dependent_launch")
+)  # fmt: skip
+
+
 def run_passes(program: Program, registry: KernelRegistry, names: Iterable[str] = DEFAULT_PIPELINE) -> Program:
     for name in names:
         if name not in PASSES:

@@ -103,12 +103,12 @@ class _Chains:
             readers_ = self.read_by.get(name, set()) - members
             if at and len(readers_) != 1:
                 break
-            index = next((i for i in sorted(readers_) if self._link(self.body[i], meta) is not None), None)
-            if index is None or index in self.taken:
+            found = ((i, step) for i in sorted(readers_) if (step := self._link(self.body[i], meta)) is not None)
+            index, step = next(found, (None, None))
+            if index is None or step is None or index in self.taken:
                 break
             line = self._call(index)
-            step = self._link(line, meta)
-            assert step is not None and line.outputs[0] is not None and line.outputs[0].meta is not None
+            assert line.outputs[0] is not None and line.outputs[0].meta is not None
             at.append(index)
             moves += step
             name, meta = line.outputs[0].name, line.outputs[0].meta

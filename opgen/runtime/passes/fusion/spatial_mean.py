@@ -14,6 +14,8 @@ Each kernel is a `FusedKernel`, bound like the fusion pass's: a multi-kernel cho
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref, TensorMeta, meta_table
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.fusion.calls import place
@@ -34,7 +36,7 @@ def spatial_means(program: Program, registry: KernelRegistry) -> Program:
     return place(program, [(spec, (i,), i) for i, spec in kernels if spec is not None])
 
 
-def _kernel(line: Line, metas: dict[str, TensorMeta], locals_: object) -> FusedKernel | None:
+def _kernel(line: Line, metas: dict[str, TensorMeta], locals_: Iterator[str]) -> FusedKernel | None:
     source = _channels_last_mean(line, metas)
     if source is None:
         return None
@@ -49,7 +51,7 @@ def _kernel(line: Line, metas: dict[str, TensorMeta], locals_: object) -> FusedK
         if bc <= max(8, 1 << (c - 1).bit_length())
     )
     return FusedKernel(
-        local=next(locals_),  # type: ignore[call-overload]
+        local=next(locals_),
         name=name,
         source=text,
         inputs=(source,),
