@@ -123,15 +123,11 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
     for line in program.body:
         joined = _joins_region(line, region, constant, metas, registry)
         other = region_meta(line, region_metas, metas) if not joined and isinstance(line, KernelCall) else None
-        view = (
-            None
-            if joined or other
-            else region_view(line, region_metas, [program.body[i] for i in read_by.get(_out(line), ())])
-        )
+        view = None if joined or other else region_view(line, region_metas, program.body, read_by)
         if view is not None:  # a permute read by layer norms: it views the channels-last value itself
-            assert isinstance(line, KernelCall)
+            assert isinstance(line, KernelCall) and line.outputs[0] is not None
             mapping = {n: Ref(cl) for n, cl in region.items()}
-            body.append(replace(substitute_line(line, mapping), outputs=(Value(_out(line), view),)))  # type: ignore[type-var]
+            body.append(replace(substitute_line(line, mapping), outputs=(Value(line.outputs[0].name, view),)))  # type: ignore[type-var]
             continue
         if not joined and other is None:
             body.append(line)
@@ -153,11 +149,6 @@ def channels_last(program: Program, registry: KernelRegistry) -> Program:
     if not packed:
         return program
     return replace(program, setup=tuple(setup), body=tuple(exit_copies(body, region, metas)))
-
-
-def _out(line: Line) -> str:
-    out = line.outputs[0] if isinstance(line, KernelCall) and line.outputs else None
-    return out.name if out is not None else ""
 
 
 def _joins_region(

@@ -56,11 +56,14 @@ def region_meta(
     return _strided(out.meta, layouts.pop())  # type: ignore[arg-type]
 
 
-def region_view(line: Line, region: Mapping[str, TensorMeta], readers: Sequence[Line]) -> TensorMeta | None:
+def region_view(
+    line: Line, region: Mapping[str, TensorMeta], body: Sequence[Line], read_by: Mapping[str, set[int]]
+) -> TensorMeta | None:
     """The meta of a permute of a region value that only layer norms read (ConvNeXt's `permute(0, 2, 3, 1)`
-    before its norm), viewing the channels-last value itself: (N, H, W, C), dense. A layer norm's
-    results are contiguous whatever its input's strides, so no recorded meta after it changes; the
-    norm then reads dense rows where it read a copy back to NCHW, permuted."""
+    before its norm; `read_by`: value -> the indices of the `body` lines reading it), viewing the
+    channels-last value itself: (N, H, W, C), dense. A layer norm's results are contiguous whatever its
+    input's strides, so no recorded meta after it changes; the norm then reads dense rows where it
+    read a copy back to NCHW, permuted."""
     if not isinstance(line, KernelCall) or line.target != PERMUTE or line.fallback or len(line.outputs) != 1:
         return None
     source, out = (line.args[0] if line.args else None), line.outputs[0]
@@ -68,6 +71,7 @@ def region_view(line: Line, region: Mapping[str, TensorMeta], readers: Sequence[
     dims = line.args[1] if len(line.args) > 1 else dict(line.kwargs).get("dims")
     if meta is None or out is None or out.meta is None or not isinstance(dims, tuple) or len(dims) != 4:
         return None
+    readers = [body[i] for i in read_by.get(out.name, ())]
     if not readers or any(not _reads_as_norm(r, out.name) for r in readers):
         return None
     order = [d % 4 for d in dims if isinstance(d, int)]
