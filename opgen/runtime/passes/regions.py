@@ -16,15 +16,21 @@ def within(inner: TensorMeta | None, outer: TensorMeta | None) -> bool:
         return inner is not None and inner == outer
     if not (inner.is_static and outer.is_static) or inner.dtype != outer.dtype or inner.numel == 0:
         return False
-    if any(s < 0 for s in (*inner.stride, *outer.stride)):  # type: ignore[operator]
+    if any(s < 0 for s in (*inner.stride, *outer.stride)) or not dense(outer):  # type: ignore[operator]
         return False
-    dims: list[tuple[int, int]] = sorted((s, n) for s, n in zip(outer.stride, outer.shape, strict=True) if n != 1)  # type: ignore[misc]
+    return outer.offset <= inner.offset and inner.span <= outer.offset + outer.numel  # type: ignore[operator]
+
+
+def dense(meta: TensorMeta) -> bool:
+    """Every element of a static tensor's storage range once, in some order of its dims: each stride,
+    smallest first, is the extent of the smaller ones (no gaps, no overlap)."""
+    dims: list[tuple[int, int]] = sorted((s, n) for s, n in zip(meta.stride, meta.shape, strict=True) if n != 1)  # type: ignore[misc]
     step = 1
-    for stride, n in dims:  # dense: each stride is the extent of the smaller ones (no gaps, no overlap)
+    for stride, n in dims:
         if stride != step:
             return False
         step *= n
-    return outer.offset <= inner.offset and inner.span <= outer.offset + outer.numel  # type: ignore[operator]
+    return True
 
 
 def slice_meta(meta: TensorMeta, dim: int, start: int | None, end: int | None, step: int = 1) -> TensorMeta | None:

@@ -26,6 +26,7 @@ from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Va
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers
 from opgen.runtime.passes.fusion.ops import PERMUTE, POINTWISE, VIEW
 from opgen.runtime.passes.fusion.steps import fusible, step_of
+from opgen.runtime.passes.regions import dense
 from opgen.runtime.registry import KernelRegistry
 
 ROUNDS = 8  # a view moves above a chain of at most this many pointwise nodes
@@ -92,17 +93,7 @@ def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
         return False
     if not (meta.device.startswith("cuda") and meta.is_static):
         return False
-    return meta.is_contiguous() or (line.target == PERMUTE and _dense(meta))
-
-
-def _dense(meta: TensorMeta) -> bool:
-    """Every element once, no gaps: the strides, smallest first, are the running products of the sizes."""
-    step = 1
-    for stride, n in sorted((s, n) for s, n in zip(meta.stride, meta.shape, strict=True) if n != 1):  # type: ignore[type-var]
-        if stride != step:
-            return False
-        step *= n  # type: ignore[operator]
-    return meta.offset == 0
+    return meta.is_contiguous() or (line.target == PERMUTE and dense(meta) and meta.offset == 0)
 
 
 def _pointwise(node: KernelCall, registry: KernelRegistry, metas: dict[str, TensorMeta]) -> bool:
