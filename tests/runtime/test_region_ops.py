@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fusion_interp import compile_as_on_cuda, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
@@ -198,39 +199,14 @@ def channels_last_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 def test_a_channels_last_kernel_walks_memory_order(monkeypatch) -> None:
     """The fused kernel's flat index runs over (N, H, W, C): the channels-last tensors load at it directly."""
-    from fusion_interp import compile_with_pass
-
-    from opgen.runtime.passes.fusion.rewrite import fuse
-
     model, inputs = channels_last_case()
-    fn, (kernel,) = compile_with_pass(
-        monkeypatch, model.eval(), inputs, "fusion", fuse, leave_out=("onednn", "prepack")
-    )
+    fn, (kernel,) = compile_as_on_cuda(monkeypatch, model, inputs)
     assert "tl.load(in0 + offs" in kernel.source and "tl.store(out0 + offs," in kernel.source
     assert "# pointwise kernel over 2x5x6x8" in kernel.source  # (N, H, W, C)
     with torch.no_grad():
         got, want = fn(*inputs), model(*inputs)  # type: ignore[operator]
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride()
-
-
-def test_a_channels_last_kernel_runs_in_the_interpreter(monkeypatch, request) -> None:
-    from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
-
-    from opgen.runtime.passes.fusion.rewrite import fuse
-
-    if needs_triton.args[0]:
-        pytest.skip(needs_triton.kwargs["reason"])
-    if ran_in_fresh_interpreter(request):
-        return
-    model, inputs = channels_last_case()
-    checks: list[str] = []
-    fn, kernels = compile_with_pass(
-        monkeypatch, model.eval(), inputs, "fusion", fuse, checks, leave_out=("onednn", "prepack")
-    )
-    with torch.no_grad():
-        torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
-    assert kernels and len(checks) >= len(kernels)
 
 
 def permute_to_nhwc(x: str, out: str) -> KernelCall:
@@ -279,36 +255,23 @@ def norm_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return NormAfterBias(), (torch.randn(2, 8, 5, 6).to(memory_format=CL),)
 
 
-def lifted_then_fused(program: Program, registry: object) -> Program:
-    from opgen.runtime.passes.fusion.lift_views import lift_views
-    from opgen.runtime.passes.fusion.rewrite import fuse
-
-    return fuse(lift_views(program, registry), registry)  # type: ignore[arg-type]
-
-
 def test_a_bias_add_of_channels_last_values_joins_the_norm_after_the_permute(monkeypatch) -> None:
-    from fusion_interp import compile_with_pass
-
     model, inputs = norm_case()
-    fn, kernels = compile_with_pass(monkeypatch, model.eval(), inputs, "fusion", lifted_then_fused,
-                                    leave_out=("onednn", "prepack"))  # fmt: skip
+    fn, kernels = compile_as_on_cuda(monkeypatch, model, inputs)
     (kernel,) = kernels
     assert {"add", "native_layer_norm"} <= set(kernel.nodes) and kernel.describe.startswith("row")
     with torch.no_grad():
         torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
 
 
-def test_the_norm_after_a_channels_last_bias_runs_in_the_interpreter(monkeypatch, request) -> None:
-    from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
-
-    if needs_triton.args[0]:
-        pytest.skip(needs_triton.kwargs["reason"])
+@needs_triton
+@pytest.mark.parametrize("case", [channels_last_case, norm_case], ids=["pointwise", "bias_then_norm"])
+def test_the_channels_last_kernels_run_in_the_interpreter(monkeypatch, request, case) -> None:
     if ran_in_fresh_interpreter(request):
         return
-    model, inputs = norm_case()
+    model, inputs = case()
     checks: list[str] = []
-    fn, kernels = compile_with_pass(monkeypatch, model.eval(), inputs, "fusion", lifted_then_fused, checks,
-                                    leave_out=("onednn", "prepack"))  # fmt: skip
+    fn, kernels = compile_as_on_cuda(monkeypatch, model, inputs, checks)
     with torch.no_grad():
         torch.testing.assert_close(fn(*inputs), model(*inputs))  # type: ignore[operator]
     assert kernels and len(checks) >= len(kernels)
