@@ -55,6 +55,8 @@ def load_kernel(path: str, name: str) -> Any:
 
 
 def serve() -> None:
+    import triton.compiler  # noqa: F401 - at start, not at the first request: the parent may start workers early
+
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what triton prints goes to stderr, not the replies
     requests = sys.stdin.buffer

@@ -95,7 +95,8 @@ class _Worker:
 
 
 class Pool:
-    """Up to `size` workers, started as they are first needed; each compile takes an idle one."""
+    """Up to `size` workers, started as they are first needed (or all at once, `warm`); each compile
+    takes an idle one."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -114,6 +115,26 @@ class Pool:
             self._idle.append(worker)
             self._ready.notify()
         return reply
+
+    def warm(self) -> None:
+        """Start every worker not yet started, on a background thread, so that the compiles of a
+        model's first call find them up (each has imported Triton by then)."""
+        threading.Thread(target=self._start_all, name="opgen-jit-warm", daemon=True).start()
+
+    def _start_all(self) -> None:
+        while True:
+            with self._ready:
+                if self._running >= self.size:
+                    return
+                self._running += 1
+            try:
+                worker = _Worker()
+            except WorkerDied:
+                self._gone()
+                return
+            with self._ready:
+                self._idle.append(worker)
+                self._ready.notify()
 
     def _acquire(self) -> _Worker:
         with self._ready:
@@ -152,3 +173,11 @@ def pool() -> Pool:
             _POOL = Pool(max(count(), 1))
             atexit.register(_POOL.close)
         return _POOL
+
+
+def warm() -> None:
+    """Start the workers now, in the background. `opgen.compile` calls this before torch.export when
+    the graph will get Triton kernels: a worker takes about a second to start (Python, then Triton),
+    which then overlaps the export instead of delaying the first call's compiles."""
+    if count() > 0:
+        pool().warm()

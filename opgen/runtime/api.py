@@ -39,7 +39,14 @@ from opgen.runtime.execution.guards import PROCEED, Check, InputSpec, diagnose, 
 from opgen.runtime.execution.size_classes import sub_ranges
 from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.lowering.symbolic import graph_symbols, ranges_of
-from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
+from opgen.runtime.pipeline import (
+    CompileOptions,
+    compile_graph,
+    default_pipeline,
+    default_registry,
+    kernel_ops_module,
+    start_jit_workers,
+)
 from opgen.runtime.report import Report, jit_lines
 
 Compiled = Callable[..., Any]
@@ -165,6 +172,7 @@ class _Specializations:
 
     def build(self, inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any = None) -> Compiled:
         start = time.perf_counter()
+        start_jit_workers(self.options.passes, inputs)
         ep = export_program(self.module, inputs, default_registry(), dynamic_shapes)
         export_seconds = time.perf_counter() - start
         ranges = ranges_of(ep.range_constraints, graph_symbols(ep.graph_module))

@@ -40,7 +40,14 @@ from opgen.runtime.execution.frozen import frozen_function
 from opgen.runtime.execution.guards import PROCEED
 from opgen.runtime.lowering.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.lowering.symbolic import graph_symbols, shape_env_ranges
-from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry, kernel_ops_module
+from opgen.runtime.pipeline import (
+    CompileOptions,
+    compile_graph,
+    default_pipeline,
+    default_registry,
+    kernel_ops_module,
+    start_jit_workers,
+)
 from opgen.runtime.report import Report
 
 
@@ -217,5 +224,6 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
         )
         return compile_aten_graph(fx_gm, compile_options, name, graphs, frozen)
 
+    start_jit_workers(passes, example_inputs)  # during aot_autograd's trace
     decompositions = aot_decompositions(default_registry())
     return aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions)(gm, example_inputs)  # type: ignore[no-any-return]

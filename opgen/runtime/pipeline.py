@@ -10,6 +10,7 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,6 +51,16 @@ def _jit_available() -> bool:
     from opgen.jit.env import available
 
     return bool(available())
+
+
+def start_jit_workers(passes: Sequence[str], inputs: Sequence[Any]) -> None:
+    """Start Triton's compile workers (`opgen.jit.workers`) where this compile will make Triton kernels
+    (a JIT pass runs, on CUDA inputs), so that they start during the export, not on the first call."""
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+    if on_cuda and JIT_PASSES.intersection(passes) and _jit_available():
+        from opgen.jit import workers
+
+        workers.warm()
 
 
 @dataclass(frozen=True, slots=True)

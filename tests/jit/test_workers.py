@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +115,29 @@ def test_a_worker_that_dies_is_replaced(generated: Path, pool: workers.Pool) -> 
     with pytest.raises(workers.WorkerDied):
         pool.compile(request(generated))
     assert pool.compile(request(generated))[0] == "ok"  # a fresh worker
+
+
+def _started(pool: workers.Pool, count: int) -> bool:
+    deadline = time.monotonic() + 60
+    while len(pool._idle) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(pool._idle) == count
+
+
+def test_warm_starts_every_worker_once_in_the_background() -> None:
+    pool = workers.Pool(2)
+    try:
+        pool.warm()
+        pool.warm()  # a second warm starts none beyond the pool's size
+        assert _started(pool, 2)
+        assert pool._running == 2
+    finally:
+        pool.close()
+
+
+@needs_triton
+def test_a_warmed_worker_compiles(generated: Path, pool: workers.Pool) -> None:
+    pool.warm()
+    assert _started(pool, 1)
+    assert pool.compile(request(generated))[0] == "ok"
+    assert pool._running == 1  # the compile took the warm worker, it started no other
