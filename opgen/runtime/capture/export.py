@@ -1,7 +1,9 @@
 """Capture: torch.export, decomposition to ops kernel_ops covers, and what the graph's inputs are.
 
-Decomposition runs torch's default table (the core ATen op set) less the fused kernels kernel_ops
-binds (`opgen.runtime.capture.decompositions`), then, for ops left in the graph that kernel_ops does not
+Where torch allows it, export and decomposition are one trace (`opgen.runtime.capture.one_trace`);
+elsewhere `torch.export.export`, then `run_decompositions`. Decomposition runs torch's default table
+(the core ATen op set) less the fused kernels kernel_ops binds
+(`opgen.runtime.capture.decompositions`), then, for ops left in the graph that kernel_ops does not
 bind but torch can decompose, one more decomposition each, kept only if it succeeds, leaves a
 functional graph and does not bring in ops kernel_ops lacks (torch's own tables often lower to
 `prims`, some to mutating ops such as `prims.copy_to`). A decomposition that fails is skipped:
@@ -26,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 from opgen.runtime.capture.decompositions import decomposition_table
 from opgen.runtime.capture.lifted import buffers_for_written_constants, shared_memory
+from opgen.runtime.capture.one_trace import export_decomposed
 from opgen.runtime.capture.torch_noise import torch_noise_silenced
 from opgen.runtime.errors import OpgenError
 from opgen.runtime.lowering.signature import GraphSignature, OutputSpec, PlaceholderSpec
@@ -100,6 +103,9 @@ def _export_program(
 ) -> ExportedProgram:
     if dynamic_shapes is not None and isinstance(model, _FunctionModule) and not isinstance(dynamic_shapes, dict):
         dynamic_shapes = (tuple(dynamic_shapes),)  # forward(*args): one entry for the varargs
+    decomposed = export_decomposed(model, inputs, decomposition_table(registry), dynamic_shapes)
+    if decomposed is not None and is_functional(decomposed.graph):
+        return _decompose_uncovered(decomposed, registry)
     try:
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as exc:
