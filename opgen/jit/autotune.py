@@ -1,6 +1,7 @@
 """Autotuning: the first call with real arguments times every config and keeps the fastest.
 
-Timing runs on copies of the arguments the kernel writes (those it declares, or every tensor when
+Configs are timed together, in interleaved rounds (`medians_us`), on copies of the arguments the
+kernel writes (those it declares, or every tensor when
 it declares none), so the caller's tensors are written once, by the real launch after the pick.
 The pick is stored in the JIT cache, keyed by the configs' binaries and the argument sizes, so a
 second process tunes nothing.
@@ -9,6 +10,7 @@ second process tunes nothing.
 from __future__ import annotations
 
 import concurrent.futures
+import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,7 +47,8 @@ def pick(
         return record["index"], "autotune pick from the cache"
     start = time.perf_counter()
     pairs = zip(futures, kernel.configs, strict=True)
-    timings = [_time_config(kernel, future.result(), config, args) for future, config in pairs]
+    calls = [_config_call(kernel, future.result(), config, args) for future, config in pairs]
+    timings = medians_us(calls)
     index = min(range(len(timings)), key=timings.__getitem__)
     cache.STATS.add("tunes")
     cache.STATS.add("tune_seconds", time.perf_counter() - start)
@@ -54,29 +57,64 @@ def pick(
     return index, f"autotuned on the first call (us per launch: {shown})"
 
 
-def _time_config(kernel: JitKernel, binary: KernelBinary, config: Any, args: Sequence[Any]) -> float:
+def _config_call(kernel: JitKernel, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:
+    """A launch of one config on copies of what the kernel writes, through a launcher of its own."""
     native = env.native()
     scratch = native.JitLauncher(kernel.name, len(args), None)
     kernel.add_variant(binary, config, args, into=scratch)
     written = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     if kernel.mutates is not None:
         written = [i for i in written if i in kernel.mutates]
-    return median_us(lambda *copies: native.jit_launch_strict(scratch, *copies), args, written)
+    return bound(lambda *copies: native.jit_launch_strict(scratch, *copies), args, written)
 
 
-# do_bench's spans per timing (ms): warm-up, then timed launches, each after an L2 flush (~0.1 ms on an
-# H100), so a kernel of 5-100 us gets about 40 timed launches: a stable median. A model's first call
-# times every config of every new kernel and every multi-kernel candidate, so these spans are most of
-# it (Triton's defaults, 25 and 100 ms, would make a transformer's first call minutes long).
-WARMUP_MS, TIMED_MS = 1, 5
-
-
-def median_us(fn: Callable[..., Any], args: Sequence[Any], written: Collection[int]) -> float:
-    """Triton's `do_bench` median of `fn(*args)`, in us, run on copies of the arguments at `written`."""
-    from triton.testing import do_bench
-
+def bound(fn: Callable[..., Any], args: Sequence[Any], written: Collection[int]) -> Callable[[], Any]:
+    """`fn(*args)` as a call of no arguments, on copies of the arguments at `written` (made once)."""
     copies = [clone_like(a) if i in written else a for i, a in enumerate(args)]
-    return float(do_bench(lambda: fn(*copies), warmup=WARMUP_MS, rep=TIMED_MS, return_mode="median")) * 1000.0
+    return lambda: fn(*copies)
+
+
+# Interleaved rounds: each round empties the L2 cache (Triton's benchmark buffer) before every
+# candidate, then times it. A slow moment (clocks ramping, a busy host) spoils one round of every
+# candidate alike, not one candidate's whole timing. A model's first call times every config of every
+# new kernel and both sides of every multi-kernel choice, so the rounds are few: WARMUP_ROUNDS, then
+# enough for about TIMED_MS of GPU time per candidate, between MIN_ROUNDS and MAX_ROUNDS (a 5-100 us
+# kernel, about 0.1 ms a round with the L2 flush: MAX_ROUNDS).
+WARMUP_ROUNDS, TIMED_MS, MIN_ROUNDS, MAX_ROUNDS = 2, 4.0, 5, 30
+
+
+def medians_us(calls: Sequence[Callable[[], Any]]) -> list[float]:
+    """The median time of each call, in us, timed in interleaved rounds (each call runs once first)."""
+    from triton import runtime
+
+    driver = runtime.driver.active
+    flush = driver.get_empty_cache_for_benchmark()
+    for call in calls:  # lazy work (a nested kernel's compile or autotune) happens here, untimed
+        call()
+    for _ in range(WARMUP_ROUNDS):
+        _round(calls, driver, flush)
+    first = _round(calls, driver, flush, timed=True)
+    torch.cuda.synchronize()
+    round_ms = sum(start.elapsed_time(end) for start, end in first) or 1e-3
+    rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(TIMED_MS * len(calls) / round_ms)))
+    timed = [first] + [_round(calls, driver, flush, timed=True) for _ in range(rounds - 1)]
+    torch.cuda.synchronize()
+    return [statistics.median(r[i][0].elapsed_time(r[i][1]) for r in timed) * 1000.0 for i in range(len(calls))]
+
+
+def _round(calls: Sequence[Callable[[], Any]], driver: Any, flush: Any, timed: bool = False) -> list[Any]:
+    events = []
+    for call in calls:
+        driver.clear_cache(flush)
+        if not timed:
+            call()
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        events.append((start, end))
+    return events
 
 
 def clone_like(t: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The multi-kernel choice: several kernels that compute the same thing; the fastest one runs.
 
 The first call with real arguments of each size times every candidate (on copies of the arguments
-they write, twice, interleaved), keeps the fastest, and stores the pick in the JIT cache under what
+they write, in interleaved rounds), keeps the fastest, and stores the pick in the JIT cache under what
 the candidates compute (`identity`), so later processes, and the same kernel in a model's other
 layers, benchmark nothing. With `reliable` (a candidate that always works, such as the ATen kernels
 a generated one replaces), a candidate that raises on its first call (a kernel that fails to
@@ -13,7 +13,6 @@ indirection and no Python.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -23,14 +22,9 @@ from typing import Any
 
 from opgen.errors import OpgenWarning
 from opgen.jit import cache, env
-from opgen.jit.autotune import median_us, size_key
+from opgen.jit.autotune import bound, medians_us, size_key
 
 Candidate = Callable[..., Any]
-# Timings per candidate, interleaved; the fastest of each counts. The pick is shared by every choice of
-# one identity (a model's repeated layers), so one spoiled timing must not decide it: on an H100, one
-# timing each once sent all 24 of BERT's residual + layer-norm kernels to ATen (710 us of GPU work a
-# call against 541 when they run as Triton).
-ROUNDS = 2
 
 
 class Choice:
@@ -125,28 +119,31 @@ class Choice:
         if record is not None and record.get("pick") in self.candidates:
             cache.STATS.add("choice_hits")
             return record["pick"], "pick from the cache"
-        timings: dict[str, float] = {}
-        for _ in range(ROUNDS):  # A B A B: a slow moment (clocks ramping, a busy host) spoils one timing, not the pick
-            for name, fn in self.candidates.items():
-                if name in self.failed:
-                    continue
-                try:
-                    timings[name] = min(_time(fn, args, self.writes), timings.get(name, math.inf))
-                except Exception as exc:
-                    if self.reliable is None or name == self.reliable:
-                        raise
-                    self._drop(name, exc)
-                    timings.pop(name, None)
+        calls = {}
+        for name, fn in self.candidates.items():
+            if name in self.failed:
+                continue
+            call = bound(fn, args, self.writes)
+            try:
+                call()  # its first run: a candidate that cannot run (a kernel that fails to compile) raises here
+            except Exception as exc:
+                if self.reliable is None or name == self.reliable:
+                    raise
+                self._drop(name, exc)
+                continue
+            calls[name] = call
+        # Interleaved rounds (`medians_us`): the pick is shared by every choice of one identity (a model's
+        # repeated layers), so a slow moment must not decide it. On an H100, one timing of each
+        # candidate after the other once sent all 24 of BERT's residual + layer-norm kernels to ATen
+        # (710 us of GPU work a call against 541 when they run as Triton).
+        if len(calls) == 1:  # the others failed: nothing to time
+            return next(iter(calls)), "the only candidate that runs"
+        start = time.perf_counter()
+        timings = dict(zip(calls, medians_us(list(calls.values())), strict=True))
+        cache.STATS.add("tune_seconds", time.perf_counter() - start)
         best = min(timings, key=timings.__getitem__)
         cache.STATS.add("choices")
         if not self.failed:  # a failure may be this machine's: the next process tries again
             cache.store_pick(pick_key, {"pick": best, "timings_us": timings})
         shown = ", ".join(f"{n} {t:.1f} us" for n, t in timings.items())
         return best, f"fastest on the first call: {shown}"
-
-
-def _time(fn: Candidate, args: Sequence[Any], writes: Sequence[int]) -> float:
-    start = time.perf_counter()
-    result = median_us(fn, args, writes)
-    cache.STATS.add("tune_seconds", time.perf_counter() - start)
-    return result
