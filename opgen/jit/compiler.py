@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +51,22 @@ def _worker_threads() -> concurrent.futures.ThreadPoolExecutor:
 
 def submit(fn: Any, spec: Specialization, options: Options, device: int) -> concurrent.futures.Future[KernelBinary]:
     """Start loading or compiling in the background: a kernel opgen generated in a compile worker,
-    several at once (`opgen.jit.workers`), any other on this process's compile thread."""
-    threads = _worker_threads() if _worker_file(fn) is not None else _pool()
-    return threads.submit(load_or_compile, fn, spec, options, device)
+    several at once (`opgen.jit.workers`), any other on this process's compile thread.
+
+    One binary is one job in a process: a model's layers bind one launcher each for the same fused
+    kernel, and all of them submit it when they are bound, before the first compile has reached the
+    disk cache (a 12-layer Qwen2 compiled the same binaries several times)."""
+    key = (str(cache.jit_dir()), binary_key(fn, spec, options, device))  # another cache folder: another store
+    with _SUBMITTED_LOCK:
+        future = _SUBMITTED.get(key)
+        if future is None or (future.done() and future.exception() is not None):  # a failure is tried again
+            threads = _worker_threads() if _worker_file(fn) is not None else _pool()
+            future = _SUBMITTED[key] = threads.submit(load_or_compile, fn, spec, options, device)
+        return future
+
+
+_SUBMITTED: dict[tuple[str, str], concurrent.futures.Future[KernelBinary]] = {}  # (cache folder, binary key) -> job
+_SUBMITTED_LOCK = threading.Lock()
 
 
 def _compile(fn: Any, spec: Specialization, options: Options, device: int, key: str) -> KernelBinary:

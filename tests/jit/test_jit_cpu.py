@@ -167,3 +167,37 @@ def test_fixed_grid_launchers_map_each_config_to_its_grid(monkeypatch):
     assert made["grid"]({"x": object(), "out": object(), "BLOCK": 256}) == (16, 1, 1)
     assert [(c.meta, c.num_warps) for c in made["configs"]] == [({"BLOCK": 256}, 2), ({"BLOCK": 1024}, 4)]
     assert made["mutates"] == ["out"] and made["dependent"] is False  # launched plainly unless asked
+
+
+def test_one_binary_is_one_compile_job_per_process_and_cache_folder(tmp_path, monkeypatch):
+    """A model's layers each bind a launcher of the same fused kernel, and all of them submit it before
+    the first compile reaches the disk cache: they must share that one job."""
+    from opgen.jit import compiler
+
+    started, release = [], threading.Event()
+
+    def slow_compile(fn, spec, options, device):  # type: ignore[no-untyped-def]
+        started.append(fn)
+        release.wait(timeout=30)
+        if fn == "broken":
+            raise RuntimeError("does not compile")
+        return f"binary of {fn}"
+
+    monkeypatch.setattr(compiler, "load_or_compile", slow_compile)
+    monkeypatch.setattr(compiler, "binary_key", lambda fn, spec, options, device: f"key of {fn}")
+    monkeypatch.setattr(compiler, "_worker_file", lambda fn: None)
+    layers = [compiler.submit("fused0", None, compiler.Options(), 0) for _ in range(12)]
+    other = compiler.submit("fused1", None, compiler.Options(), 0)
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path / "elsewhere"))
+    elsewhere = compiler.submit("fused0", None, compiler.Options(), 0)  # another store: its own job
+    broken = compiler.submit("broken", None, compiler.Options(), 0)
+    release.set()
+    assert all(f is layers[0] for f in layers) and layers[0].result() == "binary of fused0"
+    assert other.result() == "binary of fused1" and elsewhere is not layers[0] and elsewhere.result()
+    with pytest.raises(RuntimeError):
+        broken.result()
+    again = compiler.submit("broken", None, compiler.Options(), 0)  # a failed job is tried again
+    assert again is not broken
+    with pytest.raises(RuntimeError):
+        again.result()
+    assert sorted(started) == ["broken", "broken", "fused0", "fused0", "fused1"]
