@@ -55,7 +55,7 @@ def submit(fn: Any, spec: Specialization, options: Options, device: int) -> conc
 
     One binary is one job in a process: a model's layers bind one launcher each for the same fused
     kernel, and all of them submit it when they are bound, before the first compile has reached the
-    disk cache (a 12-layer Qwen2 compiled the same binaries several times)."""
+    disk cache (a 12-layer Qwen2 on the H100 compiled 62-70 binaries, of 23 distinct ones)."""
     key = (str(cache.jit_dir()), binary_key(fn, spec, options, device))  # another cache folder: another store
     with _SUBMITTED_LOCK:
         future = _SUBMITTED.get(key)
