@@ -72,6 +72,14 @@ class PermutedNorm(nn.Module):
         return self.norm(x.permute(0, 2, 3, 1))
 
 
+class PermutedCopy(nn.Module):
+    """Swin's keys before their product: a copy of a permuted tensor, alone (a generated kernel reads it
+    strided; ATen's copy kernel is slower), then a product that stays ATen's."""
+
+    def forward(self, qkv: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return qkv.permute(2, 0, 3, 1, 4).contiguous() @ w
+
+
 class ResidualNorm(nn.Module):
     """Residual add + layer norm: both results are read afterwards."""
 
@@ -211,6 +219,7 @@ CASES = {  # name -> (model factory, inputs factory)
     "bias_gelu_tanh": (lambda: BiasGelu("tanh"), lambda: (torch.randn(2, 5, 32),)),
     "residual_norm": (ResidualNorm, lambda: (torch.randn(3, 7, 48), torch.randn(3, 7, 48))),
     "permuted_norm": (PermutedNorm, lambda: (torch.randn(2, 8, 5, 3),)),
+    "permuted_copy": (PermutedCopy, lambda: (torch.randn(2, 7, 3, 4, 8), torch.randn(8, 5))),
     "masked_softmax": (MaskedSoftmax, lambda: (torch.randn(2, 3, 9, 9), _mask(9))),
     "rms_norm": (RMSNorm, lambda: (torch.randn(5, 40),)),
     "type_as_norm": (TypeAsNorm, lambda: (torch.randn(3, 7, 48).bfloat16(), torch.randn(3, 7, 48).bfloat16())),
@@ -231,7 +240,7 @@ CASES = {  # name -> (model factory, inputs factory)
 }
 EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
     "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
-    "residual_norm": 1, "permuted_norm": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1,
+    "residual_norm": 1, "permuted_norm": 1, "permuted_copy": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1,
     "buffer_write": 2, "aliased_output": 2,
     "row_reductions": 3, "one_row": 1, "rotary_pairs": 2, "rotate_half": 1, "rotate_half_bf16": 1, "cat_middle": 1,
     "cat_operand_read_elsewhere": 2, "hard_activations": 1, "nested_cat": 2,
@@ -346,8 +355,28 @@ def test_every_case_fuses_and_its_aten_side_matches(name: str, monkeypatch: pyte
     assert len(program.fused) == EXPECTED_KERNELS[name]
     for fused in program.fused:
         ast.parse(fused.source)
-        alone = name == "permuted_norm"  # a lone layer norm that reads its strided input in place
+        alone = name in ("permuted_norm", "permuted_copy")  # lone nodes that read a strided input in place
         assert fused.name in fused.source and len(fused.nodes) >= (1 if alone else 2)
+
+
+def test_a_lone_copy_is_a_kernel_where_it_reads_a_permuted_tensor(registry: object) -> None:
+    """A copy of a permuted tensor is worth a kernel of its own (Swin's q, k and v); of a broadcast (stride 0:
+    a grouped-query attention's repeated heads) or of a dense tensor it is not: ATen's copy is as fast."""
+    from opgen.runtime.ir import Input, Ref, Return, TensorMeta, Value, contiguous_strides
+
+    shape = (2, 3, 5, 8)
+    dense = TensorMeta(shape, contiguous_strides(shape), "float32", "cuda:0")
+    sources = {
+        "permuted": TensorMeta(shape, (120, 8, 24, 1), "float32", "cuda:0"),
+        "broadcast": TensorMeta(shape, (40, 0, 8, 1), "float32", "cuda:0"),
+        "dense": dense,
+    }
+    found = {}
+    for name, source in sources.items():
+        body = (KernelCall("clone", (Ref("x"),), (), (Value("y", dense),), "clone", "aten.clone.default"),)
+        program = Program("forward", (Input("x", source),), (), (), (*body, Return((Ref("y"),))))
+        found[name] = [(f.alone, f.strided) for f in find_groups(program, registry)]  # type: ignore[arg-type]
+    assert found == {"permuted": [(True, True)], "broadcast": [], "dense": []}
 
 
 def test_nothing_fuses_on_the_cpu_or_alone() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_fusion import CASES, EXPECTED_KERNELS, BiasGelu, HalfChain, MaskedSoftmax, ResidualNorm
+from test_fusion import CASES, EXPECTED_KERNELS, BiasGelu, HalfChain, MaskedSoftmax, PermutedCopy, ResidualNorm
 
 import opgen
 from opgen.runtime.errors import OpgenWarning
@@ -78,17 +78,18 @@ def test_fused_patterns_match_eager(name: str, force: str | None, monkeypatch: p
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("model", [ResidualNorm, BiasGelu, MaskedSoftmax], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", [ResidualNorm, BiasGelu, MaskedSoftmax, PermutedCopy], ids=lambda m: m.__name__)
 def test_low_precision_row_and_pointwise_kernels(
     model: Any, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
     torch.manual_seed(0)  # one set of inputs: ResidualNorm's `x + 2 * norm(x)` cancels, so its error varies with them
-    m = model().cuda().to(dtype) if model is not MaskedSoftmax else model()
+    m = model().cuda().to(dtype) if model not in (MaskedSoftmax, PermutedCopy) else model()
     inputs = {
         ResidualNorm: lambda: (torch.randn(4, 9, 48), torch.randn(4, 9, 48)),
         BiasGelu: lambda: (torch.randn(3, 7, 32),),
         MaskedSoftmax: lambda: (torch.randn(2, 4, 17, 17), torch.tril(torch.ones(17, 17, dtype=torch.bool))),
+        PermutedCopy: lambda: (torch.randn(2, 49, 3, 6, 32), torch.randn(32, 32)),
     }[model]()
     inputs = tuple(t.cuda().to(dtype) if t.is_floating_point() else t.cuda() for t in inputs)
     with torch.no_grad():

@@ -144,7 +144,10 @@ def test_a_roll_of_the_flattened_tensor(monkeypatch, other) -> None:
 def test_a_chain_stops_at_a_value_read_elsewhere(monkeypatch) -> None:
     model, inputs = ReturnedView(), (torch.randn(2, 3, 5),)
     fn, kernels = compiled(monkeypatch, model, inputs)
-    assert "clone" not in nodes(kernels)  # the permute is returned: the copy reads it, not the kernel
+    # The permute is returned: the copy reads it, not the add's kernel. (The copy of that strided view
+    # is a kernel of its own, as any lone strided copy is.)
+    assert len(kernels) == 2 and {"add", "clone"} - nodes(kernels[:1]) == {"clone"}
+    assert nodes(kernels[1:]) == {"clone"}
     check(fn, model, inputs)
 
 

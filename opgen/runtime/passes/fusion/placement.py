@@ -43,14 +43,15 @@ COPIES = frozenset({CLONE, ROLL})  # links that write a fresh tensor: a chain en
 def place_outputs(found: Sequence[Found], program: Program, registry: KernelRegistry) -> list[Found]:
     """The groups worth a kernel, with their outputs carried through the chains of data movement that
     read them. A group of one node (`alone`) is worth one once a chain joins it (a lone layer norm
-    and its window partition), and dropped where another group's chain takes its node (a `clone`)."""
+    and its window partition), or where it reads a strided input (`strided`), and dropped where
+    another group's chain takes its node (a `clone`)."""
     chains = _Chains(program, registry, {m for f in found if not f.alone for m in f.members})
     kept = []
     for item in sorted(found, key=lambda f: f.members[0]):
         if item.alone and chains.taken.intersection(item.members):
             continue
         extended = chains.extend(item)
-        if not item.alone or extended is not item:
+        if not item.alone or item.strided or extended is not item:
             chains.taken.update(extended.members)
             kept.append(extended)
     return kept
