@@ -111,9 +111,7 @@ class Pool:
         except WorkerDied:
             self._gone()
             raise
-        with self._ready:
-            self._idle.append(worker)
-            self._ready.notify()
+        self._put_back(worker)
         return reply
 
     def warm(self) -> None:
@@ -122,19 +120,26 @@ class Pool:
         threading.Thread(target=self._start_all, name="opgen-jit-warm", daemon=True).start()
 
     def _start_all(self) -> None:
-        while True:
-            with self._ready:
-                if self._running >= self.size:
-                    return
-                self._running += 1
+        while self._reserve():
             try:
                 worker = _Worker()
             except WorkerDied:
                 self._gone()
                 return
-            with self._ready:
-                self._idle.append(worker)
-                self._ready.notify()
+            self._put_back(worker)
+
+    def _reserve(self) -> bool:
+        """A place for one more worker, if the pool has one."""
+        with self._ready:
+            if self._running >= self.size:
+                return False
+            self._running += 1
+            return True
+
+    def _put_back(self, worker: _Worker) -> None:
+        with self._ready:
+            self._idle.append(worker)
+            self._ready.notify()
 
     def _acquire(self) -> _Worker:
         with self._ready:
