@@ -1,8 +1,8 @@
 """Autotuning: the first call with real arguments times every config and keeps the fastest.
 
 Configs are timed together, in interleaved rounds (`medians_us`), on copies of the arguments the
-kernel writes (those it declares, or every tensor when
-it declares none), so the caller's tensors are written once, by the real launch after the pick.
+kernel writes (those it declares, or every tensor when it declares none), so the caller's tensors
+are written once, by the real launch after the pick.
 The pick is stored in the JIT cache, keyed by the configs' binaries and the argument sizes, so a
 second process tunes nothing.
 """
