@@ -28,7 +28,7 @@ import torch
 from opgen.bench import models
 from opgen.bench.timing import Timing, format_table, interleaved, max_error
 
-CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_package", "opgen_backend")
+CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_package", "opgen_backend", "cpp_loop")
 LABELS = {
     "eager": "eager",
     "inductor": "torch.compile (inductor)",
@@ -37,10 +37,12 @@ LABELS = {
     "opgen_cpp": 'opgen.compile(backend="cpp")',
     "opgen_package": "opgen.package + load_package",
     "opgen_backend": 'torch.compile(backend="opgen")',
+    "cpp_loop": "C++ loop over the kernel calls",
 }
 # Targets for opgen.compile, as ratios to eager (the definition of done).
 TARGETS = {"single_add": 0.8, "reshape_add": 0.35, "resnet18_b1": 0.95, "resnet18_b10": 0.98, "gpt_block": 0.7}
 SPEEDUP_OVER_COMPILERS = {"single_add": 10.0, "reshape_add": 10.0}
+CPP_OVER_LOOP = 1.1  # the C++ backend's time per call, at most this times the hand-written C++ loop's
 RESNET_CODEGEN_BUDGET_S = 2.0
 
 
@@ -102,6 +104,12 @@ def _compile_opgen_backend(model: torch.nn.Module, inputs: tuple[torch.Tensor, .
     return functools.partial(torch.compile(model, backend="opgen"), *inputs)
 
 
+def _cpp_loop(case: str, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    from opgen.bench import cpp_loop
+
+    return cpp_loop.build(case, inputs)
+
+
 def _eager(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
     return functools.partial(model.forward, *inputs)
 
@@ -126,7 +134,7 @@ def build(
     for name in candidates:
         torch._dynamo.reset()
         start = time.perf_counter()
-        call = BUILDERS[name](model, inputs)
+        call = _cpp_loop(case.name, inputs) if name == "cpp_loop" else BUILDERS[name](model, inputs)
         out = call()  # the first call: Dynamo tracing and lazy compilation happen here
         compile_s.append(time.perf_counter() - start)
         report = getattr(getattr(call, "func", None), "report", None)  # opgen.compile's result reports export time
@@ -143,10 +151,20 @@ def build(
 def run_case(
     case: models.Case, candidates: Sequence[str], repeats: int, target_s: float, threads: int = 1
 ) -> list[Result]:
+    from opgen.bench import cpp_loop
+
+    candidates = [c for c in candidates if c != "cpp_loop" or cpp_loop.applies(case.name)]
+    if "cpp_loop" in candidates and (why := cpp_loop.missing()) is not None:
+        print(f"  {case.name}: {LABELS['cpp_loop']} skipped: it could not be built ({why})", flush=True)
+        candidates.remove("cpp_loop")
     with torch.no_grad():
         calls, compile_s, codegen_s, errors = build(case, candidates)
         warmup = 1 if case.heavy else 3
         timings: list[Timing] = interleaved(calls, repeats=repeats, warmup=warmup, target_s=target_s)
+    if "cpp_loop" in candidates:  # one of its calls is LOOP iterations
+        at = candidates.index("cpp_loop")
+        t = timings[at]
+        timings[at] = Timing(t.median_us / cpp_loop.LOOP, t.min_us / cpp_loop.LOOP, t.max_us / cpp_loop.LOOP)
     base = timings[0]
     return [
         Result(
@@ -228,6 +246,12 @@ def target_lines(results: Sequence[Result]) -> list[str]:
                 verdict = "met" if speedup >= factor else "NOT met"
                 what = f"opgen.compile {speedup:.1f}x faster than {LABELS[other]}"
                 lines.append(f"  {case}: {what} (target >= {factor:g}x): {verdict}")
+    for case in ("single_add", "reshape_add"):
+        if (case, "opgen_cpp") in by and (case, "cpp_loop") in by:
+            ratio = by[case, "opgen_cpp"].median_us / by[case, "cpp_loop"].median_us
+            verdict = "met" if ratio <= CPP_OVER_LOOP else "NOT met"
+            what = f"{LABELS['opgen_cpp']} {ratio:.3f}x the hand-written C++ loop"
+            lines.append(f"  {case}: {what} (target <= {CPP_OVER_LOOP}): {verdict}")
     codegen = by.get(("resnet18_b1", "opgen"))
     if codegen is not None and codegen.codegen_s is not None:
         verdict = "met" if codegen.codegen_s < RESNET_CODEGEN_BUDGET_S else "NOT met"
