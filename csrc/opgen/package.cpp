@@ -322,32 +322,35 @@ Package& Package::operator=(Package&&) noexcept = default;
 
 std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) const {
   const auto& specs = program_->inputs();
-  const std::string where = "opgen package " + name_ + " (" + path_ + "): ";
+  // The messages are built only when a check fails: a call of a small program takes about a
+  // microsecond, and the strings cost as much.
+  const auto where = [&] { return "opgen package " + name_ + " (" + path_ + "): "; };
   if (inputs.size() != specs.size()) {
-    throw PackageError(where + "takes " + std::to_string(specs.size()) + " input tensors, got " +
+    throw PackageError(where() + "takes " + std::to_string(specs.size()) + " input tensors, got " +
                        std::to_string(inputs.size()));
   }
   exec::Registers regs = program_->registers();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const exec::InputSpec& s = specs[i];
     const at::Tensor& t = inputs[i];
-    const std::string input =
-        where + "input '" + s.name + "' (position " + std::to_string(i + 1) + "): ";
-    if (!t.defined()) throw PackageError(input + "an undefined tensor");
-    if (t.layout() != at::kStrided) throw PackageError(input + "must be a dense (strided) tensor");
+    const auto input = [&] {
+      return where() + "input '" + s.name + "' (position " + std::to_string(i + 1) + "): ";
+    };
+    if (!t.defined()) throw PackageError(input() + "an undefined tensor");
+    if (t.layout() != at::kStrided) throw PackageError(input() + "must be a dense (strided) tensor");
     if (t.scalar_type() != s.dtype) {
-      throw PackageError(input + "expected dtype " + dtype_name(s.dtype) + ", got " +
+      throw PackageError(input() + "expected dtype " + dtype_name(s.dtype) + ", got " +
                          dtype_name(t.scalar_type()));
     }
     if (t.device() != s.device)
-      throw PackageError(input + "expected a tensor on " + s.device.str() + ", got one on " +
+      throw PackageError(input() + "expected a tensor on " + s.device.str() + ", got one on " +
                          t.device().str());
     if (t.sizes() != c10::IntArrayRef(s.sizes)) {
-      throw PackageError(input + "expected shape " + ints_text(s.sizes) + ", got " +
+      throw PackageError(input() + "expected shape " + ints_text(s.sizes) + ", got " +
                          ints_text(t.sizes()) + " (a package runs the shapes it was made for)");
     }
     if (t.strides() != c10::IntArrayRef(s.strides)) {
-      throw PackageError(input + "expected strides " + ints_text(s.strides) + ", got " +
+      throw PackageError(input() + "expected strides " + ints_text(s.strides) + ", got " +
                          ints_text(t.strides()) +
                          " (pass .contiguous() or the layout it was made with)");
     }
@@ -362,7 +365,7 @@ std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) cons
   out.reserve(results.size());
   for (size_t k = 0; k < results.size(); ++k) {
     if (!results[k].isTensor())
-      throw PackageError(where + "output " + std::to_string(k) + " is not a tensor (" +
+      throw PackageError(where() + "output " + std::to_string(k) + " is not a tensor (" +
                          results[k].tagKind() + ")");
     out.push_back(std::move(results[k]).toTensor());
   }

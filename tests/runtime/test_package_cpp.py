@@ -110,3 +110,22 @@ def test_cpp_refuses_wrong_inputs_naming_the_input(program: Path, tmp_path: Path
     assert "input 'x' (position 1): expected dtype float32, got float64" in result.stderr, result.stderr
     missing = run([str(program), str(path), str(tmp_path / "out")], tmp_path, 60)  # no input file
     assert missing.returncode == 1 and "takes 1 input tensors, got 0" in missing.stderr, missing.stderr
+
+
+def test_repeated_runs_report_a_cpp_callers_time_per_run(program: Path, tmp_path: Path) -> None:
+    """`--repeat=N`: the per-call time of the C++ backend called from C++ (single_add's package), the
+    figure `graphs`' hand-written C++ loop is held against (printed with -s; no timed assertion)."""
+    from opgen.bench.models import SingleAdd
+
+    x, y = torch.randn(16), torch.randn(16)
+    path = opgen.package(SingleAdd(), (x, y), tmp_path / "single_add.opgen")
+    x.numpy().tofile(tmp_path / "x.bin")
+    y.numpy().tofile(tmp_path / "y.bin")
+    argv = [str(program), str(path), str(tmp_path / "out"), str(tmp_path / "x.bin"), str(tmp_path / "y.bin")]
+    result = run([*argv, "--repeat=100000"], tmp_path, 120)
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("us_per_run ")]
+    assert float(line.split()[1]) > 0
+    got = torch.from_numpy(np.fromfile(tmp_path / "out0.bin", dtype=np.float32))
+    torch.testing.assert_close(got, x + y)  # the first run's result, written before the repeats
+    print(f"\nsingle_add from C++: {line} us")

@@ -1,7 +1,9 @@
-// run_package <package> <output prefix> <input files...> [--double]: runs an opgen package with no
-// Python in the process. Inputs are raw bytes in the layout the package's inputs have; output k
-// goes to <prefix><k>.bin (contiguous bytes) and its dtype and shape to stdout. --double passes the
-// inputs as float64 (to see Package::run refuse them).
+// run_package <package> <output prefix> <input files...> [--double | --repeat=N]: runs an opgen
+// package with no Python in the process. Inputs are raw bytes in the layout the package's inputs
+// have; output k goes to <prefix><k>.bin (contiguous bytes) and its dtype and shape to stdout.
+// --double passes the inputs as float64 (to see Package::run refuse them); --repeat=N runs the
+// package N more times after the first and prints the mean time per run (a C++ caller's per-call
+// time, for `python -m opgen.bench graphs`' hand-written loop to compare with).
 #include <ATen/ops/empty_strided.h>
 #include <opgen/package.h>
 
@@ -18,8 +20,10 @@ int main(int argc, char** argv) {
     std::cerr << "usage: run_package <package> <output prefix> <input files...>\n";
     return 2;
   }
-  const bool as_double = std::string(argv[argc - 1]) == "--double";
-  argc -= as_double ? 1 : 0;
+  const std::string last = argv[argc - 1];
+  const bool as_double = last == "--double";
+  const long repeats = last.rfind("--repeat=", 0) == 0 ? std::stol(last.substr(9)) : 0;
+  argc -= as_double || repeats > 0 ? 1 : 0;
   try {
     const auto start = std::chrono::steady_clock::now();
     opgen::Package pkg(argv[1]);
@@ -50,6 +54,12 @@ int main(int argc, char** argv) {
       std::cout << "output " << k << " " << out.scalar_type() << " " << out.sizes() << "\n";
     }
     using ms = std::chrono::duration<double, std::milli>;
+    if (repeats > 0) {  // each run's outputs are freed by the next, as a caller dropping them would
+      const auto first = std::chrono::steady_clock::now();
+      for (long i = 0; i < repeats; ++i) outputs = pkg.run(inputs);
+      const double us = ms(std::chrono::steady_clock::now() - first).count() * 1000.0 / repeats;
+      std::cout << "us_per_run " << us << "\n";
+    }
     std::cout << "load_ms " << ms(loaded - start).count() << " first_run_ms "
               << ms(ran - ready).count() << "\n";
   } catch (const std::exception& e) {
