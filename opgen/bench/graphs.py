@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from opgen.bench import models
+from opgen.bench import cpp_loop, models
 from opgen.bench.timing import Timing, format_table, interleaved, max_error
 
 CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_package", "opgen_backend", "cpp_loop")
@@ -104,12 +104,6 @@ def _compile_opgen_backend(model: torch.nn.Module, inputs: tuple[torch.Tensor, .
     return functools.partial(torch.compile(model, backend="opgen"), *inputs)
 
 
-def _cpp_loop(case: str, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
-    from opgen.bench import cpp_loop
-
-    return cpp_loop.build(case, inputs)
-
-
 def _eager(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
     return functools.partial(model.forward, *inputs)
 
@@ -134,7 +128,7 @@ def build(
     for name in candidates:
         torch._dynamo.reset()
         start = time.perf_counter()
-        call = _cpp_loop(case.name, inputs) if name == "cpp_loop" else BUILDERS[name](model, inputs)
+        call = cpp_loop.build(case.name, inputs) if name == "cpp_loop" else BUILDERS[name](model, inputs)
         out = call()  # the first call: Dynamo tracing and lazy compilation happen here
         compile_s.append(time.perf_counter() - start)
         report = getattr(getattr(call, "func", None), "report", None)  # opgen.compile's result reports export time
@@ -151,8 +145,6 @@ def build(
 def run_case(
     case: models.Case, candidates: Sequence[str], repeats: int, target_s: float, threads: int = 1
 ) -> list[Result]:
-    from opgen.bench import cpp_loop
-
     candidates = [c for c in candidates if c != "cpp_loop" or cpp_loop.applies(case.name)]
     if "cpp_loop" in candidates and (why := cpp_loop.missing()) is not None:
         print(f"  {case.name}: {LABELS['cpp_loop']} skipped: it could not be built ({why})", flush=True)
@@ -246,7 +238,7 @@ def target_lines(results: Sequence[Result]) -> list[str]:
                 verdict = "met" if speedup >= factor else "NOT met"
                 what = f"opgen.compile {speedup:.1f}x faster than {LABELS[other]}"
                 lines.append(f"  {case}: {what} (target >= {factor:g}x): {verdict}")
-    for case in ("single_add", "reshape_add"):
+    for case in cpp_loop.CASES:
         if (case, "opgen_cpp") in by and (case, "cpp_loop") in by:
             ratio = by[case, "opgen_cpp"].median_us / by[case, "cpp_loop"].median_us
             verdict = "met" if ratio <= CPP_OVER_LOOP else "NOT met"

@@ -122,9 +122,8 @@ class Pool:
     def _start_all(self) -> None:
         while self._reserve():
             try:
-                worker = _Worker()
+                worker = self._start()
             except WorkerDied:
-                self._gone()
                 return
             self._put_back(worker)
 
@@ -148,6 +147,10 @@ class Pool:
             if self._idle:
                 return self._idle.pop()
             self._running += 1
+        return self._start()
+
+    def _start(self) -> _Worker:
+        """A new worker, in a place already reserved (given back if the worker cannot start)."""
         try:
             return _Worker()
         except WorkerDied:
