@@ -19,6 +19,16 @@ void Program::bind(const std::vector<at::Tensor>& constants) {
               " binds ", constant_keys_.size(), " constants, got ", constants.size());
   for (size_t i = 0; i < constants.size(); ++i) statics_[i] = constants[i];
   run_steps(setup_, statics_.data(), nullptr);
+  // What only setup read (weights before folding or packing) is dropped: the body never sees it.
+  std::vector<bool> read(statics_.size(), false);
+  for (const Step& s : body_) {
+    for (const Operand& o : s.instr.args) {
+      if (o.where == Where::kStatic) read[o.index] = true;
+    }
+  }
+  for (int32_t k = 0; k < num_named_statics_; ++k) {
+    if (!read[k]) statics_[k] = c10::IValue();
+  }
   bound_ = true;
 }
 

@@ -67,6 +67,33 @@ const std::unordered_map<std::string_view, at::ScalarType>& dtypes_by_name();
 using Registers = c10::SmallVector<c10::IValue, 32>;
 using Results = c10::SmallVector<c10::IValue, 4>;
 
+// The input registers of one call, borrowing the caller's tensors: no reference count change
+// (under Python, a count going 1 -> 2 also increfs the tensor's PyObject, under a GIL acquire). The
+// program never frees or overwrites an input register; the destructor gives the references back,
+// uncounted, however the call ends.
+class BorrowedInputs {
+ public:
+  explicit BorrowedInputs(Registers& regs) : regs_(regs) {}
+  BorrowedInputs(const BorrowedInputs&) = delete;
+  BorrowedInputs& operator=(const BorrowedInputs&) = delete;
+  ~BorrowedInputs() {
+    for (size_t i = 0; i < count_; ++i) {
+      if (regs_[i].isTensor()) std::move(regs_[i]).toTensor().unsafeReleaseTensorImpl();
+    }
+  }
+
+  // Input `i` (set in order, from 0) is `t`, which outlives the call.
+  void set(size_t i, const at::Tensor& t) {
+    regs_[i] = c10::IValue(at::Tensor(
+        c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(t.unsafeGetTensorImpl())));
+    count_ = i + 1;
+  }
+
+ private:
+  Registers& regs_;
+  size_t count_ = 0;
+};
+
 class Program {
  public:
   // Parses a program's text; std::invalid_argument naming the line on anything malformed or unknown

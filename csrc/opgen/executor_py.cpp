@@ -120,25 +120,6 @@ PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
   return tree;
 }
 
-// The input registers borrow the caller's tensors: no reference count change, so no trip through
-// the PyObject preservation of torch's intrusive_ptr (a refcount going 1 -> 2 increfs the tensor's
-// PyObject, under a GIL acquire). The program never frees or overwrites an input register;
-// `Borrowed` gives the references back, uncounted, however the call ends.
-c10::IValue borrow(const at::Tensor& t) {
-  return c10::IValue(
-      at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
-          t.unsafeGetTensorImpl())));
-}
-
-struct Borrowed {
-  exec::Registers& regs;
-  Py_ssize_t count;
-  ~Borrowed() {
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      if (regs[i].isTensor()) std::move(regs[i]).toTensor().unsafeReleaseTensorImpl();
-    }
-  }
-};
 
 PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto& fn = *reinterpret_cast<CppFunction*>(self);
@@ -164,14 +145,13 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
   }
   try {
     exec::Registers regs = program.registers();
-    Borrowed borrowed{regs, 0};
+    exec::BorrowedInputs inputs(regs);  // no reference count change (see executor.h)
     for (Py_ssize_t i = 0; i < n; ++i) {
       if (!checked && !THPVariable_Check(args[i])) {
         return PyErr_Format(PyExc_TypeError, "%s(): argument %zd must be a Tensor, not %s",
                             program.name().c_str(), i + 1, Py_TYPE(args[i])->tp_name);
       }
-      regs[i] = borrow(THPVariable_Unpack(args[i]));
-      borrowed.count = i + 1;
+      inputs.set(static_cast<size_t>(i), THPVariable_Unpack(args[i]));
     }
     exec::Results results;
     if (program.releases_gil()) {
@@ -312,6 +292,13 @@ void add_executor(py::module_& m) {
         "Read and check an opgen package (csrc/opgen/package.h): a dict of its program, "
         "constants and versions.\nopgen.runtime.errors.PackageError on anything wrong with "
         "the file.");
+  m.def(
+      "crc32c",
+      [](const py::buffer& data) {
+        const py::buffer_info info = data.request();
+        return crc32c(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+      },
+      py::arg("data"), "CRC-32C of a buffer's bytes: the checksum of package files (package.h).");
   m.attr("THUNK_DIGEST") = thunk_digest();
   m.attr("PACKAGE_FORMAT") = kPackageFormat;
 }

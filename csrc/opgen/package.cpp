@@ -2,15 +2,21 @@
 // Python's `opgen.load_package` (executor_py.cpp's `read_package`).
 #include "opgen/package.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <c10/core/ScalarType.h>
 #include <torch/headeronly/version.h>
 
 #include <array>
 #include <charconv>
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -28,7 +34,9 @@ const char* thunk_digest() { return exec::kThunkDigest; }
 
 namespace {
 
-// CRC-32 as zlib computes it (Python's zlib.crc32), eight bytes at a time.
+// CRC-32C (Castagnoli), the checksum of package format 2: SSE 4.2's crc32 instruction where the CPU
+// has it (5 ms for ResNet-18's 47 MB of weights, against 23 ms for zlib's CRC-32 eight bytes at a
+// time), else eight bytes at a time through tables.
 using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
 
 const CrcTables& crc_tables() {
@@ -36,7 +44,7 @@ const CrcTables& crc_tables() {
     CrcTables t{};
     for (uint32_t i = 0; i < 256; ++i) {
       uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
       t[0][i] = c;
     }
     for (size_t k = 1; k < 8; ++k) {
@@ -47,9 +55,8 @@ const CrcTables& crc_tables() {
   return tables;
 }
 
-uint32_t crc32(const void* data, size_t n) {
+uint32_t crc32c_tables(const unsigned char* p, size_t n) {
   const CrcTables& t = crc_tables();
-  const auto* p = static_cast<const unsigned char*>(data);
   uint32_t crc = ~0u;
   for (; n >= 8; n -= 8, p += 8) {
     uint32_t a = 0, b = 0;
@@ -62,6 +69,20 @@ uint32_t crc32(const void* data, size_t n) {
   for (; n > 0; --n, ++p) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
   return ~crc;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, size_t n) {
+  uint64_t crc = ~0u;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t v = 0;
+    std::memcpy(&v, p, 8);
+    crc = __builtin_ia32_crc32di(crc, v);
+  }
+  auto c = static_cast<uint32_t>(crc);
+  for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
+  return ~c;
+}
+#endif
 
 // A dtype's name as packages and programs write it (float32), or ATen's (Float) for others.
 std::string dtype_name(at::ScalarType type) {
@@ -83,15 +104,54 @@ std::vector<std::string_view> words(std::string_view line) {
   return out;
 }
 
+// A package file mapped into memory, private and copy-on-write: constants are tensors over its
+// pages (no copy, no zero-filled allocation), and a program that writes one writes its own copy.
+// Files are replaced by renaming a new one into place (opgen.package does), never rewritten where
+// they lie, so a loaded package's pages stay what was checked.
+class Mapping {
+ public:
+  Mapping(const std::string& path, const std::function<void(const std::string&)>& fail) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open it for reading (" + std::string(std::strerror(errno)) + ")");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      fail("not a regular file");
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED) fail("cannot map it (" + std::string(std::strerror(errno)) + ")");
+      data_ = static_cast<char*>(p);
+      // Read in order, once (the checksums); no MAP_POPULATE: on a writable private mapping it
+      // would copy every page.
+      ::madvise(data_, size_, MADV_WILLNEED);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
 // Reads one file; every error names it.
 class Reader {
  public:
-  explicit Reader(std::string path) : path_(std::move(path)), file_(path_, std::ios::binary) {
-    if (!file_) fail("cannot open it for reading");
-    file_.seekg(0, std::ios::end);
-    size_ = static_cast<uint64_t>(file_.tellg());
-    file_.seekg(0);
-  }
+  explicit Reader(std::string path)
+      : path_(std::move(path)),
+        map_(std::make_shared<Mapping>(path_, [this](const std::string& w) { fail(w); })),
+        size_(map_->size()) {}
 
   PackageContents read() {
     header();
@@ -105,7 +165,8 @@ class Reader {
     c.output_tree = output[1] == "-" ? "" : output[1];
     check_versions(c);
     const auto program = field("program", 3);
-    c.program = bytes(number(program[0]), number(program[1]), number(program[2], 16), "program");
+    const uint64_t length = number(program[1]);
+    c.program.assign(span(number(program[0]), length, number(program[2], 16), "program"), length);
     for (const auto& record : constants_) {
       c.constant_keys.push_back(record[0]);
       c.constants.push_back(constant(record));
@@ -142,17 +203,16 @@ class Reader {
 
   // The first line and the header lines, checked: magic, format, size, checksum.
   void header() {
-    std::string first;
-    char ch = 0;
-    while (first.size() < 128 && file_.get(ch) && ch != '\n') first.push_back(ch);
-    const std::string magic = "opgen-package ";
-    if (first.compare(0, magic.size(), magic) != 0) {
+    const std::string_view file(map_->data(), size_);
+    const std::string_view first = file.substr(0, std::min<size_t>(file.find('\n'), 128));
+    const std::string_view magic = "opgen-package ";
+    if (first.substr(0, magic.size()) != magic) {
       fail(
           "not an opgen package (it does not start with `opgen-package`; write one with "
           "opgen.package())");
     }
     const auto w = words(first);
-    if (w.size() != 4) fail("corrupt first line: " + first);
+    if (w.size() != 4 || first.size() == file.size()) fail("corrupt first line: " + std::string(first));
     const uint64_t format = number(w[1]);
     if (format != kPackageFormat) {
       fail("written in package format " + std::to_string(format) + "; this opgen reads format " +
@@ -161,9 +221,8 @@ class Reader {
     const uint64_t length = number(w[2]);
     const uint64_t start = first.size() + 1;
     if (start + length > size_) truncated(start + length);
-    std::string text(length, '\0');
-    file_.read(text.data(), static_cast<std::streamsize>(length));
-    if (crc32(text.data(), text.size()) != number(w[3], 16))
+    const std::string_view text = file.substr(start, length);
+    if (crc32c(text.data(), text.size()) != number(w[3], 16))
       fail("corrupt header (checksum mismatch)");
     for (std::string_view line : words_by_line(text)) {
       auto tokens = words(line);
@@ -176,7 +235,7 @@ class Reader {
         fields_[std::string(tokens[0])] = std::move(values);
       }
     }
-    data_start_ = start + length;
+    data_start_ = (start + length + kPackageAlign - 1) / kPackageAlign * kPackageAlign;
     const uint64_t expected = data_start_ + number(field("data", 1)[0]);
     if (size_ < expected) truncated(expected);
     if (size_ > expected) {
@@ -225,21 +284,13 @@ class Reader {
     }
   }
 
-  // `length` bytes at `offset` in the data, checked against `crc`, into `out` (or a new string).
-  void read_into(uint64_t offset, uint64_t length, uint64_t crc, void* out,
-                 const std::string& what) {
+  // The `length` bytes at `offset` in the data, checked against `crc`.
+  char* span(uint64_t offset, uint64_t length, uint64_t crc, const std::string& what) const {
     const uint64_t data = size_ - data_start_;
     if (offset > data || length > data - offset)
       fail("corrupt header: " + what + " lies past the end");
-    file_.seekg(static_cast<std::streamoff>(data_start_ + offset));
-    file_.read(static_cast<char*>(out), static_cast<std::streamsize>(length));
-    if (!file_) fail("cannot read " + what);
-    if (crc32(out, length) != crc) fail("corrupt: " + what + " fails its checksum");
-  }
-
-  std::string bytes(uint64_t offset, uint64_t length, uint64_t crc, const std::string& what) {
-    std::string out(length, '\0');
-    read_into(offset, length, crc, out.data(), what);
+    char* out = map_->data() + data_start_ + offset;
+    if (crc32c(out, length) != crc) fail("corrupt: " + what + " fails its checksum");
     return out;
   }
 
@@ -258,7 +309,8 @@ class Reader {
     return out;
   }
 
-  // `constant <key> <dtype> [sizes] [strides] <offset> <bytes> <crc32>`
+  // `constant <key> <dtype> [sizes] [strides] <offset> <bytes> <crc32c>`: a tensor over the file's
+  // pages, keeping the mapping alive.
   at::Tensor constant(const std::vector<std::string>& r) {
     if (r.size() != 7) fail("corrupt header: a malformed `constant` line");
     const std::string what = "constant '" + r[0] + "'";
@@ -268,27 +320,40 @@ class Reader {
     const auto strides = ints(r[3]);
     if (sizes.size() != strides.size())
       fail("corrupt header: " + what + " has sizes and strides of different ranks");
-    int64_t span = 1;  // the elements its sizes and strides cover, from the first
+    int64_t span_elements = 1;  // the elements its sizes and strides cover, from the first
     for (size_t d = 0; d < sizes.size(); ++d) {
-      if (sizes[d] == 0) span = 0;
-      if (span != 0) span += (sizes[d] - 1) * strides[d];
+      if (sizes[d] == 0) span_elements = 0;
+      if (span_elements != 0) span_elements += (sizes[d] - 1) * strides[d];
     }
     const uint64_t length = number(r[5]);
+    const uint64_t offset = number(r[4]);
     const auto itemsize = static_cast<uint64_t>(c10::elementSize(dtype->second));
-    if (length != static_cast<uint64_t>(span) * itemsize)
+    if (length != static_cast<uint64_t>(span_elements) * itemsize)
       fail("corrupt header: " + what + " has " + std::to_string(length) + " bytes for its sizes");
-    at::Tensor storage = at::empty({span}, at::TensorOptions().dtype(dtype->second));
-    read_into(number(r[4]), length, number(r[6], 16), storage.data_ptr(), what);
-    return storage.as_strided(sizes, strides);
+    if (offset % kPackageAlign != 0) fail("corrupt header: " + what + " is not aligned");
+    char* data = span(offset, length, number(r[6], 16), what);
+    const auto options = at::TensorOptions().dtype(dtype->second);
+    if (length == 0) return at::empty_strided(sizes, strides, options);
+    return at::from_blob(
+        data, sizes, strides, [map = map_](void*) {}, options);
   }
 
   std::string path_;
-  std::ifstream file_;
+  std::shared_ptr<Mapping> map_;
   uint64_t size_ = 0;
   uint64_t data_start_ = 0;  // where the data (program, constants) starts: offsets count from here
   std::map<std::string, std::vector<std::string>> fields_;
   std::vector<std::vector<std::string>> constants_;
 };
+
+// `a == b`, inline: ranks are small, and a call to memcmp costs more than the loop.
+bool same(c10::IntArrayRef a, const std::vector<int64_t>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t d = 0; d < b.size(); ++d) {
+    if (a[d] != b[d]) return false;
+  }
+  return true;
+}
 
 std::string ints_text(c10::IntArrayRef v) {
   std::ostringstream out;
@@ -299,6 +364,15 @@ std::string ints_text(c10::IntArrayRef v) {
 }
 
 }  // namespace
+
+uint32_t crc32c(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  if (sse42) return crc32c_sse42(p, n);
+#endif
+  return crc32c_tables(p, n);
+}
 
 PackageContents read_package(const std::string& path) { return Reader(path).read(); }
 
@@ -330,6 +404,7 @@ std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) cons
                        std::to_string(inputs.size()));
   }
   exec::Registers regs = program_->registers();
+  exec::BorrowedInputs borrowed(regs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const exec::InputSpec& s = specs[i];
     const at::Tensor& t = inputs[i];
@@ -345,16 +420,16 @@ std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) cons
     if (t.device() != s.device)
       throw PackageError(input() + "expected a tensor on " + s.device.str() + ", got one on " +
                          t.device().str());
-    if (t.sizes() != c10::IntArrayRef(s.sizes)) {
+    if (!same(t.sizes(), s.sizes)) {
       throw PackageError(input() + "expected shape " + ints_text(s.sizes) + ", got " +
                          ints_text(t.sizes()) + " (a package runs the shapes it was made for)");
     }
-    if (t.strides() != c10::IntArrayRef(s.strides)) {
+    if (!same(t.strides(), s.strides)) {
       throw PackageError(input() + "expected strides " + ints_text(s.strides) + ", got " +
                          ints_text(t.strides()) +
                          " (pass .contiguous() or the layout it was made with)");
     }
-    regs[i] = t;
+    borrowed.set(i, t);
   }
   exec::Results results;
   {

@@ -13,17 +13,19 @@
 //
 // The file (little-endian; strings %-escaped as in executor programs):
 //
-//   opgen-package <format> <header bytes> <header crc32, hex>\n
+//   opgen-package <format> <header bytes> <header crc32c, hex>\n
 //   <header: text lines>
 //     torch <torch.__version__>          thunks <digest>          kernel_ops <BUILD_ID>
 //     name <model>                       output <form> <pytree spec JSON or ->
-//     program <offset> <bytes> <crc32>
-//     constant <key> <dtype> [sizes] [strides] <offset> <bytes> <crc32>   (one per constant)
+//     program <offset> <bytes> <crc32c>
+//     constant <key> <dtype> [sizes] [strides] <offset> <bytes> <crc32c>  (one per constant)
 //     data <bytes>
+//   <zero bytes up to the next multiple of 64 in the file>
 //   <data: the program text and the constants' bytes, at their offsets from the data's start>
 //
-// Offsets are 64-byte aligned, checksums CRC-32 (zlib's) in hex. A constant's bytes are the span of
-// storage its sizes and strides cover, from its first element.
+// Offsets are 64-byte aligned, checksums CRC-32C in hex. A constant's bytes are the span of storage
+// its sizes and strides cover, from its first element. The reader maps the file: constants are
+// tensors over its pages (copy-on-write), checked once when it is read.
 // opgen/runtime/artifact/package_file.py writes it.
 #pragma once
 
@@ -47,7 +49,13 @@ class PackageError : public std::runtime_error {
 };
 
 // The package format this build reads and writes.
-inline constexpr int kPackageFormat = 1;
+inline constexpr int kPackageFormat = 2;
+// The data starts at the first multiple of this after the header; program and constants lie at
+// multiples of it from there.
+inline constexpr uint64_t kPackageAlign = 64;
+
+// CRC-32C (Castagnoli) of `n` bytes: the checksum of every part of a package (Python: _C.crc32c).
+uint32_t crc32c(const void* data, size_t n);
 
 // What a package file holds, read and checked against this build (format, torch, thunks,
 // checksums).

@@ -1,7 +1,10 @@
 """`python -m opgen.bench graphs --device cuda`: the BENCH.md graph cases on the GPU.
 
 Candidates: eager, torch.compile (Inductor default), torch.compile(mode="reduce-overhead") (CUDA
-graphs), opgen.compile plain and with cuda_graphs=True. One process, interleaved, no_grad, torch's
+graphs), opgen.compile plain and with cuda_graphs=True, and plain on the C++ executor
+(`opgen_cpp`: backend="cpp"; a graph it cannot run yet stays Python, and the run says so).
+`--without-jit` leaves the passes that make Triton kernels out of every opgen candidate (the C++
+executor runs no Triton kernels yet). One process, interleaved, no_grad, torch's
 default numerics (cuDNN TF32 on). Two timings per candidate (../shared/BENCH.md): **sync**, N calls
 then one torch.cuda.synchronize(), per call; and **enqueue**, the host time of one call with the
 GPU idle at its start (each call is followed by a synchronize outside the timed region). Compile
@@ -25,13 +28,14 @@ import torch
 from opgen.bench import models
 from opgen.bench.timing import format_table, interleaved, max_error, target_line
 
-CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
+CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs", "opgen_cpp")
 LABELS = {
     "eager": "eager",
     "inductor": "torch.compile (inductor)",
     "reduce_overhead": "torch.compile reduce-overhead",
     "opgen": "opgen.compile",
     "opgen_graphs": "opgen.compile cuda_graphs",
+    "opgen_cpp": "opgen.compile backend=cpp",
 }
 FIRST_CALLS = {"reduce_overhead": 3}  # cudagraph trees warm up, then record on a later call
 
@@ -52,8 +56,11 @@ class Result:
     max_abs_err: float
 
 
-def build_candidate(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
-    """One candidate of the GPU benchmarks (this one and gpu_models), ready to call on `inputs`."""
+def build_candidate(
+    name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], passes: Sequence[str] | None = None
+) -> Callable[[], Any]:
+    """One candidate of the GPU benchmarks (this one and gpu_models), ready to call on `inputs`; `passes` for
+    opgen's (default: all)."""
     import opgen
 
     match name:
@@ -64,15 +71,21 @@ def build_candidate(name: str, model: torch.nn.Module, inputs: tuple[torch.Tenso
         case "reduce_overhead":
             fn = torch.compile(model, mode="reduce-overhead")
         case "opgen":
-            fn = opgen.compile(model, inputs)
+            fn = opgen.compile(model, inputs, passes=passes)
         case "opgen_graphs":
-            fn = opgen.compile(model, inputs, cuda_graphs=True)
+            fn = opgen.compile(model, inputs, cuda_graphs=True, passes=passes)
+        case "opgen_cpp":
+            fn = opgen.compile(model, inputs, backend="cpp", passes=passes)
+            notes = fn.report().notes  # type: ignore[attr-defined]
+            print(f"    {next((n for n in notes if n.startswith('backend:')), '')}", flush=True)
         case _:
             raise ValueError(f"unknown candidate {name}")
     return functools.partial(fn, *inputs)
 
 
-def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_s: float) -> list[Result]:
+def run_case(
+    case: models.Case, candidates: Sequence[str], repeats: int, target_s: float, passes: Sequence[str] | None = None
+) -> list[Result]:
     sync = torch.cuda.synchronize
     with torch.no_grad():
         model, inputs = case.model().cuda(), tuple(t.cuda() for t in case.inputs())
@@ -82,7 +95,8 @@ def run_case(case: models.Case, candidates: Sequence[str], repeats: int, target_
         # reduce-overhead model built before it, which later replays through freed memory.
         torch._dynamo.reset()
         for name in candidates:
-            call, out, seconds = ready(lambda name=name: build_candidate(name, model, inputs), FIRST_CALLS.get(name, 1))  # type: ignore[misc]
+            build = functools.partial(build_candidate, name, model, inputs, passes)
+            call, out, seconds = ready(build, FIRST_CALLS.get(name, 1))
             compile_s.append(seconds)
             errors.append(max_error(out, reference))
             calls.append(call)
@@ -139,6 +153,10 @@ def target_lines(results: Sequence[Result]) -> list[str]:
         check("single_add graph-mode enqueue / eager enqueue", single.enqueue_ratio, 0.5)
     if (plain := by.get(("resnet18_b1", "opgen"))) is not None:
         check("resnet18_b1 plain sync / eager sync", plain.sync_ratio, 0.5)
+    for case in ("gpt_block", "resnet18_b1"):
+        cpp, python = by.get((case, "opgen_cpp")), by.get((case, "opgen"))
+        if cpp and python:
+            check(f"{case} plain enqueue, C++ backend / Python backend", cpp.enqueue_us / python.enqueue_us, 0.8)
     return lines
 
 
@@ -148,16 +166,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=list(CANDIDATES))
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per candidate and timing")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--without-jit", action="store_true", help="opgen's candidates without the Triton passes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU")
     candidates = ["eager"] + [c for c in args.candidates if c != "eager"]
+    passes = None
+    if args.without_jit:
+        from opgen.runtime.passes import JIT_PASSES
+        from opgen.runtime.pipeline import default_pipeline
+
+        passes = tuple(p for p in default_pipeline() if p not in JIT_PASSES)
     print(f"opgen graph benchmark: torch {torch.__version__}, {torch.cuda.get_device_name()}, no_grad, interleaved",
           flush=True)  # fmt: skip
     results: list[Result] = []
     for case in models.cases():
         if not args.cases or case.name in args.cases:
-            results += run_case(case, candidates, args.repeats, 0.2 if case.heavy else 0.05)
+            results += run_case(case, candidates, args.repeats, 0.2 if case.heavy else 0.05, passes)
     print("\n" + results_table(results) + "\n\ntargets:\n" + "\n".join(target_lines(results)))
     if args.json:
         payload = {

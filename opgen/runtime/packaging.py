@@ -73,7 +73,7 @@ def package(
     )
     records = [_constant_bytes(key, constants[key]) for _, key in graph.constants]
     path = Path(path)
-    package_file.write(path, header, records)
+    package_file.write(path, header, records, _C.crc32c)
     return path
 
 

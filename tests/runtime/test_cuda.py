@@ -19,6 +19,8 @@ from test_correctness import assert_same
 from torch import nn
 
 import opgen
+from opgen.runtime.errors import OpgenWarning
+from opgen.runtime.passes import DEFAULT_PIPELINE, JIT_PASSES
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -263,3 +265,22 @@ def test_dynamic_shapes_on_cuda(name: str, graphs: bool) -> None:
             args = make_cuda(*size) if isinstance(size, tuple) else make_cuda(size)
             torch.testing.assert_close(fn(*args), model(*args), rtol=1e-4, atol=1e-4)
     assert fn.report().specializations == 1, "a size inside the range compiled again"
+
+
+NO_JIT = tuple(p for p in DEFAULT_PIPELINE if p not in JIT_PASSES)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["plain", "cuda_graphs"])
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[c.name for c in CUDA_CASES])
+def test_cpp_backend_on_cuda(case: GraphCase, graphs: bool) -> None:
+    """The C++ executor runs every runtime graph on CUDA through its CUDA thunks, plain and captured in
+    CUDA graphs (the capture wraps either backend's function). The Triton passes are left out: the
+    executor runs no Triton kernels yet, and a program with them stays Python (test_cpp_backend.py)."""
+
+    def compile_cpp(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OpgenWarning)  # the program must run on the executor
+            return opgen.compile(model, inputs, backend="cpp", passes=NO_JIT, cuda_graphs=graphs)
+
+    compiled = run_calls(case, compile_cpp)
+    assert "backend: cpp" in " ".join(compiled.report().notes)

@@ -15,7 +15,7 @@ import torch
 import opgen
 from opgen import _C
 from opgen.runtime import packaging as package_module
-from opgen.runtime.artifact.package_file import replace_header
+from opgen.runtime.artifact.package_file import FORMAT, replace_header
 from opgen.runtime.errors import InputMismatchError, InputTypeError, PackageError
 
 
@@ -110,6 +110,25 @@ def test_the_file_is_self_contained(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))  # written atomically, nothing left behind
 
 
+def test_constants_lie_in_the_mapped_file_and_writes_stay_private(mlp_package: Path) -> None:
+    """The reader maps the file: constants are tensors over its pages, aligned; writing one writes a
+    private copy, never the file or another load's tensors."""
+    before = mlp_package.read_bytes()
+    first, second = _C.read_package(str(mlp_package)), _C.read_package(str(mlp_package))
+    weight = first["constants"][0]
+    assert weight.data_ptr() % 64 == 0 and weight.numel() > 0
+    kept = weight.clone()
+    weight.add_(1.0)
+    torch.testing.assert_close(second["constants"][0], kept)
+    torch.testing.assert_close(_C.read_package(str(mlp_package))["constants"][0], kept)
+    assert mlp_package.read_bytes() == before
+
+
+def test_checksums_are_crc32c() -> None:
+    assert _C.crc32c(b"123456789") == 0xE3069283  # the standard check value of CRC-32C
+    assert _C.crc32c(b"") == 0 and _C.crc32c(bytes(1000)) != _C.crc32c(bytes(1001))
+
+
 # -- refused when packaging ------------------------------------------------------------------------
 
 
@@ -178,22 +197,22 @@ def test_corrupt_file(mlp_package: Path, tmp_path: Path) -> None:
 
 
 def test_another_torch_version(mlp_package: Path, tmp_path: Path) -> None:
-    other = replace_header(mlp_package.read_bytes(), torch="2.1.0+cpu")
+    other = replace_header(mlp_package.read_bytes(), _C.crc32c, torch="2.1.0+cpu")
     message = f"made with torch 2.1.0\\+cpu, but this runtime has torch {torch.__version__.split('+')[0]}"
     with pytest.raises(PackageError, match=message):
         opgen.load_package(write(tmp_path, other))
 
 
 def test_another_op_spec(mlp_package: Path, tmp_path: Path) -> None:
-    other = replace_header(mlp_package.read_bytes(), thunks="0123456789abcdef")
+    other = replace_header(mlp_package.read_bytes(), _C.crc32c, thunks="0123456789abcdef")
     message = f"made for another op spec: .* thunks 0123456789abcdef .* this runtime's thunks are {_C.THUNK_DIGEST}"
     with pytest.raises(PackageError, match=message):
         opgen.load_package(write(tmp_path, other))
 
 
 def test_another_package_format(mlp_package: Path, tmp_path: Path) -> None:
-    data = mlp_package.read_bytes().replace(b"opgen-package 1 ", b"opgen-package 7 ", 1)
-    with pytest.raises(PackageError, match=r"written in package format 7; this opgen reads format 1"):
+    data = mlp_package.read_bytes().replace(f"opgen-package {FORMAT} ".encode(), b"opgen-package 7 ", 1)
+    with pytest.raises(PackageError, match=f"written in package format 7; this opgen reads format {FORMAT}"):
         opgen.load_package(write(tmp_path, data))
 
 

@@ -22,6 +22,7 @@ import torch
 from test_package import model_and_input
 
 import opgen
+from opgen import _C
 from opgen.runtime.artifact.package_file import replace_header
 
 PROJECT = Path(__file__).resolve().parent / "package_cpp"
@@ -89,8 +90,8 @@ def test_cpp_refuses_bad_packages_with_the_same_messages(program: Path, tmp_path
     cases = {
         "corrupt.opgen": (data[:-5] + bytes([data[-5] ^ 0x40]) + data[-4:], "constant 'fc2.bias' fails its checksum"),
         "truncated.opgen": (data[: len(data) // 2], "truncated:"),
-        "torch.opgen": (replace_header(data, torch="2.1.0"), "made with torch 2.1.0, but this runtime has torch"),
-        "spec.opgen": (replace_header(data, thunks="0123456789abcdef"), "made for another op spec"),
+        "torch.opgen": (replace_header(data, _C.crc32c, torch="2.1.0"), "made with torch 2.1.0, but this runtime has"),
+        "spec.opgen": (replace_header(data, _C.crc32c, thunks="0123456789abcdef"), "made for another op spec"),
         "text.opgen": (b"hello\n", "not an opgen package"),
     }
     for file, (content, message) in cases.items():

@@ -1,29 +1,32 @@
 """The bytes of an opgen package file: what `opgen.package` writes and csrc/opgen/package.cpp reads.
 
-A package is one file: a first line (`opgen-package <format> <header bytes> <header crc32>`), a
+A package is one file: a first line (`opgen-package <format> <header bytes> <header crc32c>`), a
 header of text lines (versions, the model's name and output form, where the program and each
-constant lie, with their sizes, strides and checksums) and the data: the executor program's text
-and the constants' raw bytes, each at a 64-byte aligned offset from the data's start. C++ reads it
-with libtorch only (no pickle, no JSON parser); csrc/opgen/package.h documents the lines. Strings
-are %-escaped as in executor programs (`codegen.cpp.escape`), so every line splits on spaces.
+constant lie, with their sizes, strides and checksums) and, from the next 64-byte boundary, the
+data: the executor program's text and the constants' raw bytes, each at a 64-byte aligned offset
+from the data's start (the reader maps the file and uses the constants where they lie). C++ reads
+it with libtorch only (no pickle, no JSON parser); csrc/opgen/package.h documents the lines.
+Strings are %-escaped as in executor programs (`codegen.cpp.escape`), so every line splits on spaces.
+Checksums are CRC-32C: the caller passes the function (`_C.crc32c`, the reader's own).
 
-Plain data and bytes, no torch: the tensors come in as `ConstantBytes` (package.py makes them).
+Plain data and bytes, no torch: the tensors come in as `ConstantBytes` (packaging.py makes them).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from opgen.runtime.codegen.cpp import escape
 
-FORMAT = 1  # csrc/opgen/package.h: kPackageFormat
+FORMAT = 2  # csrc/opgen/package.h: kPackageFormat
 MAGIC = "opgen-package"
-ALIGN = 64
+ALIGN = 64  # kPackageAlign
+
+Checksum = Callable[[bytes], int]  # CRC-32C of the bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,7 @@ def _word(text: str) -> str:
     return escape(text) if text else "-"
 
 
-def encode(header: PackageHeader, constants: Sequence[ConstantBytes]) -> Iterator[bytes]:
+def encode(header: PackageHeader, constants: Sequence[ConstantBytes], crc32c: Checksum) -> Iterator[bytes]:
     """The file's bytes, in pieces (the constants' bytes are not copied into one buffer)."""
     program = header.program.encode()
     lines = [
@@ -72,7 +75,7 @@ def encode(header: PackageHeader, constants: Sequence[ConstantBytes]) -> Iterato
         f"kernel_ops {_word(header.kernel_ops_build_id)}",
         f"name {_word(header.name)}",
         f"output {header.output_form} {_word(header.output_tree)}",
-        f"program 0 {len(program)} {zlib.crc32(program):x}",
+        f"program 0 {len(program)} {crc32c(program):x}",
     ]
     pieces = [program]
     offset = len(program)
@@ -80,16 +83,21 @@ def encode(header: PackageHeader, constants: Sequence[ConstantBytes]) -> Iterato
         start = _aligned(offset)
         pieces += [bytes(start - offset), c.data]
         offset = start + len(c.data)
-        where = f"{start} {len(c.data)} {zlib.crc32(c.data):x}"
+        where = f"{start} {len(c.data)} {crc32c(c.data):x}"
         lines.append(f"constant {escape(c.key)} {c.dtype} {_ints(c.sizes)} {_ints(c.strides)} {where}")
     lines.append(f"data {offset}")
-    text = ("\n".join(lines) + "\n").encode()
-    yield f"{MAGIC} {FORMAT} {len(text)} {zlib.crc32(text):x}\n".encode()
-    yield text
+    yield _head("\n".join(lines) + "\n", crc32c)
     yield from pieces
 
 
-def write(path: Path, header: PackageHeader, constants: Sequence[ConstantBytes]) -> int:
+def _head(text: str, crc32c: Checksum) -> bytes:
+    """The first line and the header `text`, then zeros up to the data's 64-byte boundary."""
+    body = text.encode()
+    head = f"{MAGIC} {FORMAT} {len(body)} {crc32c(body):x}\n".encode() + body
+    return head + bytes(_aligned(len(head)) - len(head))
+
+
+def write(path: Path, header: PackageHeader, constants: Sequence[ConstantBytes], crc32c: Checksum) -> int:
     """Write the package to `path` through a temporary file renamed into place (a reader never sees half a
     package), piece by piece, with the permissions a new file gets (not a private temporary's); the bytes written.
     """
@@ -97,7 +105,7 @@ def write(path: Path, header: PackageHeader, constants: Sequence[ConstantBytes])
     written = 0
     try:
         with open(tmp, "wb") as f:
-            for piece in encode(header, constants):
+            for piece in encode(header, constants, crc32c):
                 written += f.write(piece)
         os.replace(tmp, path)
     except BaseException:
@@ -106,14 +114,14 @@ def write(path: Path, header: PackageHeader, constants: Sequence[ConstantBytes])
     return written
 
 
-def replace_header(data: bytes, **fields: str) -> bytes:
+def replace_header(data: bytes, crc32c: Checksum, **fields: str) -> bytes:
     """The package `data` with header lines replaced (`torch="1.0"`), checksums made right again; for
     tests and tools that need a package made elsewhere."""
     first, _, rest = data.partition(b"\n")
     _, _, length, _ = first.decode().split(" ")
-    text, body = rest[: int(length)].decode(), rest[int(length) :]
+    text = rest[: int(length)].decode()
+    body = data[_aligned(len(first) + 1 + int(length)) :]
     lines = text.splitlines()
     for key, value in fields.items():
         lines = [f"{key} {escape(value)}" if line.split(" ", 1)[0] == key else line for line in lines]
-    new = ("\n".join(lines) + "\n").encode()
-    return f"{MAGIC} {FORMAT} {len(new)} {zlib.crc32(new):x}\n".encode() + new + body
+    return _head("\n".join(lines) + "\n", crc32c) + body
