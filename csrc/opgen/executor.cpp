@@ -13,12 +13,14 @@
 
 namespace opgen::exec {
 
-void Program::bind(const std::vector<at::Tensor>& constants) {
+void Program::bind(const std::vector<at::Tensor>& constants, bool keep_setup_values) {
   TORCH_CHECK(!bound_, "opgen executor program ", name_, " is already bound");
   TORCH_CHECK(constants.size() == constant_keys_.size(), "opgen executor program ", name_,
               " binds ", constant_keys_.size(), " constants, got ", constants.size());
   for (size_t i = 0; i < constants.size(); ++i) statics_[i] = constants[i];
   run_steps(setup_, statics_.data(), nullptr);
+  bound_ = true;
+  if (keep_setup_values) return;
   // What only setup read (weights before folding or packing) is dropped: the body never sees it.
   std::vector<bool> read(statics_.size(), false);
   for (const Step& s : body_) {
@@ -29,7 +31,6 @@ void Program::bind(const std::vector<at::Tensor>& constants) {
   for (int32_t k = 0; k < num_named_statics_; ++k) {
     if (!read[k]) statics_[k] = c10::IValue();
   }
-  bound_ = true;
 }
 
 void Program::run(Registers& regs, Results& results) const {

@@ -113,8 +113,14 @@ class Program {
   }
   const std::string& return_form() const { return return_form_; }
 
-  // Binds the constants (one per `constant` line, in order) and runs the setup lines.
-  void bind(const std::vector<at::Tensor>& constants);
+  // Binds the constants (one per `constant` line, in order) and runs the setup lines; then drops
+  // the statics only setup read, unless `keep_setup_values` (for `named_statics`).
+  void bind(const std::vector<at::Tensor>& constants, bool keep_setup_values = false);
+
+  // The statics the program's text names (s0...), after bind: constants, then setup's values.
+  c10::ArrayRef<c10::IValue> named_statics() const {
+    return c10::ArrayRef<c10::IValue>(statics_.data(), static_cast<size_t>(num_named_statics_));
+  }
 
   // Registers for one call, with the inputs to fill in at 0..inputs().size()-1.
   Registers registers() const { return Registers(num_registers_); }

@@ -218,17 +218,21 @@ PyTypeObject* cpp_function_type() {
   return &type;
 }
 
+std::vector<at::Tensor> tensors_of(const py::sequence& constants, const char* where) {
+  std::vector<at::Tensor> tensors;
+  for (const py::handle item : constants) {
+    if (!THPVariable_Check(item.ptr()))
+      throw py::type_error(std::string(where) + "(): constants must be tensors");
+    tensors.push_back(THPVariable_Unpack(item.ptr()));
+  }
+  return tensors;
+}
+
 py::object make_cpp_function(const std::string& text, const py::sequence& constants,
                              const py::object& handler, const py::object& proceed,
                              const py::object& unflatten) {
   std::unique_ptr<exec::Program> program = exec::Program::parse(text);
-  std::vector<at::Tensor> tensors;
-  for (const py::handle item : constants) {
-    if (!THPVariable_Check(item.ptr()))
-      throw py::type_error("cpp_function(): constants must be tensors");
-    tensors.push_back(THPVariable_Unpack(item.ptr()));
-  }
-  program->bind(tensors);
+  program->bind(tensors_of(constants, "cpp_function"));
   auto expected = std::make_unique<std::vector<ExpectedTensor>>();
   for (const exec::InputSpec& spec : program->inputs()) {
     expected->push_back({spec.dtype, spec.device, spec.sizes, spec.strides});
@@ -278,6 +282,22 @@ py::dict read_package_py(const std::string& path) {
   return out;
 }
 
+// `setup_values(text, constants)`: the program's named statics once its setup has run (tensors;
+// None for anything else), for packaging's setup folding (opgen.runtime.artifact.setup_folding).
+py::list setup_values(const std::string& text, const py::sequence& constants) {
+  std::unique_ptr<exec::Program> program = exec::Program::parse(text);
+  program->bind(tensors_of(constants, "setup_values"), /*keep_setup_values=*/true);
+  py::list out;
+  for (const c10::IValue& v : program->named_statics()) {
+    if (v.isTensor()) {
+      out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor())));
+    } else {
+      out.append(py::none());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void add_executor(py::module_& m) {
@@ -288,6 +308,9 @@ void add_executor(py::module_& m) {
         "setup; returns\n"
         "the CppFunction that runs it. ValueError on a malformed program or a kernel without a "
         "thunk.");
+  m.def("setup_values", &setup_values, py::arg("text"), py::arg("constants"),
+        "Parse and bind an executor program; its named statics (s0...) once setup has run: "
+        "tensors, None for other values.");
   m.def("read_package", &read_package_py, py::arg("path"),
         "Read and check an opgen package (csrc/opgen/package.h): a dict of its program, "
         "constants and versions.\nopgen.runtime.errors.PackageError on anything wrong with "

@@ -27,7 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from opgen import _C
-from opgen.runtime.artifact import package_file
+from opgen.runtime.artifact import package_file, setup_folding
 from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
 from opgen.runtime.capture.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.errors import InputMismatchError, InputTypeError, PackageError
@@ -62,6 +62,7 @@ def package(
     with torch.no_grad():
         graph, constants, spec = _compile(module, inputs, fallback, passes, cache)
     form = _form(graph)
+    folded = _fold_setup(graph, constants)
     header = package_file.PackageHeader(
         name=model_name(module),
         torch_version=torch.__version__,
@@ -69,9 +70,9 @@ def package(
         kernel_ops_build_id=default_registry().build_id,
         output_form=form,
         output_tree=_tree(spec, model_name(module)) if form == "pytree" else "",
-        program=graph.cpp_program,
+        program=folded.program,
     )
-    records = [_constant_bytes(key, constants[key]) for _, key in graph.constants]
+    records = [_constant_bytes(key, value) for key, value in folded.constants]
     path = Path(path)
     package_file.write(path, header, records, _C.crc32c)
     return path
@@ -107,6 +108,36 @@ def _compile(
         if constants[key].device.type != "cpu":
             raise PackageError(f"opgen.package: constant '{key}' is on {constants[key].device}; packages run on CPU")
     return graph, constants, ep.call_spec.out_spec
+
+
+# The dtypes the package reader knows (csrc/opgen/executor_parse.cpp: dtypes_by_name).
+READABLE_DTYPES = frozenset(
+    ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64",
+     "complex128")
+)  # fmt: skip
+
+
+def _fold_setup(graph: CompiledGraph, constants: dict[str, torch.Tensor]) -> setup_folding.Folded:
+    """The program with its constant-only setup calls run now (`artifact.setup_folding`)."""
+    values = _C.setup_values(graph.cpp_program, [constants[key] for _, key in graph.constants])
+    return setup_folding.fold(graph.cpp_program, values, _storable, _shares_storage)
+
+
+def _storable(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and value.device.type == "cpu"
+        and not value.is_quantized
+        and dtype_name(value.dtype) in READABLE_DTYPES
+    )
+
+
+def _shares_storage(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    ptr = a.untyped_storage().data_ptr()
+    return ptr != 0 and ptr == b.untyped_storage().data_ptr()
 
 
 def _form(graph: CompiledGraph) -> str:
