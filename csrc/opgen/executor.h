@@ -84,8 +84,9 @@ class BorrowedInputs {
 
   // Input `i` (set in order, from 0) is `t`, which outlives the call.
   void set(size_t i, const at::Tensor& t) {
-    regs_[i] = c10::IValue(at::Tensor(
-        c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(t.unsafeGetTensorImpl())));
+    regs_[i] =
+        c10::IValue(at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
+            t.unsafeGetTensorImpl())));
     count_ = i + 1;
   }
 

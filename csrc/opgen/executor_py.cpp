@@ -120,7 +120,6 @@ PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
   return tree;
 }
 
-
 PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto& fn = *reinterpret_cast<CppFunction*>(self);
   const exec::Program& program = *fn.program;

@@ -4,17 +4,17 @@
 
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/ScalarType.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
-#include <c10/core/ScalarType.h>
 #include <torch/headeronly/version.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
-#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -113,7 +113,7 @@ class Mapping {
   Mapping(const std::string& path, const std::function<void(const std::string&)>& fail) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) fail("cannot open it for reading (" + std::string(std::strerror(errno)) + ")");
-    struct stat st {};
+    struct stat st{};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
       fail("not a regular file");
@@ -212,7 +212,8 @@ class Reader {
           "opgen.package())");
     }
     const auto w = words(first);
-    if (w.size() != 4 || first.size() == file.size()) fail("corrupt first line: " + std::string(first));
+    if (w.size() != 4 || first.size() == file.size())
+      fail("corrupt first line: " + std::string(first));
     const uint64_t format = number(w[1]);
     if (format != kPackageFormat) {
       fail("written in package format " + std::to_string(format) + "; this opgen reads format " +
@@ -334,8 +335,7 @@ class Reader {
     char* data = span(offset, length, number(r[6], 16), what);
     const auto options = at::TensorOptions().dtype(dtype->second);
     if (length == 0) return at::empty_strided(sizes, strides, options);
-    return at::from_blob(
-        data, sizes, strides, [map = map_](void*) {}, options);
+    return at::from_blob(data, sizes, strides, [map = map_](void*) {}, options);
   }
 
   std::string path_;
@@ -345,15 +345,6 @@ class Reader {
   std::map<std::string, std::vector<std::string>> fields_;
   std::vector<std::vector<std::string>> constants_;
 };
-
-// `a == b`, inline: ranks are small, and a call to memcmp costs more than the loop.
-bool same(c10::IntArrayRef a, const std::vector<int64_t>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t d = 0; d < b.size(); ++d) {
-    if (a[d] != b[d]) return false;
-  }
-  return true;
-}
 
 std::string ints_text(c10::IntArrayRef v) {
   std::ostringstream out;
@@ -412,7 +403,8 @@ std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) cons
       return where() + "input '" + s.name + "' (position " + std::to_string(i + 1) + "): ";
     };
     if (!t.defined()) throw PackageError(input() + "an undefined tensor");
-    if (t.layout() != at::kStrided) throw PackageError(input() + "must be a dense (strided) tensor");
+    if (t.layout() != at::kStrided)
+      throw PackageError(input() + "must be a dense (strided) tensor");
     if (t.scalar_type() != s.dtype) {
       throw PackageError(input() + "expected dtype " + dtype_name(s.dtype) + ", got " +
                          dtype_name(t.scalar_type()));
@@ -420,11 +412,11 @@ std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) cons
     if (t.device() != s.device)
       throw PackageError(input() + "expected a tensor on " + s.device.str() + ", got one on " +
                          t.device().str());
-    if (!same(t.sizes(), s.sizes)) {
+    if (t.sizes() != c10::IntArrayRef(s.sizes)) {
       throw PackageError(input() + "expected shape " + ints_text(s.sizes) + ", got " +
                          ints_text(t.sizes()) + " (a package runs the shapes it was made for)");
     }
-    if (!same(t.strides(), s.strides)) {
+    if (t.strides() != c10::IntArrayRef(s.strides)) {
       throw PackageError(input() + "expected strides " + ints_text(s.strides) + ", got " +
                          ints_text(t.strides()) +
                          " (pass .contiguous() or the layout it was made with)");
