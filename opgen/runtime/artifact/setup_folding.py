@@ -67,6 +67,7 @@ def fold(
         return Folded(program, tuple((key, values[k]) for k, key in keys.items()))  # writes in place
     folded: set[int] = set()
     kept_setup: list[str] = []
+    kept_outs: set[int] = set()  # statics the kept setup lines make
     for line in setup:
         code, _ = _split(line)
         outs_text, _, call = code.partition(" = ")
@@ -83,11 +84,11 @@ def fold(
             folded.update(outs)
         else:
             kept_setup.append(line)
+            kept_outs.update(outs)
     body = lines[body_at + 1 :]
     read = {k for line in kept_setup + body for k in _statics(_split(line)[0].split())}
     stored = [k for k in sorted(keys) if k in read] + sorted(k for k in folded if k in read)
-    others = sorted({k for line in kept_setup for k in _statics(_split(line)[0].partition(" = ")[0].split())})
-    number = {k: i for i, k in enumerate(stored + others)}
+    number = {k: i for i, k in enumerate(stored + sorted(kept_outs))}
 
     def renamed(line: str) -> str:
         code, comment = _split(line)
@@ -103,7 +104,7 @@ def fold(
             out.append(" ".join(words))
         elif words[:1] != ["constant"]:
             out.append(line)
-    out += [f"constant s{number[k]} {keys.get(k, f'setup.s{k}')}" for k in stored]
-    out += ["setup:", *(renamed(line) for line in kept_setup), "body:", *(renamed(line) for line in body)]
     bound = tuple((keys.get(k, f"setup.s{k}"), values[k]) for k in stored)
+    out += [f"constant s{i} {key}" for i, (key, _) in enumerate(bound)]
+    out += ["setup:", *(renamed(line) for line in kept_setup), "body:", *(renamed(line) for line in body)]
     return Folded("\n".join(out) + ("\n" if program.endswith("\n") else ""), bound)
