@@ -13,10 +13,18 @@
 
 namespace opgen::exec {
 
-void Program::bind(const std::vector<at::Tensor>& constants, bool keep_setup_values) {
+void Program::bind(const std::vector<at::Tensor>& constants,
+                   std::vector<std::shared_ptr<const Extern>> externs, bool keep_setup_values) {
   TORCH_CHECK(!bound_, "opgen executor program ", name_, " is already bound");
   TORCH_CHECK(constants.size() == constant_keys_.size(), "opgen executor program ", name_,
               " binds ", constant_keys_.size(), " constants, got ", constants.size());
+  TORCH_CHECK(externs.size() == extern_names_.size(), "opgen executor program ", name_, " calls ",
+              extern_names_.size(), " externs, got ", externs.size());
+  for (size_t i = 0; i < externs.size(); ++i) {
+    TORCH_CHECK(externs[i] != nullptr, "opgen executor program ", name_,
+                ": no function for extern ", extern_names_[i]);
+  }
+  externs_ = std::move(externs);
   for (size_t i = 0; i < constants.size(); ++i) statics_[i] = constants[i];
   run_steps(setup_, statics_.data(), nullptr);
   bound_ = true;
@@ -31,6 +39,29 @@ void Program::bind(const std::vector<at::Tensor>& constants, bool keep_setup_val
   for (int32_t k = 0; k < num_named_statics_; ++k) {
     if (!read[k]) statics_[k] = c10::IValue();
   }
+}
+
+std::unique_ptr<Program> Program::resolved(
+    const std::unordered_map<std::string, std::string>& picks) const {
+  TORCH_CHECK(bound_, "opgen executor program ", name_, " is resolved before it is bound");
+  auto out = std::make_unique<Program>(*this);
+  out->body_.clear();
+  for (const Step& s : body_) {
+    const auto pick =
+        s.instr.kind == Instr::Kind::kExtern ? picks.find(extern_names_[s.callee]) : picks.end();
+    if (pick == picks.end()) {
+      out->body_.push_back(s);
+      continue;
+    }
+    const auto choice = alternatives_.find(pick->first);
+    const auto lines = choice == alternatives_.end() ? nullptr : &choice->second;
+    TORCH_CHECK_VALUE(lines != nullptr && lines->count(pick->second) != 0,
+                      "opgen executor program ", name_, ": ", pick->first, " has no alternative ",
+                      pick->second);
+    const std::vector<Step>& chosen = lines->at(pick->second);
+    out->body_.insert(out->body_.end(), chosen.begin(), chosen.end());
+  }
+  return out;
 }
 
 void Program::run(Registers& regs, Results& results) const {
@@ -101,6 +132,9 @@ void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Resul
           break;
         case Instr::Kind::kOp:
           call_operator(f, s);
+          break;
+        case Instr::Kind::kExtern:
+          externs_[s.callee]->call(f, s);
           break;
         case Instr::Kind::kAlloc:
           f.regs[in.outs[0]] = s.options.device().is_cpu()

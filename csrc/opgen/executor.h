@@ -18,6 +18,10 @@
 //   s3 = op mkldnn::_reorder_linear_weight s0 batch_size=1   a torch op through the dispatcher
 //   (boxed):
 //                                            ATen fallbacks; arguments positional, then by name
+//   extern fused0                            a function the host binds by name (header)
+//   r7 = call fused0 r2 r3 scale=0.5         a call of an extern: positional, then by name
+//   alternative fused0 triton                after the body: lines that may replace the calls of
+//   (lines)                                  an extern once its pick is known (`resolved`)
 //   free r2 r3
 //   return single r5                         single | tuple | list | pytree
 //
@@ -50,6 +54,18 @@ struct InputSpec {
   std::vector<int64_t> strides;
 };
 
+struct Step;
+
+// A function outside the program that its `call` lines call, bound by name when the program is
+// bound: under Python, a Python callable or a Triton launcher (executor_py.cpp). The core runs no
+// Python itself; a host without one (a package) refuses programs that name externs.
+class Extern {
+ public:
+  virtual ~Extern() = default;
+  // Reads the step's operands from `f` and stores its results (one per output, or unpacked).
+  virtual void call(Frame& f, const Step& step) const = 0;
+};
+
 // One line of setup or body, with what the non-call kinds need besides their operands.
 struct Step {
   Instr instr;
@@ -58,7 +74,9 @@ struct Step {
   int64_t offset = 0;
   at::TensorOptions options;  // alloc
   std::optional<c10::OperatorHandle>
-      op;  // op: the operator, its arguments in `instr.args` by schema position
+      op;               // op: the operator, its arguments in `instr.args` by schema position
+  int32_t callee = -1;  // call: the extern's index in `Program::extern_names()`
+  std::vector<std::string> keywords;  // call: names of the last operands (passed by name)
 };
 
 // The dtypes programs and packages name (float32, bfloat16, bool, ...), by name.
@@ -110,13 +128,26 @@ class Program {
   // runs the body without it, and calls that share persistent buffers one at a time (`lock`).
   bool releases_gil() const { return releases_gil_; }
   std::unique_lock<std::mutex> lock() const {
-    return persistent_ ? std::unique_lock<std::mutex>(mutex_) : std::unique_lock<std::mutex>();
+    return persistent_ ? std::unique_lock<std::mutex>(*mutex_) : std::unique_lock<std::mutex>();
   }
   const std::string& return_form() const { return return_form_; }
 
-  // Binds the constants (one per `constant` line, in order) and runs the setup lines; then drops
-  // the statics only setup read, unless `keep_setup_values` (for `named_statics`).
-  void bind(const std::vector<at::Tensor>& constants, bool keep_setup_values = false);
+  // The externs the program calls, by the names of its `extern` lines, in order.
+  const std::vector<std::string>& extern_names() const { return extern_names_; }
+
+  // A copy of this bound program (sharing its statics, externs and lock) whose body has, in place
+  // of each call of an extern in `picks`, the lines of that extern's alternative of the picked
+  // name: the host settles a choice (a fused kernel: its Triton launch or its ATen calls) on a
+  // first call. ValueError (c10) on a pick with no such alternative.
+  std::unique_ptr<Program> resolved(
+      const std::unordered_map<std::string, std::string>& picks) const;
+
+  // Binds the constants (one per `constant` line, in order) and the externs (one per name of
+  // `extern_names()`), and runs the setup lines; then drops the statics only setup read, unless
+  // `keep_setup_values` (for `named_statics`).
+  void bind(const std::vector<at::Tensor>& constants,
+            std::vector<std::shared_ptr<const Extern>> externs = {},
+            bool keep_setup_values = false);
 
   // The statics the program's text names (s0...), after bind: constants, then setup's values.
   c10::ArrayRef<c10::IValue> named_statics() const {
@@ -141,13 +172,18 @@ class Program {
   std::vector<Step> setup_;
   std::vector<Step> body_;
   std::vector<c10::IValue> statics_;
+  std::vector<std::string> extern_names_;
+  std::vector<std::shared_ptr<const Extern>> externs_;
+  // extern name -> pick -> its lines
+  std::unordered_map<std::string, std::unordered_map<std::string, std::vector<Step>>> alternatives_;
   int32_t num_registers_ = 0;
   int32_t num_named_statics_ = 0;
   bool guarded_ = false;
   bool grad_guard_ = false;
   bool releases_gil_ = false;
   bool persistent_ = false;  // setup allocates buffers the body writes
-  mutable std::mutex mutex_;
+  std::shared_ptr<std::mutex> mutex_ =
+      std::make_shared<std::mutex>();  // shared with `resolved` copies
   bool bound_ = false;
   std::string return_form_ = "tuple";
 

@@ -2,6 +2,7 @@
 // the line; kernels are found in the generated thunk tables, torch ops in the dispatcher.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
@@ -101,6 +102,19 @@ class Parser {
                    index(tokens[1], 's') == static_cast<int32_t>(p_.constant_keys_.size()),
                "constants are `constant s<k> <key>`, numbered from s0 in order");
         p_.constant_keys_.push_back(unescape(tokens[2]));
+      } else if (head == "extern") {
+        expect(tokens.size() == 2, "externs are `extern <name>`");
+        const std::string name(tokens[1]);
+        for (const std::string& known : p_.extern_names_)
+          expect(known != name, "extern " + name + " twice");
+        p_.extern_names_.push_back(name);
+      } else if (head == "alternative") {
+        expect(tokens.size() == 3, "alternatives are `alternative <extern> <pick>`");
+        const auto& names = p_.extern_names_;
+        expect(std::find(names.begin(), names.end(), tokens[1]) != names.end(),
+               "an alternative of " + std::string(tokens[1]) + ", which no `extern` line names");
+        section = &p_.alternatives_[std::string(tokens[1])][std::string(tokens[2])];
+        section_is_body_ = true;
       } else if (head == "setup:") {
         section = &p_.setup_;
         section_is_body_ = false;
@@ -116,6 +130,10 @@ class Parser {
       }
     }
     expect(started_, "empty program");
+    // A program that calls externs may run Python, which can hand the GIL to another thread
+    // mid-call: calls sharing persistent buffers then take the program's lock, with the GIL
+    // released.
+    p_.releases_gil_ |= p_.persistent_ && !p_.extern_names_.empty();
   }
 
  private:
@@ -342,6 +360,8 @@ class Parser {
     } else if (what == "op") {
       expect(!rest.empty(), "op <namespace>::<name>[.<overload>] <operands...>");
       operator_call(s, rest);
+    } else if (what == "call") {
+      extern_call(s, rest);
     } else if (what == "list") {
       in.kind = Instr::Kind::kList;
       for (std::string_view o : rest) in.args.push_back(operand(o));
@@ -359,6 +379,27 @@ class Parser {
       for (std::string_view o : rest) in.args.push_back(operand(o));
     }
     return s;
+  }
+
+  // `call <extern> <positional...> <name>=<operand>...`: positional operands, then named ones.
+  void extern_call(Step& s, const std::vector<std::string_view>& rest) {
+    Instr& in = s.instr;
+    in.kind = Instr::Kind::kExtern;
+    expect(!rest.empty(), "call <extern> <operands...>");
+    const auto& names = p_.extern_names_;
+    const auto it = std::find(names.begin(), names.end(), rest[0]);
+    expect(it != names.end(), "call of " + std::string(rest[0]) + ", which no `extern` line names");
+    s.callee = static_cast<int32_t>(it - names.begin());
+    for (size_t i = 1; i < rest.size(); ++i) {
+      const size_t eq = rest[i].find('=');
+      if (eq == std::string_view::npos) {
+        expect(s.keywords.empty(), "positional operands come before named ones");
+        in.args.push_back(operand(rest[i]));
+      } else {
+        s.keywords.emplace_back(rest[i].substr(0, eq));
+        in.args.push_back(operand(rest[i].substr(eq + 1)));
+      }
+    }
   }
 
   // `op <ns>::<name>[.<overload>] <positional...> <name>=<operand>...`: the operands go in schema

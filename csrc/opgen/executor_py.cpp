@@ -12,9 +12,11 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "opgen/executor.h"
+#include "opgen/executor_externs.h"
 #include "opgen/input_check.h"
 #include "opgen/package.h"
 #include "opgen/python_errors.h"
@@ -36,6 +38,9 @@ struct CppFunction {
   PyObject* handler;    // the slow path: handler(*args) returns a result, raises, or returns `proceed`
   PyObject* proceed;    // the sentinel that says: run this program on these inputs
   PyObject* unflatten;  // rebuilds a pytree result from the flat tuple (None unless the form is pytree)
+  PyObject* resolver;   // null, or resolver() -> None (not yet) or {choice: pick}, asked after calls
+  PyObject* picks;      // what the resolver returned, once it did (else null)
+  std::vector<std::unique_ptr<exec::Program>>* retired;  // programs `resolve` replaced
   int form;             // the return line's form, as a Form
 };
 // clang-format on
@@ -62,32 +67,6 @@ PyObject* opgen_error(const char* name, PyObject* fallback) {
   }
   Py_DECREF(cls);  // the module keeps it alive
   return cls;
-}
-
-// Consumes `v`: a tensor's only reference goes to its new PyObject (no reference count change).
-PyObject* to_python(c10::IValue&& v) {
-  if (v.isTensor()) return THPVariable_Wrap(std::move(v).toTensor());
-  if (v.isNone()) Py_RETURN_NONE;
-  if (v.isBool()) return PyBool_FromLong(v.toBool());
-  if (v.isInt()) return PyLong_FromLongLong(v.toInt());
-  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
-  if (v.isList()) {
-    const auto items = v.toListRef();
-    PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
-    if (list == nullptr) return nullptr;
-    for (size_t i = 0; i < items.size(); ++i) {
-      PyObject* item = to_python(c10::IValue(items[i]));
-      if (item == nullptr) {
-        Py_DECREF(list);
-        return nullptr;
-      }
-      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
-    }
-    return list;
-  }
-  PyErr_Format(PyExc_TypeError, "opgen program: cannot return a value of type %s",
-               v.tagKind().c_str());
-  return nullptr;
 }
 
 enum Form { kSingle, kTuple, kList, kPytree };
@@ -118,6 +97,30 @@ PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
   PyObject* tree = PyObject_CallOneArg(fn.unflatten, out);
   Py_DECREF(out);
   return tree;
+}
+
+// After a call: asks the resolver for the picks of the program's choices. Once it gives them, the
+// program with each pick's lines in place of its choice's call runs from the next call on; the old
+// one stays alive (a thread may still be in it) until the function is freed. False: a Python error.
+bool resolve(CppFunction& fn) {
+  PyObject* picks = PyObject_CallNoArgs(fn.resolver);
+  if (picks == nullptr) return false;
+  const py::object held = py::reinterpret_steal<py::object>(picks);
+  if (picks == Py_None) return true;
+  std::unordered_map<std::string, std::string> map;
+  try {
+    for (const auto& [name, pick] : py::cast<py::dict>(held))
+      map[py::cast<std::string>(name)] = py::cast<std::string>(pick);
+    std::unique_ptr<exec::Program> next = fn.program->resolved(map);
+    fn.retired->emplace_back(fn.program);
+    fn.program = next.release();
+  } catch (...) {
+    raise_current(*fn.program);
+    return false;
+  }
+  Py_CLEAR(fn.resolver);
+  fn.picks = held.inc_ref().ptr();
+  return true;
 }
 
 PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -166,7 +169,9 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
     } else {
       program.run(regs, results);  // with the GIL held, calls run one at a time
     }
-    return results_to_python(fn, results);
+    PyObject* out = results_to_python(fn, results);
+    if (out != nullptr && fn.resolver != nullptr && !resolve(fn)) Py_CLEAR(out);
+    return out;
   } catch (...) {
     return raise_current(program);
   }
@@ -178,6 +183,8 @@ int traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(fn->handler);
   Py_VISIT(fn->proceed);
   Py_VISIT(fn->unflatten);
+  Py_VISIT(fn->resolver);
+  Py_VISIT(fn->picks);
   return 0;
 }
 
@@ -187,6 +194,8 @@ int clear(PyObject* self) {
   Py_CLEAR(fn->handler);
   Py_CLEAR(fn->proceed);
   Py_CLEAR(fn->unflatten);
+  Py_CLEAR(fn->resolver);
+  Py_CLEAR(fn->picks);
   return 0;
 }
 
@@ -195,6 +204,7 @@ void dealloc(PyObject* self) {
   clear(self);
   auto* fn = reinterpret_cast<CppFunction*>(self);
   delete fn->program;
+  delete fn->retired;
   delete fn->expected;
   Py_TYPE(self)->tp_free(self);
 }
@@ -204,8 +214,18 @@ PyObject* program_text_names(PyObject* self, void*) {
   return PyUnicode_FromString(program.name().c_str());
 }
 
+PyObject* picks_of(PyObject* self, void*) {
+  PyObject* picks = reinterpret_cast<CppFunction*>(self)->picks;
+  if (picks == nullptr) Py_RETURN_NONE;
+  Py_INCREF(picks);
+  return picks;
+}
+
 PyGetSetDef getset[] = {
     {"__name__", program_text_names, nullptr, "the program's name", nullptr},
+    {"picks", picks_of, nullptr,
+     "{choice: pick} the program runs resolved with (fused kernels: 'triton' or 'aten'), or None",
+     nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -228,10 +248,11 @@ std::vector<at::Tensor> tensors_of(const py::sequence& constants, const char* wh
 }
 
 py::object make_cpp_function(const std::string& text, const py::sequence& constants,
-                             const py::object& handler, const py::object& proceed,
-                             const py::object& unflatten) {
+                             const py::dict& externs, const py::object& handler,
+                             const py::object& proceed, const py::object& unflatten,
+                             const py::object& resolver) {
   std::unique_ptr<exec::Program> program = exec::Program::parse(text);
-  program->bind(tensors_of(constants, "cpp_function"));
+  program->bind(tensors_of(constants, "cpp_function"), externs_of(*program, externs));
   auto expected = std::make_unique<std::vector<ExpectedTensor>>();
   for (const exec::InputSpec& spec : program->inputs()) {
     expected->push_back({spec.dtype, spec.device, spec.sizes, spec.strides});
@@ -250,6 +271,9 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   fn->handler = py::object(handler).release().ptr();
   fn->proceed = py::object(proceed).release().ptr();
   fn->unflatten = py::object(unflatten).release().ptr();
+  fn->resolver = resolver.is_none() ? nullptr : py::object(resolver).release().ptr();
+  fn->picks = nullptr;
+  fn->retired = new std::vector<std::unique_ptr<exec::Program>>();
   fn->form = form;
   return py::reinterpret_steal<py::object>(self);
 }
@@ -285,7 +309,7 @@ py::dict read_package_py(const std::string& path) {
 // None for anything else), for packaging's setup folding (opgen.runtime.artifact.setup_folding).
 py::list setup_values(const std::string& text, const py::sequence& constants) {
   std::unique_ptr<exec::Program> program = exec::Program::parse(text);
-  program->bind(tensors_of(constants, "setup_values"), /*keep_setup_values=*/true);
+  program->bind(tensors_of(constants, "setup_values"), {}, /*keep_setup_values=*/true);
   py::list out;
   for (const c10::IValue& v : program->named_statics()) {
     if (v.isTensor()) {
@@ -302,11 +326,13 @@ py::list setup_values(const std::string& text, const py::sequence& constants) {
 void add_executor(py::module_& m) {
   if (PyType_Ready(cpp_function_type()) != 0) throw py::error_already_set();
   m.def("cpp_function", &make_cpp_function, py::arg("text"), py::arg("constants"),
-        py::arg("handler"), py::arg("proceed"), py::arg("unflatten"),
-        "Parse an executor program (opgen.runtime.codegen.cpp), bind its constants and run its "
-        "setup; returns\n"
-        "the CppFunction that runs it. ValueError on a malformed program or a kernel without a "
-        "thunk.");
+        py::arg("externs"), py::arg("handler"), py::arg("proceed"), py::arg("unflatten"),
+        py::arg("resolver") = py::none(),
+        "Parse an executor program (opgen.runtime.codegen.cpp), bind its constants and externs "
+        "(name -> callable)\nand run its setup; returns the CppFunction that runs it. ValueError "
+        "on a malformed program, a kernel\nwithout a thunk or an extern without a function. "
+        "`resolver() -> None | {choice: pick}` is asked\nafter each call until it names the "
+        "picks; the program then runs with them resolved (Program::resolved).");
   m.def("setup_values", &setup_values, py::arg("text"), py::arg("constants"),
         "Parse and bind an executor program; its named statics (s0...) once setup has run: "
         "tensors, None for other values.");

@@ -5,8 +5,8 @@
 
 namespace opgen {
 
-// Adds `cpp_function(text, constants, handler, proceed, unflatten)` and the type `CppFunction` to
-// `m`.
+// Adds `cpp_function(text, constants, externs, handler, proceed, unflatten, resolver)` and the type
+// `CppFunction` to `m`.
 void add_executor(pybind11::module_& m);
 
 }  // namespace opgen

@@ -11,9 +11,8 @@
 // compile jit_stub.cpp instead: the types exist, and using them raises a clear RuntimeError.
 #pragma once
 
-#include <Python.h>
-
 #include <ATen/core/Tensor.h>
+#include <Python.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -49,6 +48,15 @@ struct SpecKernel {
 // Launches `kernel` with `args`. Throws c10::Error (or PythonError with a Python exception set)
 // on bad arguments, when the build has no CUDA, or when Triton is missing.
 void launch(SpecKernel& kernel, std::initializer_list<Arg> args);
+
+// Whether `o` is a JitLauncher (never, in CPU builds).
+bool is_launcher(PyObject* o);
+
+// Launches the JitLauncher `launcher` with `args` (its runtime parameters, in order) from C++: the
+// first variant that fits, else its Python fallback (compile, autotune, launch). Takes the GIL only
+// where Python runs (the fallback, a Python grid). Throws c10::Error, or PythonError with a Python
+// exception set.
+void launch_with(PyObject* launcher, const Arg* args, size_t n);
 
 // Adds JitLauncher, Switch and the driver/bench helpers to `m`.
 void add_jit(pybind11::module_& m);

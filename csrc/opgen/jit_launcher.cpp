@@ -454,6 +454,36 @@ PyObject* call(PyObject* obj, PyObject* const* args, size_t nargsf, PyObject* kw
   END_HANDLE_TH_ERRORS
 }
 
+}  // namespace
+
+bool is_launcher(PyObject* o) { return PyObject_TypeCheck(o, launcher_type()) != 0; }
+
+void launch_with(PyObject* obj, const Arg* args, size_t n) {
+  auto* self = reinterpret_cast<Launcher*>(obj);
+  TORCH_CHECK_TYPE(static_cast<Py_ssize_t>(n) == self->nargs, "opgen.jit: ", *self->name, " takes ", self->nargs,
+                   " arguments (the kernel's runtime parameters), got ", n);
+  if (Variant* v = pick(self, args, n)) {
+    std::optional<py::gil_scoped_acquire> gil;
+    if (v->py_grid) gil.emplace();  // the grid is a Python function
+    launch_variant(*v, args, n);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  std::vector<py::object> wrapped;
+  std::vector<PyObject*> raw;
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* o = wrap_arg(args[i]);
+    if (o == nullptr) throw PythonError{};
+    wrapped.push_back(py::reinterpret_steal<py::object>(o));
+    raw.push_back(o);
+  }
+  PyObject* result = call_fallback(self, raw.data(), n);
+  if (result == nullptr) throw PythonError{};
+  Py_DECREF(result);
+}
+
+namespace {
+
 Kind kind_of(const std::string& k) {
   static const std::pair<const char*, Kind> kinds[] = {
       {"ptr", Kind::Ptr}, {"i32", Kind::I32}, {"i64", Kind::I64}, {"u64", Kind::U64}, {"fp32", Kind::F32},

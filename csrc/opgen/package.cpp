@@ -373,6 +373,17 @@ Package::Package(const std::string& path) : path_(path) {
   output_form_ = c.output_form;
   try {
     program_ = exec::Program::parse(c.program);
+  } catch (const std::exception& e) {
+    throw PackageError("opgen package " + path + ": its program does not run here: " + e.what());
+  }
+  if (!program_->extern_names().empty()) {
+    std::string names;
+    for (const std::string& n : program_->extern_names()) names += (names.empty() ? "" : ", ") + n;
+    throw PackageError("opgen package " + path +
+                       ": its program calls functions bound at load time (" + names +
+                       "), which a package running without Python cannot have");
+  }
+  try {
     program_->bind(c.constants);
   } catch (const std::exception& e) {
     throw PackageError("opgen package " + path + ": its program does not run here: " + e.what());

@@ -80,7 +80,8 @@ function(opgen_add_extension target)
       "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/jit_binding.cpp"
       "${_OPGEN_CSRC}/opgen/ranged_check.cpp" "${_OPGEN_CSRC}/opgen/checks.cpp"
       "${_OPGEN_CSRC}/opgen/kernels.cpp" "${_OPGEN_CSRC}/opgen/executor.cpp" "${_OPGEN_CSRC}/opgen/executor_parse.cpp"
-      "${_OPGEN_CSRC}/opgen/executor_py.cpp" "${_OPGEN_CSRC}/opgen/package.cpp")
+      "${_OPGEN_CSRC}/opgen/executor_py.cpp" "${_OPGEN_CSRC}/opgen/executor_externs.cpp"
+      "${_OPGEN_CSRC}/opgen/package.cpp")
   # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
   set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)

@@ -199,7 +199,7 @@ class _Specializations:
         handler = self.slow_path(graph.inputs, graph.size_ranges, bound.grad_mode, whole)
         rt = executor.Runtime(handler, unflatten=bound.unflatten)
         fn = executor.bind(graph, bound.constants, rt, kernel_ops_module(), filename)
-        cpp = functools.partial(bind_cpp, graph, bound.constants, rt.on_mismatch, bound.unflatten)
+        cpp = functools.partial(bind_cpp, graph, bound.constants, rt.on_mismatch, bound.unflatten, jit=rt.jit)
         fn, backend_line = with_backend(self.options.backend, graph, fn, cpp)
         if self.graphs is not None:
             fn = self.graphs.wrap(fn, graph, bound.constants)

@@ -99,8 +99,9 @@ def compile_aten_graph(
     def make(tensors: Sequence[torch.Tensor]) -> Callable[..., Any]:
         bound = {**constants, **{keys[i]: t for i, t in zip(frozen.positions, tensors, strict=True)}}
         with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
-            fn = executor.bind(graph, bound, executor.Runtime(_no_mismatch), kernel_ops_module(), filename)
-            cpp = functools.partial(bind_cpp, graph, bound, functools.partial(_no_mismatch, None))
+            rt = executor.Runtime(_no_mismatch)
+            fn = executor.bind(graph, bound, rt, kernel_ops_module(), filename)
+            cpp = functools.partial(bind_cpp, graph, bound, functools.partial(_no_mismatch, None), jit=rt.jit)
             fn, line = with_backend(options.backend, graph, fn, cpp)
         backend_lines[:] = [line] if line else []
         return graphs.wrap(fn, graph, bound, fixed=fixed) if graphs is not None else fn

@@ -104,10 +104,21 @@ def _compile(
             f"opgen.package: {model_name(module)} cannot run on the C++ executor: {graph.cpp_error} "
             "(opgen.compile(model, inputs) runs it on the Python backend)"
         )
+    if externs := _externs(graph.cpp_program):
+        raise PackageError(
+            f"opgen.package: {model_name(module)} calls functions bound in the running process "
+            f"({', '.join(externs)}: Python functions, Triton kernels or collectives), and a package runs "
+            "without Python (opgen.compile(model, inputs, backend='cpp') runs it in this process)"
+        )
     for _, key in graph.constants:
         if constants[key].device.type != "cpu":
             raise PackageError(f"opgen.package: constant '{key}' is on {constants[key].device}; packages run on CPU")
     return graph, constants, ep.call_spec.out_spec
+
+
+def _externs(program: str) -> list[str]:
+    """The functions a program calls that the process binds (its `extern` lines): none in a package."""
+    return [line.split()[1] for line in program.splitlines() if line.startswith("extern ")]
 
 
 # The dtypes the package reader knows (csrc/opgen/executor_parse.cpp: dtypes_by_name).
@@ -187,9 +198,14 @@ def load_package(path: str | Path) -> Callable[..., Any]:
     tree = contents["output_tree"]
     unflatten = _unflatten(pytree.treespec_loads(tree)) if contents["output_form"] == "pytree" else None
     handler = _slow_path(specs, str(path))
+    if externs := _externs(contents["program"]):  # as csrc/opgen/package.cpp says it
+        raise PackageError(
+            f"opgen package {path}: its program calls functions bound at load time ({', '.join(externs)}), "
+            "which a package running without Python cannot have"
+        )
     try:
         fn: Callable[..., Any] = _C.cpp_function(
-            contents["program"], contents["constants"], handler, PROCEED, unflatten
+            contents["program"], contents["constants"], {}, handler, PROCEED, unflatten
         )
     except (ValueError, RuntimeError, TypeError) as exc:
         raise PackageError(f"opgen package {path}: its program does not run here: {exc}") from exc

@@ -155,10 +155,12 @@ def compile_fused(
     inputs: tuple[torch.Tensor, ...],
     tolerance: dict[str, float] | None = None,
     run_triton: bool = True,
+    backend: str = "python",
 ) -> tuple[Any, list[str]]:
     """(compiled function, names of the fused kernels it ran: filled in as it runs).
 
     Without `run_triton` each fused kernel is bound to its ATen calls alone (no triton needed).
+    `backend`: opgen.compile's (the C++ executor calls each fused kernel's binding as an extern).
     """
     from opgen.runtime import passes
     from opgen.runtime.execution import fused as fused_module
@@ -175,7 +177,7 @@ def compile_fused(
         monkeypatch.setattr(fused_module, "bindings", lambda specs: {s.local: (lambda aten: aten) for s in specs})
     pipeline = [p for p in default_pipeline() if p != "fusion"]
     pipeline.insert(pipeline.index("memo"), "fusion_on_cpu")
-    compiled = opgen.compile(model, inputs, passes=pipeline, cache=False)
+    compiled = opgen.compile(model, inputs, passes=pipeline, cache=False, backend=backend)
     return compiled, checks
 
 

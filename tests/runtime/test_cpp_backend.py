@@ -43,7 +43,7 @@ def cpp(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], **kwargs: obje
 
 
 def program(body: str, inputs: str = HEADER) -> object:
-    return _C.cpp_function(inputs + "setup:\nbody:\n" + body, [], None, PROCEED, None)
+    return _C.cpp_function(inputs + "setup:\nbody:\n" + body, [], {}, None, PROCEED, None)
 
 
 def test_single_add_prints_one_instruction_per_kernel_call() -> None:
@@ -202,9 +202,8 @@ def test_literals_lists_and_defaults() -> None:
 def test_boxed_operator_calls_through_the_dispatcher() -> None:
     x = torch.randn(16)
     text = "program f registers 4 statics 0\ninput r0 x float32 cpu [16] [1]\nsetup:\nbody:\n"
-    fn = _C.cpp_function(
-        text + "  r1, r2 = op aten::sort.default r0 descending=True\n  return tuple r1 r2\n", [], None, PROCEED, None
-    )
+    body = "  r1, r2 = op aten::sort.default r0 descending=True\n  return tuple r1 r2\n"
+    fn = _C.cpp_function(text + body, [], {}, None, PROCEED, None)
     values, indices = fn(x)
     ref = torch.sort(x, descending=True)
     torch.testing.assert_close(values, ref.values)
@@ -230,7 +229,7 @@ def test_kernel_errors_keep_their_type_and_name_the_instruction() -> None:
     x = torch.randn(4, 4)
     text = "program f registers 2 statics 0\ninput r0 x float32 cpu [4,4] [4,1]\nsetup:\nbody:\n"
     fn = _C.cpp_function(text + "  r1 = view.cpu r0 [5,5]  # view_1: aten.view.default\n  return single r1\n",
-                         [], None, PROCEED, None)  # fmt: skip
+                         [], {}, None, PROCEED, None)  # fmt: skip
     with pytest.raises(RuntimeError, match=r"opgen program f: .*view_1"):
         fn(x)
     with pytest.raises(RuntimeError):  # the function stays usable after an error, and raises again
@@ -240,9 +239,83 @@ def test_kernel_errors_keep_their_type_and_name_the_instruction() -> None:
 def test_constants_must_be_tensors() -> None:
     text = "program f registers 1 statics 1\ninput r0 x float32 cpu [2] [1]\nconstant s0 w\nsetup:\nbody:\n"
     with pytest.raises(TypeError, match="constants must be tensors"):
-        _C.cpp_function(text + "  return single s0\n", [3], None, PROCEED, None)
-    fn = _C.cpp_function(text + "  r0 = mul.cpu r0 s0\n", [torch.full((2,), 3.0)], None, PROCEED, None)
+        _C.cpp_function(text + "  return single s0\n", [3], {}, None, PROCEED, None)
+    fn = _C.cpp_function(text + "  r0 = mul.cpu r0 s0\n", [torch.full((2,), 3.0)], {}, None, PROCEED, None)
     assert fn is not None
+
+
+EXTERNS = "program f registers 4 statics 0\ninput r0 x float32 cpu [4] [1]\nextern f\nextern g\nsetup:\nbody:\n"
+
+
+def test_extern_calls_pass_operands_and_take_results_as_python_does() -> None:
+    seen = []
+
+    def f(x: torch.Tensor, scale: float, *, name: str) -> tuple[torch.Tensor, object]:
+        seen.append((scale, name))
+        return x * scale, {"work": 1}  # a tuple, unpacked; a Python object held in a register
+
+    def g(x: torch.Tensor, work: object) -> torch.Tensor:
+        assert work == {"work": 1}
+        return x + 1
+
+    body = "  r1, r2 = call f r0 2.0 name='a%20b'\n  r3 = call g r1 r2\n  free r2\n  return single r3\n"
+    fn = _C.cpp_function(EXTERNS + body, [], {"f": f, "g": g}, None, PROCEED, None)
+    x = torch.randn(4)
+    torch.testing.assert_close(fn(x), x * 2 + 1)
+    assert seen == [(2.0, "a b")]
+
+
+def test_extern_errors() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        raise KeyError("from f")
+
+    fn = _C.cpp_function(EXTERNS + "  r1 = call f r0\n  return single r1\n", [], {"f": f, "g": f}, None, PROCEED, None)
+    with pytest.raises(KeyError, match="from f"):  # the extern's own exception, as it raised it
+        fn(torch.randn(4))
+    with pytest.raises(ValueError, match="no function for the program's extern g"):
+        _C.cpp_function(EXTERNS + "  return single r0\n", [], {"f": f}, None, PROCEED, None)
+    with pytest.raises(ValueError, match=re.escape("line 7: call of h, which no `extern` line names")):
+        _C.cpp_function(EXTERNS + "  r1 = call h r0\n", [], {"f": f, "g": f}, None, PROCEED, None)
+
+
+CHOICE = """program f registers 3 statics 0
+input r0 x float32 cpu [4] [1]
+extern f
+setup:
+body:
+  r1 = call f r0
+  return single r1
+alternative f square
+  r1 = mul.cpu r0 r0
+alternative f cube
+  r2 = mul.cpu r0 r0
+  r1 = mul.cpu r2 r0
+  free r2
+"""
+
+
+def test_a_resolved_choice_runs_its_picked_lines_in_place_of_the_call() -> None:
+    calls, asked = [], []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return x * x
+
+    def resolver() -> dict[str, str] | None:
+        asked.append(True)
+        return None if len(asked) < 2 else {"f": "cube"}  # not settled after the first call
+
+    fn = _C.cpp_function(CHOICE, [], {"f": f}, None, PROCEED, None, resolver)
+    x = torch.randn(4)
+    torch.testing.assert_close(fn(x), x * x)
+    assert fn.picks is None
+    torch.testing.assert_close(fn(x), x * x)
+    assert fn.picks == {"f": "cube"}
+    torch.testing.assert_close(fn(x), x * x * x)  # the picked lines, not the call
+    assert len(calls) == 2 and len(asked) == 2
+    bad = _C.cpp_function(CHOICE, [], {"f": f}, None, PROCEED, None, lambda: {"f": "nope"})
+    with pytest.raises(ValueError, match="f has no alternative nope"):
+        bad(x)
 
 
 def test_thunk_emitter_calls_what_the_binding_calls() -> None:

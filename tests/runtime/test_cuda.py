@@ -8,6 +8,7 @@ into the convolution weights changes ResNet-18's logits by about 1e-2 (by about 
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -270,17 +271,21 @@ def test_dynamic_shapes_on_cuda(name: str, graphs: bool) -> None:
 NO_JIT = tuple(p for p in DEFAULT_PIPELINE if p not in JIT_PASSES)
 
 
+@pytest.mark.parametrize("passes", [DEFAULT_PIPELINE, NO_JIT], ids=["triton", "no_triton"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["plain", "cuda_graphs"])
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[c.name for c in CUDA_CASES])
-def test_cpp_backend_on_cuda(case: GraphCase, graphs: bool) -> None:
+def test_cpp_backend_on_cuda(case: GraphCase, graphs: bool, passes: tuple[str, ...]) -> None:
     """The C++ executor runs every runtime graph on CUDA through its CUDA thunks, plain and captured in
-    CUDA graphs (the capture wraps either backend's function). The Triton passes are left out: the
-    executor runs no Triton kernels yet, and a program with them stays Python (test_cpp_backend.py)."""
+    CUDA graphs (the capture wraps either backend's function), with the Triton passes (fused kernels,
+    their choices and Triton launchers are the program's externs) and without them."""
 
     def compile_cpp(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("error", OpgenWarning)  # the program must run on the executor
-            return opgen.compile(model, inputs, backend="cpp", passes=NO_JIT, cuda_graphs=graphs)
+            return opgen.compile(model, inputs, backend="cpp", passes=passes, cuda_graphs=graphs)
 
     compiled = run_calls(case, compile_cpp)
     assert "backend: cpp" in " ".join(compiled.report().notes)
+    fused = re.findall(r"^alternative (\S+) triton$", compiled.artifact.cpp_program, re.M)
+    if not graphs:  # each fused kernel settled on its first call, and runs from C++ since
+        assert sorted(compiled.picks or {}) == sorted(fused), compiled.report()

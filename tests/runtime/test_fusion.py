@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 import copy
 import math
+import re
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from fusion_interp import compile_fused, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 from torch.nn import functional as F
 
+import opgen
 from opgen.jit.choice import Choice
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.errors import OpgenWarning
@@ -26,6 +29,7 @@ from opgen.runtime.passes.fusion.groups import find_groups
 from opgen.runtime.passes.fusion.ops import Operand as Op
 from opgen.runtime.passes.fusion.ops import common_type, literal, pointwise
 from opgen.runtime.passes.fusion.triton import kernel
+from opgen.runtime.pipeline import default_pipeline
 
 torch.manual_seed(0)
 
@@ -257,16 +261,20 @@ TOLERANCE = {
 
 
 @needs_triton
+@pytest.mark.parametrize("backend", ["python", "cpp"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_kernels_match_eager(name: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+def test_fused_kernels_match_eager(
+    name: str, backend: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     if ran_in_fresh_interpreter(request):
         return
     make_model, make_inputs = CASES[name]
     model, inputs = make_model(), make_inputs()
     eager = copy.deepcopy(model)
     tolerance = TOLERANCE.get(name, {"atol": 1e-5, "rtol": 1e-5})
-    with torch.no_grad():
-        compiled, ran = compile_fused(monkeypatch, model, inputs, tolerance)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)  # backend="cpp" runs the C++ executor, or the test fails
+        compiled, ran = compile_fused(monkeypatch, model, inputs, tolerance, backend=backend)
         expected, got = eager(*inputs), compiled(*inputs)
     assert len(ran) == EXPECTED_KERNELS[name], compiled.report()
     for g, e in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, expected)), strict=True):
@@ -347,6 +355,56 @@ def test_artifact_round_trips_the_fused_kernels(monkeypatch: pytest.MonkeyPatch)
     again = CompiledGraph.from_json(graph.to_json())
     assert again.fused == graph.fused
     assert "def fused0_aten(" in graph.source and 'rt.jit["fused0"](fused0_aten)' in graph.source
+
+
+def _same_as_eager_twice(name: str, compiled: Any, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    eager = copy.deepcopy(model)
+    for _ in range(2):  # stateful cases (buffer_write) advance in both
+        expected, got = eager(*inputs), compiled(*inputs)
+        for g, e in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, expected)), strict=True):
+            torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_cpp_executor_calls_each_fused_kernel_as_python_does(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend="cpp": the program calls each fused kernel's binding (here its ATen calls) as an extern,
+    and carries its two alternatives (the Triton launch, the ATen calls) for once it is settled."""
+    make_model, make_inputs = CASES[name]
+    model, inputs = make_model(), make_inputs()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)
+        compiled, _ = compile_fused(monkeypatch, copy.deepcopy(model), inputs, run_triton=False, backend="cpp")
+        _same_as_eager_twice(name, compiled, model, inputs)
+    assert type(compiled).__name__ == "CppFunction"
+    assert compiled.picks == {}  # the test binds its own functions (no FusedBinding): they stay calls
+    program = compiled.artifact.cpp_program
+    count = EXPECTED_KERNELS[name]
+    assert len(re.findall(r"^  [^#]+ = call fused\d+ ", program, re.M)) == count
+    assert len(re.findall(r"^  _ = call fused\d+\.launcher ", program, re.M)) == count
+    assert len(re.findall(r"^alternative fused\d+ (triton|aten)$", program, re.M)) == 2 * count
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_cpp_executor_runs_the_picked_side_in_place_of_the_call(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the runtime's own bindings and no Triton kernel to load here, each choice settles on its ATen
+    calls; after the first call the executor runs them inline (`picks`), with the same results."""
+    from fusion_interp import fuse_as_if_cuda
+
+    import opgen.runtime.passes as passes
+
+    monkeypatch.setitem(passes.PASSES, "fusion_on_cpu", lambda p, r: fuse_as_if_cuda(p, r))
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "aten")
+    pipeline = [p for p in default_pipeline() if p != "fusion"]
+    pipeline.insert(pipeline.index("memo"), "fusion_on_cpu")
+    make_model, make_inputs = CASES[name]
+    model, inputs = make_model(), make_inputs()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)
+        warnings.filterwarnings("ignore", "opgen: fused kernel .* cannot be loaded", OpgenWarning)  # no triton here
+        compiled = opgen.compile(copy.deepcopy(model), inputs, passes=pipeline, cache=False, backend="cpp")
+        assert type(compiled).__name__ == "CppFunction" and compiled.picks is None
+        _same_as_eager_twice(name, compiled, model, inputs)
+    assert compiled.picks == {f"fused{k}": "aten" for k in range(EXPECTED_KERNELS[name])}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

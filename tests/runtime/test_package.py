@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 import opgen
 from opgen import _C
 from opgen.runtime import packaging as package_module
+from opgen.runtime.artifact import setup_folding
 from opgen.runtime.artifact.package_file import FORMAT, replace_header
 from opgen.runtime.errors import InputMismatchError, InputTypeError, PackageError
 
@@ -194,6 +196,26 @@ def test_corrupt_file(mlp_package: Path, tmp_path: Path) -> None:
         opgen.load_package(write(tmp_path, bytes(data)))
     with pytest.raises(PackageError, match=r"corrupt: \d+ bytes where the header says \d+"):
         opgen.load_package(write(tmp_path, mlp_package.read_bytes() + b"\0"))
+
+
+def package_calling_python(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An MLP's package whose program calls an extern `f` (as a graph with Triton kernels does in its
+    own process), written past the check that keeps `opgen.package` from writing one."""
+    original = setup_folding.fold
+
+    def with_extern(*args: Any) -> setup_folding.Folded:
+        folded = original(*args)
+        return dataclasses.replace(folded, program=folded.program.replace("\nsetup:", "\nextern f\nsetup:", 1))
+
+    monkeypatch.setattr(setup_folding, "fold", with_extern)
+    model, x = model_and_input("mlp")
+    return opgen.package(model, (x,), path)
+
+
+def test_a_program_calling_python_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = package_calling_python(tmp_path / "python.opgen", monkeypatch)
+    with pytest.raises(PackageError, match=r"calls functions bound at load time \(f\), which a package running"):
+        opgen.load_package(path)
 
 
 def test_another_torch_version(mlp_package: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_package import model_and_input
+from test_package import model_and_input, package_calling_python
 
 import opgen
 from opgen import _C
@@ -94,6 +94,9 @@ def test_cpp_refuses_bad_packages_with_the_same_messages(program: Path, tmp_path
         "spec.opgen": (replace_header(data, _C.crc32c, thunks="0123456789abcdef"), "made for another op spec"),
         "text.opgen": (b"hello\n", "not an opgen package"),
     }
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calling = package_calling_python(tmp_path / "calling.opgen", monkeypatch).read_bytes()
+    cases["python.opgen"] = (calling, "calls functions bound at load time (f), which a package running without")
     for file, (content, message) in cases.items():
         (tmp_path / file).write_bytes(content)
         result = run([str(program), str(tmp_path / file), str(tmp_path / "out")], tmp_path, 60)

@@ -60,8 +60,8 @@ def test_a_folded_program_binds_and_computes_the_same() -> None:
     program = PROGRAM.replace("  r2 = add.cpu r1 s4  # no: shapes differ; only the text matters here\n", "")
     w, b = torch.randn(4), torch.randn(4)
     folded = fold(program, values(program, [w, b]), lambda v: isinstance(v, torch.Tensor), shares)
-    before = _C.cpp_function(program, [w, b], None, PROCEED, None)
-    after = _C.cpp_function(folded.program, [v for _, v in folded.constants], None, PROCEED, None)
+    before = _C.cpp_function(program, [w, b], {}, None, PROCEED, None)
+    after = _C.cpp_function(folded.program, [v for _, v in folded.constants], {}, None, PROCEED, None)
     x = torch.randn(4)
     torch.testing.assert_close(after(x), before(x))
 

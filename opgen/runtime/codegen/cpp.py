@@ -10,9 +10,15 @@ Registers: inputs are r0..r<n-1>, every other value of the body its own register
 s0..s<k-1> and values the setup lines make are the statics after them. A list argument that holds
 values (`cat`'s tensors) is built into a register by a `list` line before its call.
 
-ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`op` lines). Static
-shapes first: anything else (size symbols, Python functions, Triton and fused kernels, collectives,
-the size memo) raises `CppUnsupported`, which the runtime turns into a
+ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`op` lines). What the
+generated Python calls through a callable bound at load time (Triton and fused kernels, kernel
+choices, collectives, `py:` functions) is an `extern` of the program, called by a `call` line and
+bound by the same local name (`execution.cpp_executor`): a Triton launcher is launched from C++,
+anything else called with the GIL. A fused kernel's call also gets two `alternative` sections after
+the body: its Triton launch (outputs allocated, then its launcher as the extern `<local>.launcher`)
+and its ATen calls; once the first call has picked, the executor puts the pick's lines in place of
+the call, and no Python runs for it again. A package, which runs without Python, has no externs. Static
+shapes only: size symbols and the size memo raise `CppUnsupported`, which the runtime turns into a
 warning and the Python function.
 """
 
@@ -24,12 +30,14 @@ from typing import Protocol
 
 from opgen.runtime.codegen.backend import Backend, Source
 from opgen.runtime.codegen.manifest import manifest
+from opgen.runtime.codegen.names import fallback_local
 from opgen.runtime.ir import (
     Alloc,
     Arg,
     Comment,
     Constant,
     Free,
+    FusedKernel,
     Guard,
     KernelCall,
     Program,
@@ -147,9 +155,20 @@ class CppBackend(Backend):
         self._statics = 0
         self._in_setup = False
         self._inputs: set[str] = set()
+        self._externs: dict[str, None] = {}  # callables bound at load time, in order of first call
+        self._fused: dict[str, FusedKernel] = {}
+        self._alternatives: list[str] = []  # the `alternative` sections, printed after the body
+        self._reuse = False  # printing an alternative: names defined already keep their registers
+        self._fresh: list[str] = []  # registers an alternative defines besides those
 
     # -- naming --------------------------------------------------------------------------------
     def _define(self, name: str) -> str:
+        if self._reuse:
+            if name not in self._names:
+                self._names[name] = f"r{self._registers}"
+                self._registers += 1
+                self._fresh.append(self._names[name])
+            return self._names[name]
         if self._in_setup:
             self._names[name] = f"s{self._statics}"
             self._statics += 1
@@ -191,7 +210,10 @@ class CppBackend(Backend):
         if line.fallback:
             return self._operator_call(line)
         if line.jit:
-            raise CppUnsupported(f"the JIT kernel {line.kernel} (node {line.node})")
+            text = self._extern_call(line, line.kernel)
+            if line.kernel in self._fused:
+                self._alternatives += self._fused_alternatives(self._fused[line.kernel])
+            return text
         info = self.registry.by_name.get(line.kernel)
         if info is None:
             raise CppUnsupported(f"kernel_ops.{line.kernel}, which the registry lacks (node {line.node})")
@@ -208,10 +230,46 @@ class CppBackend(Backend):
         call = f"{self._outputs(line)} = {line.kernel}.{self._device(line)} {' '.join(ops)}".rstrip()
         return [*before, f"{call}  # {line.node}: {line.target}", *([f"free {' '.join(lists)}"] if lists else [])]
 
+    def _extern_call(self, line: KernelCall, callee: str) -> list[str]:
+        """`call <callee> <positional...> <name>=<operand>...`: a callable the program is bound to by name."""
+        for arg in (*line.args, *(v for _, v in line.kwargs)):
+            if isinstance(arg, Sym) and arg.kind not in ("device", "float"):  # registers hold dtypes as ints
+                raise CppUnsupported(f"the {arg.kind} argument {arg.value} of {callee} (node {line.node})")
+        self._externs[callee] = None
+        before: list[str] = []
+        ops = [self._operand(a, before) for a in line.args]
+        ops += [f"{k}={self._operand(v, before)}" for k, v in line.kwargs]
+        lists = [text.split(" ", 1)[0] for text in before]
+        call = f"{self._outputs(line)} = call {callee} {' '.join(ops)}".rstrip()
+        return [*before, f"{call}  # {line.node}: {line.target}", *([f"free {' '.join(lists)}"] if lists else [])]
+
+    def _fused_alternatives(self, spec: FusedKernel) -> list[str]:
+        """A fused kernel's two alternatives: allocate its outputs and launch it, or its ATen calls."""
+        self._externs[f"{spec.local}.launcher"] = None
+        outputs = [self._names[v.name] for v in spec.outputs]
+        self._reuse, self._fresh = True, []
+        try:
+            triton = [self.alloc(Alloc(v))[0] for v in spec.outputs]
+            operands = [self._ref(name) for name in spec.inputs] + outputs
+            triton.append(f"_ = call {spec.local}.launcher {' '.join(operands)}  # {spec.name}")
+            aten = [t for line in spec.lines for t in self.kernel_call(line)]
+            if self._fresh:
+                aten.append(f"free {' '.join(self._fresh)}")
+        finally:
+            self._reuse = False
+        return [
+            f"alternative {spec.local} triton",
+            *("  " + t for t in triton),
+            f"alternative {spec.local} aten",
+            *("  " + t for t in aten),
+        ]
+
     def _operator_call(self, line: KernelCall) -> list[str]:
         """An ATen fallback: `op <ns>::<name>.<overload>`, through the dispatcher (boxed)."""
-        if line.kernel.startswith("py:") or line.kernel.count(".") != 2:
-            raise CppUnsupported(f"the Python function {line.kernel} (node {line.node})")
+        if line.kernel.startswith("py:"):
+            return self._extern_call(line, fallback_local(line.kernel))
+        if line.kernel.count(".") != 2:
+            raise CppUnsupported(f"the operator {line.kernel} (node {line.node})")
         namespace, name, overload = line.kernel.split(".")
         before: list[str] = []
         ops = [self._operand(a, before) for a in line.args]
@@ -268,6 +326,7 @@ class CppBackend(Backend):
         _check_supported(program)
         self._reset()  # a fresh register file per program
         self._metas = meta_table(program)
+        self._fused = {f.local: f for f in program.fused if f.lines}
         self._inputs = {self._define(i.name) for i in program.inputs}  # never freed: the caller's tensors
         inputs = [
             f"input {self._names[i.name]} {escape(i.name)} {i.meta.dtype} {i.meta.device} {meta_text(i.meta, i.name)}"
@@ -278,9 +337,11 @@ class CppBackend(Backend):
         setup = [t for line in program.setup for t in self.line_text(line)]
         self._in_setup = False
         body = [t for line in program.body for t in self.line_text(line)]
+        externs = [f"extern {name}" for name in self._externs]
         out = [f"# @generated by opgen{': ' + header if header else ''}. Do not edit."]
         out.append(f"program {program.name} registers {max(self._registers, 1)} statics {self._statics}")
-        out += inputs + constants + ["setup:", *("  " + t for t in setup), "body:", *("  " + t for t in body), ""]
+        out += inputs + constants + externs + ["setup:", *("  " + t for t in setup), "body:", *("  " + t for t in body)]
+        out += [*self._alternatives, ""]
         return Source("\n".join(out), manifest(program))
 
 
@@ -292,16 +353,8 @@ def _check_supported(program: Program) -> None:
             raise CppUnsupported(f"the opaque input {i.name}")
         if not i.meta.is_static:
             raise CppUnsupported(f"symbolic sizes of the input {i.name} (dynamic shapes)")
-    extras = {
-        "the size memo (dynamic shapes)": program.memo,
-        "Triton kernels": program.jit_kernels,
-        "kernel choices made on the first call": program.choices,
-        "fused Triton kernels": program.fused,
-        "collectives": program.collectives,
-    }
-    for what, present in extras.items():
-        if present:
-            raise CppUnsupported(what)
+    if program.memo:
+        raise CppUnsupported("the size memo (dynamic shapes)")
 
 
 def emit(program: Program, registry: KernelRegistry, header: str = "") -> Source:
