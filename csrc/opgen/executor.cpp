@@ -8,6 +8,7 @@
 #include <ATen/ops/empty_strided_cpu_dispatch.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -46,6 +47,7 @@ std::unique_ptr<Program> Program::resolved(
   TORCH_CHECK(bound_, "opgen executor program ", name_, " is resolved before it is bound");
   auto out = std::make_unique<Program>(*this);
   out->body_.clear();
+  std::unordered_map<std::string, size_t> calls;  // extern -> calls seen so far
   for (const Step& s : body_) {
     const auto pick =
         s.instr.kind == Instr::Kind::kExtern ? picks.find(extern_names_[s.callee]) : picks.end();
@@ -53,12 +55,16 @@ std::unique_ptr<Program> Program::resolved(
       out->body_.push_back(s);
       continue;
     }
+    const size_t site = calls[pick->first]++;
     const auto choice = alternatives_.find(pick->first);
-    const auto lines = choice == alternatives_.end() ? nullptr : &choice->second;
-    TORCH_CHECK_VALUE(lines != nullptr && lines->count(pick->second) != 0,
-                      "opgen executor program ", name_, ": ", pick->first, " has no alternative ",
-                      pick->second);
-    const std::vector<Step>& chosen = lines->at(pick->second);
+    const auto* sites = choice == alternatives_.end() || choice->second.count(pick->second) == 0
+                            ? nullptr
+                            : &choice->second.at(pick->second);
+    TORCH_CHECK_VALUE(sites != nullptr, "opgen executor program ", name_, ": ", pick->first,
+                      " has no alternative ", pick->second);
+    TORCH_CHECK_VALUE(site < sites->size(), "opgen executor program ", name_, ": call ", site + 1,
+                      " of ", pick->first, " has no alternative ", pick->second);
+    const std::vector<Step>& chosen = (*sites)[site];
     out->body_.insert(out->body_.end(), chosen.begin(), chosen.end());
   }
   return out;
@@ -88,6 +94,72 @@ c10::IValue typed(const c10::IValue& v, const c10::Argument& argument) {
     return out;
   }
   return v;
+}
+
+// A line's sizes or strides: the fixed ones, or the list in operand `arg` (a symbolic shape).
+c10::IntArrayRef ints_of(const Frame& f, const Instr& in, int8_t arg,
+                         const std::vector<int64_t>& fixed, c10::SmallVector<int64_t, 6>& storage) {
+  if (arg < 0) return fixed;
+  storage.clear();
+  for (const c10::IValue& v : f.at(in.args[arg]).toListRef()) storage.push_back(v.toInt());
+  return storage;
+}
+
+int64_t floordiv(int64_t a, int64_t b) {
+  TORCH_CHECK_VALUE(b != 0, "division by zero in a size expression");
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+int64_t evaluate(const Frame& f, const Step& s) {
+  int64_t stack[32];
+  int top = 0;
+  for (const SymOp& op : s.sym) {
+    if (op.code == SymOp::kPush) {
+      const c10::IValue& v = f.at(s.instr.args[op.arg]);
+      stack[top++] = v.isBool() ? static_cast<int64_t>(v.toBool()) : v.toInt();
+      continue;
+    }
+    if (op.code == SymOp::kNeg) {
+      stack[top - 1] = -stack[top - 1];
+      continue;
+    }
+    const int64_t b = stack[--top];
+    int64_t& a = stack[top - 1];
+    switch (op.code) {
+      case SymOp::kAdd:
+        a += b;
+        break;
+      case SymOp::kSub:
+        a -= b;
+        break;
+      case SymOp::kMul:
+        a *= b;
+        break;
+      case SymOp::kFloorDiv:
+        a = floordiv(a, b);
+        break;
+      case SymOp::kMod:
+        a -= floordiv(a, b) * b;
+        break;  // Python's: the divisor's sign
+      case SymOp::kPow: {
+        TORCH_CHECK_VALUE(b >= 0, "a negative power in a size expression");
+        int64_t r = 1;
+        for (int64_t k = 0; k < b; ++k) r *= a;
+        a = r;
+        break;
+      }
+      case SymOp::kMin:
+        a = std::min(a, b);
+        break;
+      case SymOp::kMax:
+        a = std::max(a, b);
+        break;
+      default:
+        break;
+    }
+  }
+  return stack[0];
 }
 
 }  // namespace
@@ -136,18 +208,31 @@ void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Resul
         case Instr::Kind::kExtern:
           externs_[s.callee]->call(f, s);
           break;
-        case Instr::Kind::kAlloc:
+        case Instr::Kind::kAlloc: {
+          c10::SmallVector<int64_t, 6> sizes_storage, strides_storage;
+          const auto sizes = ints_of(f, in, s.sizes_arg, s.sizes, sizes_storage);
+          const auto strides = ints_of(f, in, s.strides_arg, s.strides, strides_storage);
           f.regs[in.outs[0]] = s.options.device().is_cpu()
-                                   ? at::cpu::empty_strided(s.sizes, s.strides, s.options)
-                                   : at::empty_strided(s.sizes, s.strides, s.options);
-          break;
-        case Instr::Kind::kView: {
-          const at::Tensor& source = f.at(in.args[0]).toTensor();
-          f.regs[in.outs[0]] = source.is_cpu()
-                                   ? at::cpu::as_strided(source, s.sizes, s.strides, s.offset)
-                                   : at::as_strided(source, s.sizes, s.strides, s.offset);
+                                   ? at::cpu::empty_strided(sizes, strides, s.options)
+                                   : at::empty_strided(sizes, strides, s.options);
           break;
         }
+        case Instr::Kind::kView: {
+          c10::SmallVector<int64_t, 6> sizes_storage, strides_storage;
+          const auto sizes = ints_of(f, in, s.sizes_arg, s.sizes, sizes_storage);
+          const auto strides = ints_of(f, in, s.strides_arg, s.strides, strides_storage);
+          const int64_t offset = s.offset_arg < 0 ? s.offset : f.at(in.args[s.offset_arg]).toInt();
+          const at::Tensor& source = f.at(in.args[0]).toTensor();
+          f.regs[in.outs[0]] = source.is_cpu() ? at::cpu::as_strided(source, sizes, strides, offset)
+                                               : at::as_strided(source, sizes, strides, offset);
+          break;
+        }
+        case Instr::Kind::kSize:
+          f.regs[in.outs[0]] = f.at(in.args[0]).toTensor().size(s.offset);
+          break;
+        case Instr::Kind::kSym:
+          f.regs[in.outs[0]] = evaluate(f, s);
+          break;
         case Instr::Kind::kList: {
           c10::impl::GenericList list(c10::AnyType::get());
           list.reserve(in.args.size());

@@ -6,7 +6,9 @@
 // The text, one instruction per line (`#` starts a comment; registers r<k>, statics s<k>):
 //
 //   program <name> registers <R> statics <S>
-//   input r0 x float32 cpu [16] [1]          an input: name, dtype, device, sizes, strides
+//   input r0 x float32 cpu [16] [1]          an input: name, dtype, device, sizes, strides (`?`
+//                                            where symbolic: the host checks such inputs)
+//   input r1 s77 int                         an input that is a size (an int)
 //   constant s0 <key>                        a tensor bound by key when the program is bound
 //   setup:                                   lines run once, at bind time (their results are
 //   statics) body:                                    lines run on every call guard r0 r1 [grad]
@@ -14,14 +16,19 @@
 //   aten.add.Tensor      a kernel call: the thunk of add on cpu r3, _ = max_dim.cpu r2 0 False
 //   tuple results, unpacked (`_`: unused) r4 = empty_strided [4,4] [4,1] torch.float32 device(cpu)
 //   r5 = as_strided r4 [16] [1] 0
-//   r6 = list r2 r3                          a list built per call (Tensor[] arguments)
+//   r6 = list r2 r3                          a list built per call (Tensor[] arguments, sizes)
+//   r7 = size r0 0                           dimension 0 of input r0 (dynamic shapes)
+//   r8 = sym r7 16 * 1 +                     size arithmetic, postfix: + - * // % ** min max neg
+//   r9 = empty_strided r10 r11 torch.float32 device(cpu)   sizes, strides (and a view's offset)
+//                                            from registers where they are symbolic
 //   s3 = op mkldnn::_reorder_linear_weight s0 batch_size=1   a torch op through the dispatcher
 //   (boxed):
 //                                            ATen fallbacks; arguments positional, then by name
 //   extern fused0                            a function the host binds by name (header)
 //   r7 = call fused0 r2 r3 scale=0.5         a call of an extern: positional, then by name
-//   alternative fused0 triton                after the body: lines that may replace the calls of
-//   (lines)                                  an extern once its pick is known (`resolved`)
+//   alternative fused0 triton                after the body: lines that may replace a call of an
+//   (lines)                                  extern once its pick is known (`resolved`); the k-th
+//                                            section of a pick is for the k-th call
 //   free r2 r3
 //   return single r5                         single | tuple | list | pytree
 //
@@ -50,8 +57,17 @@ struct InputSpec {
   std::string name;
   at::ScalarType dtype;
   at::Device device;
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> sizes;  // -1 where symbolic
   std::vector<int64_t> strides;
+  bool is_size = false;  // `input r0 s77 int`: an int, not a tensor (dynamic shapes)
+};
+
+// One step of a `sym` line's postfix program: push an operand (`arg`: its index in the line's
+// operands) or apply an operator to the stack's top.
+struct SymOp {
+  enum Code : uint8_t { kPush, kAdd, kSub, kMul, kFloorDiv, kMod, kPow, kMin, kMax, kNeg };
+  Code code;
+  int32_t arg = 0;
 };
 
 struct Step;
@@ -71,7 +87,11 @@ struct Step {
   Instr instr;
   std::vector<int64_t> sizes;  // alloc and view
   std::vector<int64_t> strides;
-  int64_t offset = 0;
+  int64_t offset = 0;       // view; size: the dimension
+  int8_t sizes_arg = -1;    // alloc and view: where sizes, strides, offset are symbolic, the
+  int8_t strides_arg = -1;  // index of the operand holding them (else the fixed ones above)
+  int8_t offset_arg = -1;
+  std::vector<SymOp> sym;     // sym: the postfix program
   at::TensorOptions options;  // alloc
   std::optional<c10::OperatorHandle>
       op;               // op: the operator, its arguments in `instr.args` by schema position
@@ -100,6 +120,12 @@ class BorrowedInputs {
     }
   }
 
+  // Input `i` (set in order, from 0) is the size `v`.
+  void set_size(size_t i, int64_t v) {
+    regs_[i] = v;
+    count_ = i + 1;
+  }
+
   // Input `i` (set in order, from 0) is `t`, which outlives the call.
   void set(size_t i, const at::Tensor& t) {
     regs_[i] =
@@ -123,6 +149,8 @@ class Program {
   const std::vector<InputSpec>& inputs() const { return inputs_; }
   const std::vector<std::string>& constant_keys() const { return constant_keys_; }
   bool guarded() const { return guarded_; }
+  // Whether an input has symbolic sizes (`?`): the host checks the inputs (ranges, equal sizes).
+  bool dynamic() const { return dynamic_; }
   bool grad_guard() const { return grad_guard_; }
   // Whether a body kernel's binding releases the GIL (convolutions, linear layers): the caller then
   // runs the body without it, and calls that share persistent buffers one at a time (`lock`).
@@ -174,11 +202,13 @@ class Program {
   std::vector<c10::IValue> statics_;
   std::vector<std::string> extern_names_;
   std::vector<std::shared_ptr<const Extern>> externs_;
-  // extern name -> pick -> its lines
-  std::unordered_map<std::string, std::unordered_map<std::string, std::vector<Step>>> alternatives_;
+  // extern name -> pick -> its lines for each call of the extern, in the body's order
+  std::unordered_map<std::string, std::unordered_map<std::string, std::vector<std::vector<Step>>>>
+      alternatives_;
   int32_t num_registers_ = 0;
   int32_t num_named_statics_ = 0;
   bool guarded_ = false;
+  bool dynamic_ = false;
   bool grad_guard_ = false;
   bool releases_gil_ = false;
   bool persistent_ = false;  // setup allocates buffers the body writes

@@ -113,7 +113,8 @@ class Parser {
         const auto& names = p_.extern_names_;
         expect(std::find(names.begin(), names.end(), tokens[1]) != names.end(),
                "an alternative of " + std::string(tokens[1]) + ", which no `extern` line names");
-        section = &p_.alternatives_[std::string(tokens[1])][std::string(tokens[2])];
+        auto& sites = p_.alternatives_[std::string(tokens[1])][std::string(tokens[2])];
+        section = &sites.emplace_back();
         section_is_body_ = true;
       } else if (head == "setup:") {
         section = &p_.setup_;
@@ -178,14 +179,37 @@ class Parser {
     return out;
   }
 
-  std::vector<int64_t> ints(std::string_view s) const {
+  // `[4,16]`; with `symbolic`, `?` stands for a size known per call (-1).
+  std::vector<int64_t> ints(std::string_view s, bool symbolic = false) {
     expect(s.size() >= 2 && s.front() == '[' && s.back() == ']',
            "expected a list of ints, got " + std::string(s));
     std::vector<int64_t> out;
     for (std::string_view item : split(s.substr(1, s.size() - 2), ',')) {
-      if (!item.empty()) out.push_back(integer(item));
+      if (symbolic && item == "?") {
+        p_.dynamic_ = true;
+        out.push_back(-1);
+      } else if (!item.empty()) {
+        out.push_back(integer(item));
+      }
     }
     return out;
+  }
+
+  static bool is_register(std::string_view s) {
+    return s.size() > 1 && (s[0] == 'r' || s[0] == 's') &&
+           std::isdigit(static_cast<unsigned char>(s[1]));
+  }
+
+  // Fixed ints (`[4,16]`, `0`) into `fixed`, or a register holding them: its operand index in
+  // `slot`.
+  void ints_or_register(Step& s, std::string_view token, std::vector<int64_t>& fixed,
+                        int8_t& slot) {
+    if (!is_register(token)) {
+      fixed = ints(token);
+      return;
+    }
+    slot = static_cast<int8_t>(s.instr.args.size());
+    s.instr.args.push_back(operand(token));
   }
 
   c10::IValue literal(std::string_view s) const {
@@ -272,24 +296,26 @@ class Parser {
 
   Operand operand(std::string_view s) {
     if (s == "_") return {Where::kMissing, 0};
-    if (s[0] == 'r' && s.size() > 1 && std::isdigit(static_cast<unsigned char>(s[1]))) {
-      return {Where::kRegister, index(s, 'r')};
-    }
-    if (s[0] == 's' && s.size() > 1 && std::isdigit(static_cast<unsigned char>(s[1]))) {
-      return {Where::kStatic, index(s, 's')};
-    }
+    if (is_register(s)) return {s[0] == 'r' ? Where::kRegister : Where::kStatic, index(s, s[0])};
     p_.statics_.push_back(literal(s));
     return {Where::kStatic, static_cast<int32_t>(p_.statics_.size() - 1)};
   }
 
   void input(const std::vector<std::string_view>& t) {
+    if (t.size() == 4 && t[3] == "int") {  // a size passed as an int (torch.compile's SymInts)
+      expect(index(t[1], 'r') == static_cast<int32_t>(p_.inputs_.size()),
+             "inputs are numbered from r0 in order");
+      p_.dynamic_ = true;
+      p_.inputs_.push_back({std::string(t[2]), at::kLong, c10::Device("cpu"), {}, {}, true});
+      return;
+    }
     expect(t.size() == 7 && index(t[1], 'r') == static_cast<int32_t>(p_.inputs_.size()),
-           "inputs are `input r<k> <name> <dtype> <device> [sizes] [strides]`, numbered from r0 in "
-           "order");
+           "inputs are `input r<k> <name> <dtype> <device> [sizes] [strides]` (or `input r<k> "
+           "<name> int`), numbered from r0 in order");
     const auto dtype = dtypes_by_name().find(t[3]);
     expect(dtype != dtypes_by_name().end(), "unknown dtype " + std::string(t[3]));
-    p_.inputs_.push_back(
-        {std::string(t[2]), dtype->second, c10::Device(std::string(t[4])), ints(t[5]), ints(t[6])});
+    p_.inputs_.push_back({std::string(t[2]), dtype->second, c10::Device(std::string(t[4])),
+                          ints(t[5], true), ints(t[6], true)});
   }
 
   void guard(const std::vector<std::string_view>& t, const std::vector<Step>* section) {
@@ -344,8 +370,8 @@ class Parser {
              "empty_strided <sizes> <strides> <dtype> <device>");
       in.kind = Instr::Kind::kAlloc;
       p_.persistent_ |= !section_is_body_;
-      s.sizes = ints(rest[0]);
-      s.strides = ints(rest[1]);
+      ints_or_register(s, rest[0], s.sizes, s.sizes_arg);
+      ints_or_register(s, rest[1], s.strides, s.strides_arg);
       s.options = at::TensorOptions()
                       .dtype(literal(rest[2]).toScalarType())
                       .device(literal(rest[3]).toDevice());
@@ -354,14 +380,27 @@ class Parser {
              "as_strided <source> <sizes> <strides> <offset>");
       in.kind = Instr::Kind::kView;
       in.args.push_back(operand(rest[0]));
-      s.sizes = ints(rest[1]);
-      s.strides = ints(rest[2]);
-      s.offset = integer(rest[3]);
+      ints_or_register(s, rest[1], s.sizes, s.sizes_arg);
+      ints_or_register(s, rest[2], s.strides, s.strides_arg);
+      if (is_register(rest[3])) {
+        s.offset_arg = static_cast<int8_t>(in.args.size());
+        in.args.push_back(operand(rest[3]));
+      } else {
+        s.offset = integer(rest[3]);
+      }
     } else if (what == "op") {
       expect(!rest.empty(), "op <namespace>::<name>[.<overload>] <operands...>");
       operator_call(s, rest);
     } else if (what == "call") {
       extern_call(s, rest);
+    } else if (what == "size") {
+      expect(rest.size() == 2 && in.outs.size() == 1, "size <input> <dim>");
+      in.kind = Instr::Kind::kSize;
+      in.args.push_back(operand(rest[0]));
+      s.offset = integer(rest[1]);
+    } else if (what == "sym") {
+      expect(in.outs.size() == 1, "sym <postfix operands and operators...>");
+      sym(s, rest);
     } else if (what == "list") {
       in.kind = Instr::Kind::kList;
       for (std::string_view o : rest) in.args.push_back(operand(o));
@@ -379,6 +418,31 @@ class Parser {
       for (std::string_view o : rest) in.args.push_back(operand(o));
     }
     return s;
+  }
+
+  // `sym <postfix>`: operands push, operators pop two (`neg` one) and push the result.
+  void sym(Step& s, const std::vector<std::string_view>& rest) {
+    s.instr.kind = Instr::Kind::kSym;
+    static const std::pair<std::string_view, SymOp::Code> operators[] = {
+        {"+", SymOp::kAdd},       {"-", SymOp::kSub},   {"*", SymOp::kMul},
+        {"//", SymOp::kFloorDiv}, {"%", SymOp::kMod},   {"**", SymOp::kPow},
+        {"min", SymOp::kMin},     {"max", SymOp::kMax}, {"neg", SymOp::kNeg}};
+    int depth = 0;
+    for (std::string_view token : rest) {
+      const auto* op = std::find_if(std::begin(operators), std::end(operators),
+                                    [&](const auto& o) { return o.first == token; });
+      if (op == std::end(operators)) {
+        s.sym.push_back({SymOp::kPush, static_cast<int32_t>(s.instr.args.size())});
+        s.instr.args.push_back(operand(token));
+        ++depth;
+      } else {
+        depth -= op->second == SymOp::kNeg ? 0 : 1;
+        expect(depth >= 1, "`" + std::string(token) + "` lacks operands");
+        s.sym.push_back({op->second});
+      }
+      expect(depth <= 32, "a size expression deeper than 32");
+    }
+    expect(depth == 1, "a size expression leaves " + std::to_string(depth) + " values, not one");
   }
 
   // `call <extern> <positional...> <name>=<operand>...`: positional operands, then named ones.

@@ -6,6 +6,7 @@
 #include "opgen/executor_py.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -38,6 +39,8 @@ struct CppFunction {
   PyObject* handler;    // the slow path: handler(*args) returns a result, raises, or returns `proceed`
   PyObject* proceed;    // the sentinel that says: run this program on these inputs
   PyObject* unflatten;  // rebuilds a pytree result from the flat tuple (None unless the form is pytree)
+  PyObject* check;      // check(*args) -> bool: the input check of a program with symbolic sizes
+  PyObject* profiled;   // null, or what runs the call while a profiler is on (kernels in ranges)
   PyObject* resolver;   // null, or resolver() -> None (not yet) or {choice: pick}, asked after calls
   PyObject* picks;      // what the resolver returned, once it did (else null)
   std::vector<std::unique_ptr<exec::Program>>* retired;  // programs `resolve` replaced
@@ -99,6 +102,26 @@ PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
   return tree;
 }
 
+// Wrong number of arguments, said as Python says it of the generated function.
+PyObject* arity_error(const exec::Program& program, Py_ssize_t n) {
+  const auto& inputs = program.inputs();
+  const auto expected = static_cast<Py_ssize_t>(inputs.size());
+  PyObject* type = opgen_error("InputTypeError", PyExc_TypeError);
+  if (n >= expected) {
+    return PyErr_Format(type, "%s() takes %zd positional arguments but %zd were given",
+                        program.name().c_str(), expected, n);
+  }
+  std::string names;  // 'x', 'y' and 'z' / 'x', 'y', and 'z' as CPython lists them
+  for (Py_ssize_t i = n; i < expected; ++i) {
+    const bool last = i + 1 == expected;
+    if (i > n) names += expected - n > 2 ? (last ? ", and " : ", ") : " and ";
+    names += "'" + inputs[i].name + "'";
+  }
+  const Py_ssize_t missing = expected - n;
+  return PyErr_Format(type, "%s() missing %zd required positional argument%s: %s",
+                      program.name().c_str(), missing, missing == 1 ? "" : "s", names.c_str());
+}
+
 // After a call: asks the resolver for the picks of the program's choices. Once it gives them, the
 // program with each pick's lines in place of its choice's call runs from the next call on; the old
 // one stays alive (a thread may still be in it) until the function is freed. False: a Python error.
@@ -126,18 +149,26 @@ bool resolve(CppFunction& fn) {
 PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto& fn = *reinterpret_cast<CppFunction*>(self);
   const exec::Program& program = *fn.program;
+  if (fn.profiled != nullptr && at::hasCallbacks()) {  // a profiler (RecordFunction) is on
+    return PyObject_Vectorcall(fn.profiled, args, nargsf, kwnames);
+  }
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
   if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) || n != expected) {
-    return PyErr_Format(opgen_error("InputTypeError", PyExc_TypeError),
-                        "%s() takes %zd positional arguments but %zd were given",
-                        program.name().c_str(), expected, n);
+    return arity_error(program, n);
   }
   bool checked =
       false;  // every input is a plain tensor of the expected metadata (the guard passed)
   if (program.guarded()) {
     bool ok = !(program.grad_guard() && at::GradMode::is_enabled());
-    for (Py_ssize_t i = 0; ok && i < n; ++i) ok = matches(args[i], (*fn.expected)[i]);
+    if (program.dynamic() && ok) {  // ranges and equal sizes: the runtime's check
+      PyObject* passed = PyObject_Vectorcall(fn.check, args, n, nullptr);
+      if (passed == nullptr) return nullptr;
+      ok = passed == Py_True;
+      Py_DECREF(passed);
+    }
+    for (Py_ssize_t i = 0; ok && !program.dynamic() && i < n; ++i)
+      ok = matches(args[i], (*fn.expected)[i]);
     checked = ok;
     if (!ok) {
       PyObject* result = PyObject_Vectorcall(fn.handler, args, n, nullptr);
@@ -149,6 +180,12 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
     exec::Registers regs = program.registers();
     exec::BorrowedInputs inputs(regs);  // no reference count change (see executor.h)
     for (Py_ssize_t i = 0; i < n; ++i) {
+      if (program.inputs()[i].is_size) {  // the check held it to an int in its range
+        const long long v = PyLong_AsLongLong(args[i]);
+        if (v == -1 && PyErr_Occurred()) return nullptr;
+        inputs.set_size(static_cast<size_t>(i), v);
+        continue;
+      }
       if (!checked && !THPVariable_Check(args[i])) {
         return PyErr_Format(PyExc_TypeError, "%s(): argument %zd must be a Tensor, not %s",
                             program.name().c_str(), i + 1, Py_TYPE(args[i])->tp_name);
@@ -183,6 +220,8 @@ int traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(fn->handler);
   Py_VISIT(fn->proceed);
   Py_VISIT(fn->unflatten);
+  Py_VISIT(fn->check);
+  Py_VISIT(fn->profiled);
   Py_VISIT(fn->resolver);
   Py_VISIT(fn->picks);
   return 0;
@@ -194,6 +233,8 @@ int clear(PyObject* self) {
   Py_CLEAR(fn->handler);
   Py_CLEAR(fn->proceed);
   Py_CLEAR(fn->unflatten);
+  Py_CLEAR(fn->check);
+  Py_CLEAR(fn->profiled);
   Py_CLEAR(fn->resolver);
   Py_CLEAR(fn->picks);
   return 0;
@@ -250,12 +291,16 @@ std::vector<at::Tensor> tensors_of(const py::sequence& constants, const char* wh
 py::object make_cpp_function(const std::string& text, const py::sequence& constants,
                              const py::dict& externs, const py::object& handler,
                              const py::object& proceed, const py::object& unflatten,
-                             const py::object& resolver) {
+                             const py::object& resolver, const py::object& check,
+                             const py::object& profiled) {
   std::unique_ptr<exec::Program> program = exec::Program::parse(text);
   program->bind(tensors_of(constants, "cpp_function"), externs_of(*program, externs));
   auto expected = std::make_unique<std::vector<ExpectedTensor>>();
   for (const exec::InputSpec& spec : program->inputs()) {
     expected->push_back({spec.dtype, spec.device, spec.sizes, spec.strides});
+  }
+  if (program->dynamic() && program->guarded() && check.is_none()) {
+    throw py::value_error("a program with symbolic input sizes needs its input check");
   }
   const int form = form_of(program->return_form());
   if (form == kPytree && unflatten.is_none()) {
@@ -271,6 +316,8 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   fn->handler = py::object(handler).release().ptr();
   fn->proceed = py::object(proceed).release().ptr();
   fn->unflatten = py::object(unflatten).release().ptr();
+  fn->check = py::object(check).release().ptr();
+  fn->profiled = profiled.is_none() ? nullptr : py::object(profiled).release().ptr();
   fn->resolver = resolver.is_none() ? nullptr : py::object(resolver).release().ptr();
   fn->picks = nullptr;
   fn->retired = new std::vector<std::unique_ptr<exec::Program>>();
@@ -327,12 +374,15 @@ void add_executor(py::module_& m) {
   if (PyType_Ready(cpp_function_type()) != 0) throw py::error_already_set();
   m.def("cpp_function", &make_cpp_function, py::arg("text"), py::arg("constants"),
         py::arg("externs"), py::arg("handler"), py::arg("proceed"), py::arg("unflatten"),
-        py::arg("resolver") = py::none(),
+        py::arg("resolver") = py::none(), py::arg("check") = py::none(),
+        py::arg("profiled") = py::none(),
         "Parse an executor program (opgen.runtime.codegen.cpp), bind its constants and externs "
         "(name -> callable)\nand run its setup; returns the CppFunction that runs it. ValueError "
         "on a malformed program, a kernel\nwithout a thunk or an extern without a function. "
         "`resolver() -> None | {choice: pick}` is asked\nafter each call until it names the "
-        "picks; the program then runs with them resolved (Program::resolved).");
+        "picks; the program then runs with them resolved (Program::resolved). `check(*args) -> "
+        "bool` is the\ninput check of a program with symbolic input sizes; `profiled(*args)` runs "
+        "the call while a\nprofiler is on.");
   m.def("setup_values", &setup_values, py::arg("text"), py::arg("constants"),
         "Parse and bind an executor program; its named statics (s0...) once setup has run: "
         "tensors, None for other values.");

@@ -376,6 +376,10 @@ Package::Package(const std::string& path) : path_(path) {
   } catch (const std::exception& e) {
     throw PackageError("opgen package " + path + ": its program does not run here: " + e.what());
   }
+  if (program_->dynamic()) {
+    throw PackageError("opgen package " + path +
+                       ": its program has symbolic input sizes; packages hold static shapes");
+  }
   if (!program_->extern_names().empty()) {
     std::string names;
     for (const std::string& n : program_->extern_names()) names += (names.empty() ? "" : ", ") + n;

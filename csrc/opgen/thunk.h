@@ -39,7 +39,19 @@ struct Instr;
 using Thunk = void (*)(Frame&, const Instr&);
 
 struct Instr {
-  enum class Kind : uint8_t { kCall, kOp, kExtern, kAlloc, kView, kList, kFree, kReturn, kGuard };
+  enum class Kind : uint8_t {
+    kCall,
+    kOp,
+    kExtern,
+    kAlloc,
+    kView,
+    kList,
+    kSize,
+    kSym,
+    kFree,
+    kReturn,
+    kGuard
+  };
   Kind kind = Kind::kCall;
   Thunk thunk = nullptr;
   std::vector<Operand> args;  // calls: one per schema argument; others: what the kind reads

@@ -54,8 +54,9 @@ def package(
     """
     if dynamic_shapes is not None:
         raise PackageError(
-            "opgen.package: dynamic_shapes is not supported: the C++ executor runs static shapes only (size "
-            "symbols and the size memo run on the Python backend alone). Package one file per input shape."
+            "opgen.package: dynamic_shapes is not supported: a package holds static shapes (the C++ executor "
+            "runs dynamic shapes in this process: opgen.compile(..., backend='cpp')). Package one file per "
+            "input shape."
         )
     inputs = _example_inputs(example_inputs)
     module = as_module(model)

@@ -18,6 +18,7 @@ import torch
 import opgen
 from opgen import _C
 from opgen.gen import thunks
+from opgen.runtime.codegen import cpp as cpp_backend
 from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.execution.guards import PROCEED
 from opgen.spec.validate import load_spec
@@ -105,7 +106,7 @@ def test_new_shapes_respecialize_and_bad_inputs_raise_as_on_python() -> None:
         fn(x.double(), y.double())
     with pytest.raises(InputMismatchError, match="expected a 1-d tensor"):
         fn(a.view(4, 8), b.view(4, 8))
-    with pytest.raises(TypeError, match="takes 2 positional arguments but 1 were given"):
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'y'"):  # as Python says it
         fn(x)
     with pytest.raises(TypeError):
         fn(x, "y")
@@ -123,24 +124,72 @@ def test_grad_mode_guard_as_on_python() -> None:
         torch.testing.assert_close(fn(x), model(x))
 
 
-def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line() -> None:
+def _unsupported(*args: object, **kwargs: object) -> object:
+    raise cpp_backend.CppUnsupported("the opaque input spec")
+
+
+def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the backend cannot print (an opaque input: DTensor specs) keeps the Python function."""
+
+    monkeypatch.setattr(cpp_backend, "emit", _unsupported)
     x = torch.randn(8, 4)
-    dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
     with torch.no_grad(), pytest.warns(OpgenWarning, match="not supported by the cpp backend yet") as record:
-        fn = opgen.compile(Dynamic(), (x,), backend="cpp", dynamic_shapes=dims)
+        fn = opgen.compile(Dynamic(), (x,), backend="cpp", cache=False)
     assert len([w for w in record if issubclass(w.category, OpgenWarning)]) == 1
     assert type(fn).__name__ == "function"
-    assert "backend: python ('cpp' asked" in str(fn.report())  # type: ignore[attr-defined]
+    assert "backend: python ('cpp' asked; not supported by the cpp backend yet: the opaque input" in str(fn.report())  # type: ignore[attr-defined]
     torch.testing.assert_close(fn(x), Dynamic()(x))
 
 
-def test_auto_picks_cpp_where_it_can_and_python_silently_elsewhere() -> None:
+def test_dynamic_shapes_bind_sizes_in_the_program() -> None:
+    x = torch.randn(8, 4)
+    dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
+    fn = cpp(Dynamic(), (x,), dynamic_shapes=dims, cache=False)
+    program = fn.artifact.cpp_program  # type: ignore[attr-defined]
+    assert "input r0 x float32 cpu [?,4] [4,1]" in program
+    assert re.search(r"r\d+ = size r0 0  # s\d+ = x.shape\[0\]", program)
+    for n in (2, 7, 64, 8):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(fn(x), Dynamic()(x))
+    with pytest.raises(InputMismatchError, match="range"):
+        fn(torch.randn(65, 4))
+
+
+SIZE_TEXTS = ["s0*64 + 1", "(s0 - 7)//3", "(7 - s0) % 3", "-s0 % -4", "max(s0, 5, 2*s0 - 20) - min(s0, 3)", "s0**2"]
+
+
+@pytest.mark.parametrize("text", SIZE_TEXTS)
+def test_size_arithmetic_is_pythons(text: str) -> None:
+    """`sym` lines: the IR's size expressions in postfix (codegen.cpp_sizes), Python's // and % included."""
+    from opgen.runtime.codegen.cpp_sizes import postfix
+
+    program = " ".join(postfix(text, lambda name: "r1"))
+    head = "program f registers 3 statics 0\ninput r0 x float32 cpu [?] [1]\nsetup:\nbody:\n  guard r0\n"
+    body = f"  r1 = size r0 0\n  r2 = sym {program}\n  return single r2\n"
+    fn = _C.cpp_function(head + body, [], {}, None, PROCEED, None, None, lambda x: True)
+    for n in (0, 1, 5, 12, 40):
+        assert fn(torch.empty(n)) == eval(text, {"s0": n}), (text, n)  # the test's own text
+    with pytest.raises(ValueError, match="needs its input check"):
+        _C.cpp_function(head + body, [], {}, None, PROCEED, None)
+
+
+def test_a_profile_shows_each_kernel_by_node_as_on_python() -> None:
+    """While a profiler is on, the call runs the Python function's profiled twin (ranges per node)."""
+    x, y = torch.randn(16), torch.randn(16)
+    fn = cpp(Add(), (x, y))
+    fn(x, y)
+    with torch.profiler.profile() as prof:
+        torch.testing.assert_close(fn(x, y), x + y)
+    assert "opgen::add (aten.add.Tensor)" in {e.name for e in prof.events()}
+
+
+def test_auto_picks_cpp_where_it_can_and_python_silently_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = torch.randn(16), torch.randn(16)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", OpgenWarning)
-        fast = opgen.compile(Add(), (x, y), backend="auto")
-        dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
-        slow = opgen.compile(Dynamic(), (torch.randn(8, 4),), backend="auto", dynamic_shapes=dims)
+        fast = opgen.compile(Add(), (x, y), backend="auto", cache=False)
+        monkeypatch.setattr(cpp_backend, "emit", _unsupported)
+        slow = opgen.compile(Add(), (x, y), backend="auto", cache=False)
     assert type(fast).__name__ == "CppFunction" and type(slow).__name__ == "function"
 
 

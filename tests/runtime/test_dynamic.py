@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch.export import Dim
 import opgen
 from opgen.bench.models import GPTBlock
 from opgen.runtime.dynamo_backend import opgen_backend
-from opgen.runtime.errors import InputMismatchError
+from opgen.runtime.errors import InputMismatchError, OpgenWarning
 
 
 class MLP(nn.Module):
@@ -100,22 +101,25 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("backend", ["python", "cpp"])  # the generated Python, the C++ executor
 @pytest.mark.parametrize("name", list(CASES))
-def test_one_function_serves_the_range_through_opgen_compile(name: str) -> None:
+def test_one_function_serves_the_range_through_opgen_compile(name: str, backend: str) -> None:
     factory, make, shapes, sizes, example = CASES[name]
     torch.manual_seed(0)
     model = factory().eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)  # backend="cpp" runs the C++ executor, or the test fails
         example_args = make(*example) if isinstance(example, tuple) else make(example)
-        fn = opgen.compile(model, example_args, dynamic_shapes=shapes, cache=False)
+        fn = opgen.compile(model, example_args, dynamic_shapes=shapes, cache=False, backend=backend)
         _check(fn, model, make, sizes)
         report = fn.report()
     assert report.specializations == 1, "a size inside the range compiled again"
     assert report.ranges and "dynamic sizes" in str(report)
 
 
+@pytest.mark.parametrize("backend", ["python", "cpp"])
 @pytest.mark.parametrize("name", ["mlp_batch", "decoder_both", "reshapes_both"])
-def test_one_function_serves_the_range_through_the_backend(name: str) -> None:
+def test_one_function_serves_the_range_through_the_backend(name: str, backend: str) -> None:
     factory, make, _, sizes, example = CASES[name]
     torch.manual_seed(0)
     model = factory().eval()
@@ -123,10 +127,11 @@ def test_one_function_serves_the_range_through_the_backend(name: str) -> None:
 
     def counting(gm, example_inputs, **options):  # type: ignore[no-untyped-def]
         compiles.append(gm)
-        return opgen_backend(gm, example_inputs, **options)
+        return opgen_backend(gm, example_inputs, **options, backend=backend)
 
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", OpgenWarning)
         fn = torch.compile(model, backend=counting, dynamic=True)
         # Dynamo specializes size 1 (its 0/1 rule): sizes from 2 share the graphs of the first call.
         sizes = [s for s in sizes if 1 not in (s if isinstance(s, tuple) else (s,))]

@@ -52,10 +52,10 @@ def test_backend_unsupported_op_and_fallback_option() -> None:
     torch.testing.assert_close(out, torch.kthvalue(x, 2).values + 1)
 
 
-@pytest.fixture
-def adds() -> object:
+@pytest.fixture(params=["python", "cpp"])  # the same errors from the generated Python and the C++ executor
+def adds(request: pytest.FixtureRequest) -> object:
     with torch.no_grad():
-        return opgen.compile(Adds(), (torch.randn(4), torch.randn(4)), recompile=False)
+        return opgen.compile(Adds(), (torch.randn(4), torch.randn(4)), recompile=False, backend=request.param)
 
 
 def test_wrong_number_of_inputs(adds) -> None:

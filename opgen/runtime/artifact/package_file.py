@@ -6,7 +6,7 @@ constant lie, with their sizes, strides and checksums) and, from the next 64-byt
 data: the executor program's text and the constants' raw bytes, each at a 64-byte aligned offset
 from the data's start (the reader maps the file and uses the constants where they lie). C++ reads
 it with libtorch only (no pickle, no JSON parser); csrc/opgen/package.h documents the lines.
-Strings are %-escaped as in executor programs (`codegen.cpp.escape`), so every line splits on spaces.
+Strings are %-escaped as in executor programs (`codegen.cpp_literals.escape`), so every line splits on spaces.
 Checksums are CRC-32C: the caller passes the function (`_C.crc32c`, the reader's own).
 
 Plain data and bytes, no torch: the tensors come in as `ConstantBytes` (packaging.py makes them).
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opgen.runtime.codegen.cpp import escape
+from opgen.runtime.codegen.cpp_literals import escape
 
 FORMAT = 2  # csrc/opgen/package.h: kPackageFormat
 MAGIC = "opgen-package"

@@ -36,7 +36,7 @@ class Folded:
 
 
 def _split(line: str) -> tuple[str, str]:
-    """An instruction and its comment (`#` never appears escaped: codegen.cpp.escape)."""
+    """An instruction and its comment (`#` never appears escaped: codegen.cpp_literals.escape)."""
     code, hash_, comment = line.partition("#")
     return code.rstrip(), ("  " + hash_ + comment if hash_ else "")
 

@@ -14,21 +14,27 @@ ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`
 generated Python calls through a callable bound at load time (Triton and fused kernels, kernel
 choices, collectives, `py:` functions) is an `extern` of the program, called by a `call` line and
 bound by the same local name (`execution.cpp_executor`): a Triton launcher is launched from C++,
-anything else called with the GIL. A fused kernel's call also gets two `alternative` sections after
+anything else called with the GIL. Dynamic shapes: inputs print `?` for symbolic sizes (the runtime's
+input check binds them), size symbols are registers (`size` reads an input's dimension, `sym`
+computes an expression, `codegen.cpp_sizes`), and shapes, strides and arguments that hold them are
+lists built per call; the size memo's lines run on every call, right after the sizes are bound. A
+fused kernel's call also gets two `alternative` sections (per call: one kernel may serve several) after
 the body: its Triton launch (outputs allocated, then its launcher as the extern `<local>.launcher`)
 and its ATen calls; once the first call has picked, the executor puts the pick's lines in place of
-the call, and no Python runs for it again. A package, which runs without Python, has no externs. Static
-shapes only: size symbols and the size memo raise `CppUnsupported`, which the runtime turns into a
-warning and the Python function.
+the call, and no Python runs for it again. A package, which runs without Python, has no externs and static shapes
+only. What cannot be printed (size inputs, opaque inputs) raises `CppUnsupported`, which the runtime
+turns into a warning and the Python function.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from opgen.runtime.codegen.backend import Backend, Source
+from opgen.runtime.codegen.cpp_literals import CppUnsupported, escape, literal_text, sym_text
+from opgen.runtime.codegen.cpp_sizes import SizeTextError, input_shape_text, postfix
 from opgen.runtime.codegen.manifest import manifest
 from opgen.runtime.codegen.names import fallback_local
 from opgen.runtime.ir import (
@@ -39,7 +45,9 @@ from opgen.runtime.ir import (
     Free,
     FusedKernel,
     Guard,
+    Input,
     KernelCall,
+    Line,
     Program,
     Ref,
     Return,
@@ -50,8 +58,6 @@ from opgen.runtime.ir import (
     View,
     meta_table,
 )
-
-_SAFE = re.compile(r"[A-Za-z0-9_.:\-]")
 
 
 class _ArgInfo(Protocol):
@@ -77,67 +83,9 @@ class KernelRegistry(Protocol):
     def by_name(self) -> Mapping[str, _OpInfo]: ...
 
 
-class CppUnsupported(Exception):
-    """A program the C++ backend cannot print yet; the message says what (the pipeline stores it in the artifact)."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"not supported by the cpp backend yet: {what}")
-        self.what = what
-
-
-def escape(text: str) -> str:
-    """A key or string with no spaces, quotes or `#`: other characters as %XX (UTF-8 bytes)."""
-    return "".join(c if _SAFE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode()) for c in text)
-
-
-def sym_text(sym: Sym) -> str:
-    match sym.kind:
-        case "dtype":
-            return f"torch.{sym.value}"
-        case "device" | "layout" | "memory_format":
-            return f"{sym.kind}({sym.value})"
-        case "float":
-            return sym.value  # inf, -inf, nan
-    raise CppUnsupported(f"the symbol {sym.kind} {sym.value}")
-
-
-def literal_text(arg: Arg) -> str:
-    """A literal operand (no references)."""
-    match arg:
-        case None:
-            return "None"
-        case bool():
-            return "True" if arg else "False"
-        case int():
-            return str(arg)
-        case float():
-            return repr(arg)
-        case str():
-            return f"'{escape(arg)}'"
-        case Sym():
-            return sym_text(arg)
-        case SizeExpr():
-            raise CppUnsupported(f"symbolic size {arg.text}")
-        case tuple():
-            if any(isinstance(a, tuple) for a in arg):
-                raise CppUnsupported(f"a nested list argument {arg!r}")
-            return "[" + ",".join(literal_text(a) for a in arg) + "]"
-    raise CppUnsupported(f"the argument {arg!r}")
-
-
-def ints_text(values: Iterable[object], what: str) -> str:
-    items = list(values)
-    if not all(type(n) is int for n in items):
-        raise CppUnsupported(f"symbolic sizes of {what}")
-    return "[" + ",".join(str(n) for n in items) + "]"
-
-
-def meta_text(meta: TensorMeta, what: str) -> str:
-    return f"{ints_text(meta.shape, what)} {ints_text(meta.stride, what)}"
-
-
 def _has_ref(arg: Arg) -> bool:
-    return isinstance(arg, Ref) or (isinstance(arg, tuple) and any(_has_ref(a) for a in arg))
+    """Whether an argument reads a register: a value, or a size known per call."""
+    return isinstance(arg, Ref | SizeExpr) or (isinstance(arg, tuple) and any(_has_ref(a) for a in arg))
 
 
 class CppBackend(Backend):
@@ -188,6 +136,8 @@ class CppBackend(Backend):
         """An operand's text; a list holding references is built by a `list` line appended to `before`."""
         if isinstance(arg, Ref):
             return self._ref(arg.name)
+        if isinstance(arg, SizeExpr):
+            return self._size(arg, before)
         if isinstance(arg, tuple) and _has_ref(arg):
             items = [self._operand(a, before) for a in arg]
             if any(isinstance(a, tuple) for a in arg):
@@ -196,6 +146,27 @@ class CppBackend(Backend):
             before.append(f"{register} = list {' '.join(items)}")
             return register
         return literal_text(arg)
+
+    def _size(self, expr: SizeExpr, before: list[str]) -> str:
+        """A size's register: a symbol's (or a hoisted size's), else one a `sym` line appended to `before` computes."""
+        if expr.text in self._names:
+            return self._names[expr.text]
+        try:
+            program = postfix(expr.text, lambda name: self._symbol(name))
+        except SizeTextError as exc:
+            raise CppUnsupported(str(exc)) from exc
+        register = self._define(f"_size{self._registers}")
+        before.append(f"{register} = sym {' '.join(program)}  # {expr.text}")
+        return register
+
+    def _symbol(self, name: str) -> str:
+        if name not in self._names:
+            raise CppUnsupported(f"the size symbol {name}, which nothing binds before it is read")
+        return self._names[name]
+
+    def _shape(self, meta: TensorMeta, before: list[str]) -> str:
+        """`<sizes> <strides>`: literal lists, or registers of lists built per call where symbolic."""
+        return f"{self._operand(tuple(meta.shape), before)} {self._operand(tuple(meta.stride), before)}"
 
     def _device(self, line: KernelCall) -> str:
         for arg in (*line.args, *(v for _, v in line.kwargs)):
@@ -212,7 +183,7 @@ class CppBackend(Backend):
         if line.jit:
             text = self._extern_call(line, line.kernel)
             if line.kernel in self._fused:
-                self._alternatives += self._fused_alternatives(self._fused[line.kernel])
+                self._alternatives += self._fused_alternatives(self._fused[line.kernel], line)
             return text
         info = self.registry.by_name.get(line.kernel)
         if info is None:
@@ -243,20 +214,35 @@ class CppBackend(Backend):
         call = f"{self._outputs(line)} = call {callee} {' '.join(ops)}".rstrip()
         return [*before, f"{call}  # {line.node}: {line.target}", *([f"free {' '.join(lists)}"] if lists else [])]
 
-    def _fused_alternatives(self, spec: FusedKernel) -> list[str]:
-        """A fused kernel's two alternatives: allocate its outputs and launch it, or its ATen calls."""
+    def _fused_alternatives(self, spec: FusedKernel, call: KernelCall) -> list[str]:
+        """This call's two alternatives: allocate its outputs and launch the kernel, or its ATen calls.
+        The kernel's lines name its own parameters (a kernel may serve several calls: a model's
+        layers), bound here to this call's registers; its other values get fresh registers."""
         self._externs[f"{spec.local}.launcher"] = None
-        outputs = [self._names[v.name] for v in spec.outputs]
+        names, metas = dict(self._names), dict(self._metas)
         self._reuse, self._fresh = True, []
         try:
+            operands = [self._operand(a, []) for a in call.args]
+            results = [names[out.name] if out is not None else None for out in call.outputs]
+            for param, arg, register in zip(spec.inputs, call.args, operands, strict=True):
+                self._names[param] = register
+                if isinstance(arg, Ref) and arg.name in metas:
+                    self._metas[param] = metas[arg.name]
+            defined = {v.name for line in spec.lines for v in line.outputs if v is not None}
+            for name in defined - set(spec.inputs):
+                self._names.pop(name, None)
+            for value, result in zip(spec.outputs, results, strict=True):
+                self._names[value.name] = result or self._define(value.name)
+            self._metas.update((v.name, v.meta) for line in spec.lines for v in line.outputs if v and v.meta)
+            outputs = [self._names[v.name] for v in spec.outputs]
             triton = [self.alloc(Alloc(v))[0] for v in spec.outputs]
-            operands = [self._ref(name) for name in spec.inputs] + outputs
-            triton.append(f"_ = call {spec.local}.launcher {' '.join(operands)}  # {spec.name}")
+            triton.append(f"_ = call {spec.local}.launcher {' '.join(operands + outputs)}  # {spec.name}")
             aten = [t for line in spec.lines for t in self.kernel_call(line)]
             if self._fresh:
                 aten.append(f"free {' '.join(self._fresh)}")
         finally:
             self._reuse = False
+            self._names, self._metas = names, metas
         return [
             f"alternative {spec.local} triton",
             *("  " + t for t in triton),
@@ -285,19 +271,19 @@ class CppBackend(Backend):
     def alloc(self, line: Alloc) -> list[str]:
         meta = line.value.meta
         assert meta is not None, f"Alloc of {line.value.name} has no meta"
-        what = f"the buffer {line.value.name}"
         dtype, device = sym_text(Sym("dtype", meta.dtype)), sym_text(Sym("device", meta.device))
-        return [f"{self._define(line.value.name)} = empty_strided {meta_text(meta, what)} {dtype} {device}"]
+        before: list[str] = []
+        shape = self._shape(meta, before)
+        return [*before, f"{self._define(line.value.name)} = empty_strided {shape} {dtype} {device}"]
 
     def view(self, line: View) -> list[str]:
         meta = line.value.meta
         assert meta is not None, f"View {line.value.name} has no meta"
-        what = f"the view {line.value.name}"
-        if type(meta.offset) is not int:
-            raise CppUnsupported(f"symbolic offset of {what}")
         source = self._ref(line.source)
+        before: list[str] = []
+        shape, offset = self._shape(meta, before), self._operand(meta.offset, before)
         comment = f"  # {line.node}" if line.node else ""
-        return [f"{self._define(line.value.name)} = as_strided {source} {meta_text(meta, what)} {meta.offset}{comment}"]
+        return [*before, f"{self._define(line.value.name)} = as_strided {source} {shape} {offset}{comment}"]
 
     def free(self, line: Free) -> list[str]:
         names = [r for n in line.names if (r := self._names.get(n, "")).startswith("r") and r not in self._inputs]
@@ -308,7 +294,16 @@ class CppBackend(Backend):
         return []
 
     def size_let(self, line: SizeLet) -> list[str]:
-        raise CppUnsupported(f"the size symbol {line.name} = {line.text}")
+        """`s77 = x.shape[0]` -> `size` of an input's dimension; other sizes -> `sym`."""
+        comment = f"  # {line.name} = {line.text}"
+        dim = re.fullmatch(r"(\w+)\.shape\[(\d+)\]", line.text)
+        if dim is not None and dim.group(1) in self._names:
+            return [f"{self._define(line.name)} = size {self._names[dim.group(1)]} {dim.group(2)}{comment}"]
+        try:
+            program = postfix(line.text, self._symbol)
+        except SizeTextError as exc:
+            raise CppUnsupported(str(exc)) from exc
+        return [f"{self._define(line.name)} = sym {' '.join(program)}{comment}"]
 
     def comment(self, line: Comment) -> list[str]:
         return [f"# {t}" for t in line.text.splitlines()]
@@ -321,6 +316,13 @@ class CppBackend(Backend):
         values = [self._operand(v, before) for v in line.values]
         return [*before, f"return {line.form} {' '.join(values)}".rstrip()]
 
+    def _input_text(self, i: Input) -> str:
+        register = self._names[i.name]
+        if i.size is not None:  # an int: the symbol it names reads its register
+            self._names.setdefault(i.size.text, register)
+            return f"input {register} {escape(i.name)} int"
+        return f"input {register} {escape(i.name)} {i.meta.dtype} {i.meta.device} {input_shape_text(i.meta)}"
+
     # -- the program ---------------------------------------------------------------------------
     def emit(self, program: Program, header: str = "") -> Source:
         _check_supported(program)
@@ -328,15 +330,12 @@ class CppBackend(Backend):
         self._metas = meta_table(program)
         self._fused = {f.local: f for f in program.fused if f.lines}
         self._inputs = {self._define(i.name) for i in program.inputs}  # never freed: the caller's tensors
-        inputs = [
-            f"input {self._names[i.name]} {escape(i.name)} {i.meta.dtype} {i.meta.device} {meta_text(i.meta, i.name)}"
-            for i in program.inputs
-        ]
+        inputs = [self._input_text(i) for i in program.inputs]
         self._in_setup = True
         constants = [f"constant {self._define(c.name)} {escape(c.key)}" for c in program.constants]
         setup = [t for line in program.setup for t in self.line_text(line)]
         self._in_setup = False
-        body = [t for line in program.body for t in self.line_text(line)]
+        body = [t for line in _with_memo(program) for t in self.line_text(line)]
         externs = [f"extern {name}" for name in self._externs]
         out = [f"# @generated by opgen{': ' + header if header else ''}. Do not edit."]
         out.append(f"program {program.name} registers {max(self._registers, 1)} statics {self._statics}")
@@ -347,14 +346,16 @@ class CppBackend(Backend):
 
 def _check_supported(program: Program) -> None:
     for i in program.inputs:
-        if i.size is not None:
-            raise CppUnsupported(f"the size input {i.name} (dynamic shapes)")
         if i.opaque:
             raise CppUnsupported(f"the opaque input {i.name}")
-        if not i.meta.is_static:
-            raise CppUnsupported(f"symbolic sizes of the input {i.name} (dynamic shapes)")
-    if program.memo:
-        raise CppUnsupported("the size memo (dynamic shapes)")
+
+
+def _with_memo(program: Program) -> tuple[Line, ...]:
+    """The body with the size memo's lines right after the leading size bindings (as the Python
+    backend places them; here they run on every call)."""
+    body = program.body
+    at = max((i + 1 for i, line in enumerate(body) if isinstance(line, SizeLet)), default=0)
+    return (*body[:at], *program.memo, *body[at:])
 
 
 def emit(program: Program, registry: KernelRegistry, header: str = "") -> Source:

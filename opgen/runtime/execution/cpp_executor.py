@@ -2,9 +2,12 @@
 
 `bind_cpp` parses the program (`_C.cpp_function`), binds its constants and externs and runs its
 setup; the result is a `CppFunction`, called like the generated Python function: the same input
-check (its mismatches go to the same slow path), the same results. The externs (Triton launchers,
+check (its mismatches go to the same slow path; with dynamic shapes, the same ranged check object),
+the same results. The externs (Triton launchers,
 fused kernels' choices, `py:` functions, collectives) are the very objects the generated Python
 function calls, taken from its closure by the same local names, and each fused kernel's launcher.
+While a profiler is on, a call runs the Python function (its profiled twin: each kernel in a range
+named after its node), so a profile reads the same on either backend.
 A fused kernel's call is settled after the first call (`picks`): the executor then runs the picked
 alternative, the Triton launch or the ATen calls, in place of the call. OPGEN_DEBUG=1 prints the
 program.
@@ -29,6 +32,7 @@ import torch
 
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.errors import OpgenError, OpgenWarning
+from opgen.runtime.execution.dynamic_guards import input_check, is_dynamic
 from opgen.runtime.execution.guards import PROCEED
 
 BACKENDS = ("python", "cpp", "auto")
@@ -74,7 +78,10 @@ def bind_cpp(
     externs = dict(inspect.getclosurevars(python_fn).nonlocals)
     externs.update({f"{name}.launcher": _launcher(name, binding) for name, binding in fused.items()})
     resolver = functools.partial(picks, fused) if fused else None
-    fn: Callable[..., Any] = _C.cpp_function(graph.cpp_program, tensors, externs, handler, PROCEED, unflatten, resolver)
+    check = input_check(graph.inputs, graph.size_ranges) if is_dynamic(graph.inputs) else None
+    fn: Callable[..., Any] = _C.cpp_function(
+        graph.cpp_program, tensors, externs, handler, PROCEED, unflatten, resolver, check, python_fn
+    )
     return fn
 
 
