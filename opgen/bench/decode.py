@@ -32,7 +32,7 @@ import opgen  # also registers the "opgen" torch.compile backend
 from opgen.bench import decode_models as dm
 from opgen.bench.timing import format_table
 
-CANDIDATES = ("eager", "compile", "opgen", "opgen_graphs", "opgen_backend")
+CANDIDATES = ("eager", "compile", "opgen", "opgen_cpp", "opgen_graphs", "opgen_backend")
 FIRST_CALLS = {"compile": 3}  # reduce-overhead's cudagraph trees warm up, then record on a later call
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}  # logit error / max |logit|
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -43,6 +43,7 @@ def label(name: str, cuda: bool) -> str:
         "eager": "eager",
         "compile": 'torch.compile mode="reduce-overhead"' if cuda else "torch.compile (inductor)",
         "opgen": "opgen.compile",
+        "opgen_cpp": 'opgen.compile backend="cpp"',
         "opgen_graphs": "opgen.compile cuda_graphs",
         "opgen_backend": 'torch.compile(backend="opgen")',
     }[name]
@@ -137,6 +138,8 @@ def make_step(name: str, model: torch.nn.Module, example: tuple[torch.Tensor, ..
             return torch.compile(model, mode="reduce-overhead") if cuda else torch.compile(model)  # type: ignore[return-value]
         case "opgen":
             return opgen.compile(model, example)  # type: ignore[no-any-return]
+        case "opgen_cpp":
+            return opgen.compile(model, example, backend="cpp")  # type: ignore[no-any-return]
         case "opgen_graphs":
             if not cuda:
                 raise Skipped("CUDA-graph mode needs CUDA")
