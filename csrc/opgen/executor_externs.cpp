@@ -161,6 +161,8 @@ class LauncherCall final : public exec::Extern {
     for (size_t i = 0; i < in.args.size(); ++i) {
       const c10::IValue& v = f.at(in.args[i]);
       if (v.isTensor()) {
+        TORCH_CHECK_VALUE(v.toTensor().is_cuda(), "a Triton launcher's argument ", i,
+                          " is a tensor on ", v.toTensor().device(), ", expected CUDA");
         args[i] = jit::tensor_arg(v.toTensor());
       } else if (v.isBool()) {
         args[i] = jit::bool_arg(v.toBool());
