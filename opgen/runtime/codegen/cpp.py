@@ -207,11 +207,15 @@ class CppBackend(Backend):
             if isinstance(arg, Sym) and arg.kind not in ("device", "float"):  # registers hold dtypes as ints
                 raise CppUnsupported(f"the {arg.kind} argument {arg.value} of {callee} (node {line.node})")
         self._externs[callee] = None
+        return self._keyword_call(line, f"call {callee}")
+
+    def _keyword_call(self, line: KernelCall, what: str) -> list[str]:
+        """`<outputs> = <what> <positional...> <name>=<operand>...`, after the `list` lines its operands need."""
         before: list[str] = []
         ops = [self._operand(a, before) for a in line.args]
         ops += [f"{k}={self._operand(v, before)}" for k, v in line.kwargs]
         lists = [text.split(" ", 1)[0] for text in before]
-        call = f"{self._outputs(line)} = call {callee} {' '.join(ops)}".rstrip()
+        call = f"{self._outputs(line)} = {what} {' '.join(ops)}".rstrip()
         return [*before, f"{call}  # {line.node}: {line.target}", *([f"free {' '.join(lists)}"] if lists else [])]
 
     def _fused_alternatives(self, spec: FusedKernel, call: KernelCall) -> list[str]:
@@ -257,12 +261,7 @@ class CppBackend(Backend):
         if line.kernel.count(".") != 2:
             raise CppUnsupported(f"the operator {line.kernel} (node {line.node})")
         namespace, name, overload = line.kernel.split(".")
-        before: list[str] = []
-        ops = [self._operand(a, before) for a in line.args]
-        ops += [f"{k}={self._operand(v, before)}" for k, v in line.kwargs]
-        lists = [text.split(" ", 1)[0] for text in before]
-        call = f"{self._outputs(line)} = op {namespace}::{name}.{overload} {' '.join(ops)}".rstrip()
-        return [*before, f"{call}  # {line.node}: {line.target}", *([f"free {' '.join(lists)}"] if lists else [])]
+        return self._keyword_call(line, f"op {namespace}::{name}.{overload}")
 
     def _outputs(self, line: KernelCall) -> str:
         outs = [self._define(v.name) if v is not None else "_" for v in line.outputs] or ["_"]
