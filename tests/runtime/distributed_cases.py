@@ -109,7 +109,22 @@ def compare(model: nn.Module, whole: nn.Module, x: torch.Tensor) -> dict[str, fl
         errors["opgen.compile from the cache"] = (cached(x) - expected).abs().max().item()
         compiled = torch.compile(model, backend="opgen", options={"fallback": False})
         errors["torch.compile"] = (compiled(x) - expected).abs().max().item()
+        executor = _cpp(model, x)  # the collectives are the C++ program's externs
+        errors["opgen.compile backend=cpp"] = (executor(x) - expected).abs().max().item()
     return errors
+
+
+def _cpp(model: nn.Module, x: torch.Tensor) -> Any:
+    """opgen.compile(backend="cpp"), which must run on the C++ executor (a fallback is an error)."""
+    import warnings
+
+    import opgen
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", opgen.OpgenWarning)
+        fn = opgen.compile(model, (x,), backend="cpp")
+    assert type(fn).__name__ == "CppFunction", fn.report()
+    return fn
 
 
 def tp_mlp(rank: int, world: int) -> dict[str, Any]:
@@ -183,7 +198,7 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
         expected = [t.clone() for t in model(x)]
         fast = opgen.compile(model, (x,))
         compiled = torch.compile(model, backend="opgen", options={"fallback": False})
-        got = {"opgen.compile": fast(x), "torch.compile": compiled(x)}
+        got = {"opgen.compile": fast(x), "torch.compile": compiled(x), "opgen.compile backend=cpp": _cpp(model, x)(x)}
     errors = {k: max((a - b).abs().max().item() for a, b in zip(v, expected, strict=True)) for k, v in got.items()}
     source = fast.artifact.source
     errors["kinds"] = sorted({c.kind for c in fast.artifact.collectives})
