@@ -6,9 +6,11 @@
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/empty_strided_cpu_dispatch.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -72,7 +74,13 @@ std::unique_ptr<Program> Program::resolved(
 
 void Program::run(Registers& regs, Results& results) const {
   TORCH_CHECK(bound_, "opgen executor program ", name_, " runs before it is bound");
-  run_steps(body_, regs.data(), &results);
+  if (C10_LIKELY(!at::hasCallbacks())) {
+    run_steps(body_, regs.data(), &results);
+    return;
+  }
+  at::RecordFunction graph(at::RecordScope::USER_SCOPE);
+  if (graph.isActive()) graph.before(std::string_view(range_));
+  run_steps(body_, regs.data(), &results, /*ranged=*/true);
 }
 
 namespace {
@@ -193,10 +201,16 @@ c10::IValue Program::returned(Frame& f, const Instr& in, size_t k) const {
   return std::move(f.regs[o.index]);
 }
 
-void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results) const {
+void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results,
+                        bool ranged) const {
   Frame f{regs, statics_.data()};
   for (const Step& s : steps) {
     const Instr& in = s.instr;
+    std::optional<at::RecordFunction> range;
+    if (ranged && !s.range.empty()) {
+      range.emplace(at::RecordScope::USER_SCOPE);
+      if (range->isActive()) range->before(std::string_view(s.range));
+    }
     try {
       switch (in.kind) {
         case Instr::Kind::kCall:

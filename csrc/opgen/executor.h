@@ -94,8 +94,10 @@ struct Step {
   std::vector<SymOp> sym;     // sym: the postfix program
   at::TensorOptions options;  // alloc
   std::optional<c10::OperatorHandle>
-      op;               // op: the operator, its arguments in `instr.args` by schema position
-  int32_t callee = -1;  // call: the extern's index in `Program::extern_names()`
+      op;  // op: the operator, its arguments in `instr.args` by schema position
+  std::string
+      range;  // a kernel call's profiler range, `opgen::<node> (<target>)`, from its comment
+  int32_t callee = -1;                // call: the extern's index in `Program::extern_names()`
   std::vector<std::string> keywords;  // call: names of the last operands (passed by name)
 };
 
@@ -186,15 +188,19 @@ class Program {
   Registers registers() const { return Registers(num_registers_); }
 
   // Runs the body; the values of its return line go to `results`. Kernel errors keep their type and
-  // gain the instruction's text.
+  // gain the instruction's text. While a profiler (a RecordFunction callback) is on, the call runs
+  // in a range named after the graph and each kernel call in one named after its node, as the
+  // Python backend's profiled twin does (`opgen::add (aten.add.Tensor)`).
   void run(Registers& regs, Results& results) const;
 
  private:
-  void run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results) const;
+  void run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results,
+                 bool ranged = false) const;
   c10::IValue returned(Frame& f, const Instr& in, size_t k) const;
   void call_operator(Frame& f, const Step& s) const;
 
   std::string name_;
+  std::string range_;  // the graph's profiler range: `opgen::<name> (<the generated header>)`
   std::vector<InputSpec> inputs_;
   std::vector<std::string> constant_keys_;
   std::vector<Step> setup_;

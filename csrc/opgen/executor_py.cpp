@@ -6,7 +6,6 @@
 #include "opgen/executor_py.h"
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -40,7 +39,6 @@ struct CppFunction {
   PyObject* proceed;    // the sentinel that says: run this program on these inputs
   PyObject* unflatten;  // rebuilds a pytree result from the flat tuple (None unless the form is pytree)
   PyObject* check;      // check(*args) -> bool: the input check of a program with symbolic sizes
-  PyObject* profiled;   // null, or what runs the call while a profiler is on (kernels in ranges)
   PyObject* resolver;   // null, or resolver() -> None (not yet) or {choice: pick}, asked after calls
   PyObject* picks;      // what the resolver returned, once it did (else null)
   std::vector<std::unique_ptr<exec::Program>>* retired;  // programs `resolve` replaced
@@ -149,9 +147,6 @@ bool resolve(CppFunction& fn) {
 PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto& fn = *reinterpret_cast<CppFunction*>(self);
   const exec::Program& program = *fn.program;
-  if (fn.profiled != nullptr && at::hasCallbacks()) {  // a profiler (RecordFunction) is on
-    return PyObject_Vectorcall(fn.profiled, args, nargsf, kwnames);
-  }
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
   if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) || n != expected) {
@@ -221,7 +216,6 @@ int traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(fn->proceed);
   Py_VISIT(fn->unflatten);
   Py_VISIT(fn->check);
-  Py_VISIT(fn->profiled);
   Py_VISIT(fn->resolver);
   Py_VISIT(fn->picks);
   return 0;
@@ -234,7 +228,6 @@ int clear(PyObject* self) {
   Py_CLEAR(fn->proceed);
   Py_CLEAR(fn->unflatten);
   Py_CLEAR(fn->check);
-  Py_CLEAR(fn->profiled);
   Py_CLEAR(fn->resolver);
   Py_CLEAR(fn->picks);
   return 0;
@@ -291,8 +284,7 @@ std::vector<at::Tensor> tensors_of(const py::sequence& constants, const char* wh
 py::object make_cpp_function(const std::string& text, const py::sequence& constants,
                              const py::dict& externs, const py::object& handler,
                              const py::object& proceed, const py::object& unflatten,
-                             const py::object& resolver, const py::object& check,
-                             const py::object& profiled) {
+                             const py::object& resolver, const py::object& check) {
   std::unique_ptr<exec::Program> program = exec::Program::parse(text);
   program->bind(tensors_of(constants, "cpp_function"), externs_of(*program, externs));
   auto expected = std::make_unique<std::vector<ExpectedTensor>>();
@@ -317,7 +309,6 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   fn->proceed = py::object(proceed).release().ptr();
   fn->unflatten = py::object(unflatten).release().ptr();
   fn->check = py::object(check).release().ptr();
-  fn->profiled = profiled.is_none() ? nullptr : py::object(profiled).release().ptr();
   fn->resolver = resolver.is_none() ? nullptr : py::object(resolver).release().ptr();
   fn->picks = nullptr;
   fn->retired = new std::vector<std::unique_ptr<exec::Program>>();
@@ -375,14 +366,12 @@ void add_executor(py::module_& m) {
   m.def("cpp_function", &make_cpp_function, py::arg("text"), py::arg("constants"),
         py::arg("externs"), py::arg("handler"), py::arg("proceed"), py::arg("unflatten"),
         py::arg("resolver") = py::none(), py::arg("check") = py::none(),
-        py::arg("profiled") = py::none(),
         "Parse an executor program (opgen.runtime.codegen.cpp), bind its constants and externs "
         "(name -> callable)\nand run its setup; returns the CppFunction that runs it. ValueError "
         "on a malformed program, a kernel\nwithout a thunk or an extern without a function. "
         "`resolver() -> None | {choice: pick}` is asked\nafter each call until it names the "
         "picks; the program then runs with them resolved (Program::resolved). `check(*args) -> "
-        "bool` is the\ninput check of a program with symbolic input sizes; `profiled(*args)` runs "
-        "the call while a\nprofiler is on.");
+        "bool` is the\ninput check of a program with symbolic input sizes.");
   m.def("setup_values", &setup_values, py::arg("text"), py::arg("constants"),
         "Parse and bind an executor program; its named statics (s0...) once setup has run: "
         "tensors, None for other values.");

@@ -174,13 +174,20 @@ def test_size_arithmetic_is_pythons(text: str) -> None:
 
 
 def test_a_profile_shows_each_kernel_by_node_as_on_python() -> None:
-    """While a profiler is on, the call runs the Python function's profiled twin (ranges per node)."""
+    """While a profiler is on, the executor runs the call in the graph's range and each kernel call in
+    its node's, the ranges of the Python backend's profiled twin."""
     x, y = torch.randn(16), torch.randn(16)
-    fn = cpp(Add(), (x, y))
-    fn(x, y)
-    with torch.profiler.profile() as prof:
-        torch.testing.assert_close(fn(x, y), x + y)
-    assert "opgen::add (aten.add.Tensor)" in {e.name for e in prof.events()}
+    fns = {backend: opgen.compile(Add(), (x, y), backend=backend, cache=False) for backend in ("python", "cpp")}
+    assert type(fns["cpp"]).__name__ == "CppFunction"
+    names = {}
+    for backend, fn in fns.items():
+        fn(x, y)
+        with torch.profiler.profile() as prof:
+            torch.testing.assert_close(fn(x, y), x + y)
+        names[backend] = {e.name for e in prof.events() if e.name.startswith("opgen::")}
+    assert "opgen::add (aten.add.Tensor)" in names["cpp"]
+    assert any(n.startswith("opgen::forward (Add, graph ") for n in names["cpp"]), names
+    assert {n.split(", graph")[0] for n in names["cpp"]} == {n.split(", graph")[0] for n in names["python"]}
 
 
 def test_auto_picks_cpp_where_it_can_and_python_silently_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -240,7 +240,8 @@ class CppBackend(Backend):
             self._metas.update((v.name, v.meta) for line in spec.lines for v in line.outputs if v and v.meta)
             outputs = [self._names[v.name] for v in spec.outputs]
             triton = [self.alloc(Alloc(v))[0] for v in spec.outputs]
-            triton.append(f"_ = call {spec.local}.launcher {' '.join(operands + outputs)}  # {spec.name}")
+            launch = f"_ = call {spec.local}.launcher {' '.join(operands + outputs)}"
+            triton.append(f"{launch}  # {call.node}: {call.target}")  # the call's profiler range
             aten = [t for line in spec.lines for t in self.kernel_call(line)]
             if self._fresh:
                 aten.append(f"free {' '.join(self._fresh)}")

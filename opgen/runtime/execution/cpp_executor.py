@@ -6,8 +6,8 @@ check (its mismatches go to the same slow path; with dynamic shapes, the same ra
 the same results. The externs (Triton launchers,
 fused kernels' choices, `py:` functions, collectives) are the very objects the generated Python
 function calls, taken from its closure by the same local names, and each fused kernel's launcher.
-While a profiler is on, a call runs the Python function (its profiled twin: each kernel in a range
-named after its node), so a profile reads the same on either backend.
+While a profiler is on, the executor runs each kernel call in a range named after its node, as the
+Python function's profiled twin does, so a profile reads the same on either backend.
 A fused kernel's call is settled after the first call (`picks`): the executor then runs the picked
 alternative, the Triton launch or the ATen calls, in place of the call. OPGEN_DEBUG=1 prints the
 program.
@@ -80,7 +80,7 @@ def bind_cpp(
     resolver = functools.partial(picks, fused) if fused else None
     check = input_check(graph.inputs, graph.size_ranges) if is_dynamic(graph.inputs) else None
     fn: Callable[..., Any] = _C.cpp_function(
-        graph.cpp_program, tensors, externs, handler, PROCEED, unflatten, resolver, check, python_fn
+        graph.cpp_program, tensors, externs, handler, PROCEED, unflatten, resolver, check
     )
     return fn
 
