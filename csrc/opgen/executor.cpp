@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include "opgen/int_ops.h"
+
 namespace opgen::exec {
 
 void Program::bind(const std::vector<at::Tensor>& constants,
@@ -113,12 +115,6 @@ c10::IntArrayRef ints_of(const Frame& f, const Instr& in, int8_t arg,
   return storage;
 }
 
-int64_t floordiv(int64_t a, int64_t b) {
-  TORCH_CHECK_VALUE(b != 0, "division by zero in a size expression");
-  const int64_t q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-
 int64_t evaluate(const Frame& f, const Step& s) {
   int64_t stack[32];
   int top = 0;
@@ -148,8 +144,8 @@ int64_t evaluate(const Frame& f, const Step& s) {
         a = floordiv(a, b);
         break;
       case SymOp::kMod:
-        a -= floordiv(a, b) * b;
-        break;  // Python's: the divisor's sign
+        a = floormod(a, b);
+        break;
       case SymOp::kPow: {
         TORCH_CHECK_VALUE(b >= 0, "a negative power in a size expression");
         int64_t r = 1;

@@ -156,14 +156,14 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
       false;  // every input is a plain tensor of the expected metadata (the guard passed)
   if (program.guarded()) {
     bool ok = !(program.grad_guard() && at::GradMode::is_enabled());
-    if (program.dynamic() && ok) {  // ranges and equal sizes: the runtime's check
+    if (ok && program.dynamic()) {  // ranges and equal sizes: the runtime's check
       PyObject* passed = PyObject_Vectorcall(fn.check, args, n, nullptr);
       if (passed == nullptr) return nullptr;
       ok = passed == Py_True;
       Py_DECREF(passed);
+    } else {
+      for (Py_ssize_t i = 0; ok && i < n; ++i) ok = matches(args[i], (*fn.expected)[i]);
     }
-    for (Py_ssize_t i = 0; ok && !program.dynamic() && i < n; ++i)
-      ok = matches(args[i], (*fn.expected)[i]);
     checked = ok;
     if (!ok) {
       PyObject* result = PyObject_Vectorcall(fn.handler, args, n, nullptr);
@@ -286,13 +286,13 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
                              const py::object& proceed, const py::object& unflatten,
                              const py::object& resolver, const py::object& check) {
   std::unique_ptr<exec::Program> program = exec::Program::parse(text);
+  if (program->dynamic() && program->guarded() && check.is_none()) {
+    throw py::value_error("a program with symbolic input sizes needs its input check");
+  }
   program->bind(tensors_of(constants, "cpp_function"), externs_of(*program, externs));
   auto expected = std::make_unique<std::vector<ExpectedTensor>>();
   for (const exec::InputSpec& spec : program->inputs()) {
     expected->push_back({spec.dtype, spec.device, spec.sizes, spec.strides});
-  }
-  if (program->dynamic() && program->guarded() && check.is_none()) {
-    throw py::value_error("a program with symbolic input sizes needs its input check");
   }
   const int form = form_of(program->return_form());
   if (form == kPytree && unflatten.is_none()) {

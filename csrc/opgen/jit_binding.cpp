@@ -56,10 +56,4 @@ at::Tensor empty_like(const at::Tensor& t, at::ScalarType dtype) {
   return at::compositeexplicitautograd::empty_like(t, t.options().dtype(dtype));
 }
 
-int64_t floordiv(int64_t a, int64_t b) {
-  TORCH_CHECK_VALUE(b != 0, "integer division by zero in a Triton grid or argument expression");
-  const int64_t q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-
 }  // namespace opgen::jit

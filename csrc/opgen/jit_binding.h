@@ -5,6 +5,7 @@
 #pragma once
 
 #include "opgen/binding.h"
+#include "opgen/int_ops.h"
 #include "opgen/jit.h"
 
 #include <c10/core/Scalar.h>
@@ -32,9 +33,8 @@ void require_same_shape(const Signature& sig, const at::Tensor& a, int i, const 
 at::Tensor empty_like(const at::Tensor& t);
 at::Tensor empty_like(const at::Tensor& t, at::ScalarType dtype);
 
-// Python's `//` on int64 (rounds toward -inf), for argument expressions and the launcher's grid
-// programs; a zero divisor throws c10::ValueError.
-int64_t floordiv(int64_t a, int64_t b);
+// Python's `//` on int64, for argument expressions and the launcher's grid programs (int_ops.h).
+using opgen::floordiv;
 
 // Schema values as kernel arguments: a Scalar goes as a float (its value as a double); an absent
 // optional as None.

@@ -11,6 +11,7 @@
 #include <torch/headeronly/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -167,6 +168,7 @@ class Reader {
     const auto program = field("program", 3);
     const uint64_t length = number(program[1]);
     c.program.assign(span(number(program[0]), length, number(program[2], 16), "program"), length);
+    refuse_externs(c.program);
     for (const auto& record : constants_) {
       c.constant_keys.push_back(record[0]);
       c.constants.push_back(constant(record));
@@ -177,6 +179,23 @@ class Reader {
  private:
   [[noreturn]] void fail(const std::string& what) const {
     throw PackageError("opgen package " + path_ + ": " + what);
+  }
+
+  // A program's `extern` lines name functions bound in the process that compiled it (Python
+  // callables, Triton launchers): a package, which runs without Python, has none.
+  void refuse_externs(std::string_view program) const {
+    std::string names;
+    for (size_t at = 0; at < program.size();) {
+      const size_t end = std::min(program.find('\n', at), program.size());
+      const std::string_view line = program.substr(at, end - at);
+      if (line.substr(0, 7) == "extern ")
+        names += (names.empty() ? "" : ", ") + std::string(line.substr(7));
+      at = end + 1;
+    }
+    if (!names.empty()) {
+      fail("its program calls functions bound at load time (" + names +
+           "), which a package running without Python cannot have");
+    }
   }
 
   uint64_t number(std::string_view s, int base = 10) const {
@@ -379,13 +398,6 @@ Package::Package(const std::string& path) : path_(path) {
   if (program_->dynamic()) {
     throw PackageError("opgen package " + path +
                        ": its program has symbolic input sizes; packages hold static shapes");
-  }
-  if (!program_->extern_names().empty()) {
-    std::string names;
-    for (const std::string& n : program_->extern_names()) names += (names.empty() ? "" : ", ") + n;
-    throw PackageError("opgen package " + path +
-                       ": its program calls functions bound at load time (" + names +
-                       "), which a package running without Python cannot have");
   }
   try {
     program_->bind(c.constants);

@@ -118,7 +118,8 @@ def _compile(
 
 
 def _externs(program: str) -> list[str]:
-    """The functions a program calls that the process binds (its `extern` lines): none in a package."""
+    """The functions a program calls that the process binds (its `extern` lines): none in a package
+    (the reader refuses a file whose program names any: csrc/opgen/package.cpp)."""
     return [line.split()[1] for line in program.splitlines() if line.startswith("extern ")]
 
 
@@ -199,11 +200,6 @@ def load_package(path: str | Path) -> Callable[..., Any]:
     tree = contents["output_tree"]
     unflatten = _unflatten(pytree.treespec_loads(tree)) if contents["output_form"] == "pytree" else None
     handler = _slow_path(specs, str(path))
-    if externs := _externs(contents["program"]):  # as csrc/opgen/package.cpp says it
-        raise PackageError(
-            f"opgen package {path}: its program calls functions bound at load time ({', '.join(externs)}), "
-            "which a package running without Python cannot have"
-        )
     try:
         fn: Callable[..., Any] = _C.cpp_function(
             contents["program"], contents["constants"], {}, handler, PROCEED, unflatten

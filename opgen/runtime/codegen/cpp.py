@@ -10,20 +10,26 @@ Registers: inputs are r0..r<n-1>, every other value of the body its own register
 s0..s<k-1> and values the setup lines make are the statics after them. A list argument that holds
 values (`cat`'s tensors) is built into a register by a `list` line before its call.
 
-ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`op` lines). What the
-generated Python calls through a callable bound at load time (Triton and fused kernels, kernel
-choices, collectives, `py:` functions) is an `extern` of the program, called by a `call` line and
-bound by the same local name (`execution.cpp_executor`): a Triton launcher is launched from C++,
-anything else called with the GIL. Dynamic shapes: inputs print `?` for symbolic sizes (the runtime's
-input check binds them), size symbols are registers (`size` reads an input's dimension, `sym`
-computes an expression, `codegen.cpp_sizes`), and shapes, strides and arguments that hold them are
-lists built per call; the size memo's lines run on every call, right after the sizes are bound. A
-fused kernel's call also gets two `alternative` sections (per call: one kernel may serve several) after
-the body: its Triton launch (outputs allocated, then its launcher as the extern `<local>.launcher`)
-and its ATen calls; once the first call has picked, the executor puts the pick's lines in place of
-the call, and no Python runs for it again. A package, which runs without Python, has no externs and static shapes
-only. What cannot be printed (size inputs, opaque inputs) raises `CppUnsupported`, which the runtime
-turns into a warning and the Python function.
+ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`op` lines).
+
+Externs: what the generated Python calls through a callable bound at load time (Triton and fused
+kernels, kernel choices, collectives, `py:` functions) is an `extern` of the program, called by a
+`call` line and bound by the same local name (`execution.cpp_executor`): a Triton launcher is
+launched from C++, anything else called with the GIL. A fused kernel's call also gets two
+`alternative` sections after the body, one pair per call (a kernel may serve several): its Triton
+launch (outputs allocated, then its launcher, the extern `<local>.launcher`) and its ATen calls.
+Once the first call has picked, the executor puts the pick's lines in place of the call, and no
+Python runs for it again.
+
+Dynamic shapes: inputs print `?` for symbolic sizes (the runtime's input check binds them), size
+inputs print as `int`, size symbols are registers (`size` reads an input's dimension, `sym`
+computes an expression: `codegen.cpp_sizes`), and shapes, strides and arguments that hold them are
+lists built per call; the size memo's lines run on every call, right after the sizes are bound.
+
+A package, which runs without Python, has no externs and static shapes only. What cannot be printed
+(opaque inputs, dtype or layout arguments of an extern, a size expression with other functions
+than min and max) raises `CppUnsupported`, which the runtime turns into a warning and the Python
+function.
 """
 
 from __future__ import annotations
@@ -152,7 +158,7 @@ class CppBackend(Backend):
         if expr.text in self._names:
             return self._names[expr.text]
         try:
-            program = postfix(expr.text, lambda name: self._symbol(name))
+            program = postfix(expr.text, self._symbol)
         except SizeTextError as exc:
             raise CppUnsupported(str(exc)) from exc
         register = self._define(f"_size{self._registers}")

@@ -3,14 +3,14 @@
 `bind_cpp` parses the program (`_C.cpp_function`), binds its constants and externs and runs its
 setup; the result is a `CppFunction`, called like the generated Python function: the same input
 check (its mismatches go to the same slow path; with dynamic shapes, the same ranged check object),
-the same results. The externs (Triton launchers,
-fused kernels' choices, `py:` functions, collectives) are the very objects the generated Python
-function calls, taken from its closure by the same local names, and each fused kernel's launcher.
-While a profiler is on, the executor runs each kernel call in a range named after its node, as the
-Python function's profiled twin does, so a profile reads the same on either backend.
-A fused kernel's call is settled after the first call (`picks`): the executor then runs the picked
-alternative, the Triton launch or the ATen calls, in place of the call. OPGEN_DEBUG=1 prints the
-program.
+the same results.
+
+The externs (Triton launchers, fused kernels' choices, `py:` functions, collectives) are the very
+objects the generated Python function calls, taken from its closure by the same local names, and
+each fused kernel's launcher. A fused kernel's call is settled after the first call (`picks`): the
+executor then runs the picked alternative, the Triton launch or the ATen calls, in place of the
+call. While a profiler is on, the executor runs each kernel call in a range named after its node,
+as the Python function's profiled twin does. OPGEN_DEBUG=1 prints the program.
 
 `with_backend` is the tiering the entry points share: `backend="cpp"` and `"auto"` return the C++
 function where the program binds, else the Python one, with (for "cpp") one OpgenWarning; either
