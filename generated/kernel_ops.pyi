@@ -2513,6 +2513,12 @@ def mkldnn_linear_pointwise_binary(X: Tensor, other: Tensor, W: Tensor, B: Tenso
     oneDNN linear on a (packed) weight with a binary post-op attr (add, sum, mul, sub) with other.
     """
 
+def mkl_linear(X: Tensor, MKL_W: Tensor, ORI_W: Tensor, B: Tensor | None, batch_size: int) -> Tensor:
+    """mkl_linear(Tensor X, Tensor MKL_W, Tensor ORI_W, Tensor? B, int batch_size) -> Tensor
+
+    MKL linear X @ ORI_W.T + B on MKL_W, ORI_W packed for batch_size rows (other row counts: a plain product).
+    """
+
 def mkldnn_convolution_pointwise(X: Tensor, W: Tensor, B: Tensor | None, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], groups: int, attr: str, scalars: Sequence[float], algorithm: str | None) -> Tensor:
     """mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
 

@@ -69,6 +69,7 @@
 #include <ATen/ops/upsample_bilinear2d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/upsample_bilinear2d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
+#include <opgen/kernels.h>
 #include <opgen/jit_binding.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_adaptive_avg_pool2d_cuda_dispatch.h>
@@ -3089,6 +3090,28 @@ PyObject* kernel_ops_triton_add(PyObject*, PyObject* const* args, Py_ssize_t nar
   OPGEN_CATCH(sig)
 }
 
+// ops.yaml:1202: mkl_linear(Tensor X, Tensor MKL_W, Tensor ORI_W, Tensor? B, int batch_size) -> Tensor
+PyObject* kernel_ops_mkl_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const opgen::Signature sig("mkl_linear", {"X", "MKL_W", "ORI_W", "B", "batch_size"}, 5, 0x1f);
+  OPGEN_TRY
+  PyObject* slots[5];
+  sig.bind(args, nargs, kwnames, slots);
+  const at::Tensor& X = opgen::tensor(slots[0], sig, 0);
+  const at::Tensor& MKL_W = opgen::tensor(slots[1], sig, 1);
+  const at::Tensor& ORI_W = opgen::tensor(slots[2], sig, 2);
+  const std::optional<at::Tensor> B = opgen::convert_optional<at::Tensor>(slots[3], sig, 3);
+  const int64_t batch_size = opgen::convert<int64_t>(slots[4], sig, 4);
+  opgen::Devices devices(sig);
+  devices.add(X, 0).add_opaque(MKL_W, 1).add(ORI_W, 2).add(B, 3);
+  switch (devices.type()) {
+    case c10::DeviceType::CPU:
+      return opgen::wrap(opgen::without_gil([&] { return opgen::kernels::mkl_linear(X, MKL_W, ORI_W, B, batch_size); }));
+    default:
+      devices.no_kernel();
+  }
+  OPGEN_CATCH(sig)
+}
+
 }  // namespace
 
 PyMethodDef opgen_methods_1[] = {
@@ -3217,5 +3240,6 @@ PyMethodDef opgen_methods_1[] = {
 {"upsample_bilinear2d_vec", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_bilinear2d_vec)), METH_FASTCALL | METH_KEYWORDS, "upsample_bilinear2d_vec($module, input, output_size, align_corners, scale_factors)\n--\n\nupsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor"},
 {"upsample_bilinear2d_vec_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_upsample_bilinear2d_vec_out)), METH_FASTCALL | METH_KEYWORDS, "upsample_bilinear2d_vec_out($module, input, output_size, align_corners, scale_factors, *, out)\n--\n\nupsample_bilinear2d.vec_out(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors, *, Tensor(a!) out) -> Tensor(a!)"},
 {"triton_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_triton_add)), METH_FASTCALL | METH_KEYWORDS, "triton_add($module, self, other, *, alpha=1)\n--\n\ntriton_add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor\n\nAdds other, scaled by alpha, to self with a Triton kernel (same shapes, contiguous, on CUDA)."},
+{"mkl_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kernel_ops_mkl_linear)), METH_FASTCALL | METH_KEYWORDS, "mkl_linear($module, X, MKL_W, ORI_W, B, batch_size)\n--\n\nmkl_linear(Tensor X, Tensor MKL_W, Tensor ORI_W, Tensor? B, int batch_size) -> Tensor\n\nMKL linear X @ ORI_W.T + B on MKL_W, ORI_W packed for batch_size rows (other row counts: a plain product)."},
 {nullptr, nullptr, 0, nullptr},
 };

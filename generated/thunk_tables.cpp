@@ -19,6 +19,6 @@ nullptr,
 
 // The identity of these thunks (opgen.gen.emit.thunk_digest): a package records the digest it was made
 // with and runs only on thunks of the same one (csrc/opgen/package.cpp).
-extern const char kThunkDigest[] = "4f9bcc3bbe44127f";
+extern const char kThunkDigest[] = "f6e75990f51736ce";
 
 }  // namespace opgen::exec

@@ -68,6 +68,7 @@
 #include <ATen/ops/upsample_bilinear2d_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/upsample_bilinear2d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
+#include <opgen/kernels.h>
 #ifdef OPGEN_WITH_CUDA
 #include <ATen/ops/_adaptive_avg_pool2d_cuda_dispatch.h>
 #include <ATen/ops/_embedding_bag_cuda_dispatch.h>
@@ -1936,6 +1937,16 @@ void thunk_upsample_bilinear2d_vec_out_default(opgen::exec::Frame& f, const opge
   f.result(in, at::compositeexplicitautograd::upsample_bilinear2d_outf(input, opgen::opt_ref(output_size), align_corners, opgen::opt_ref(scale_factors), out));
 }
 
+// ops.yaml:1202: mkl_linear(Tensor X, Tensor MKL_W, Tensor ORI_W, Tensor? B, int batch_size) -> Tensor
+void thunk_mkl_linear_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
+  const at::Tensor& X = f.tensor(in, 0);
+  const at::Tensor& MKL_W = f.tensor(in, 1);
+  const at::Tensor& ORI_W = f.tensor(in, 2);
+  const std::optional<at::Tensor> B = f.arg<std::optional<at::Tensor>>(in, 3);
+  const int64_t batch_size = f.arg<int64_t>(in, 4);
+  f.result(in, opgen::kernels::mkl_linear(X, MKL_W, ORI_W, B, batch_size));
+}
+
 }  // namespace
 
 extern const opgen::exec::ThunkEntry opgen_thunks_1[] = {
@@ -2318,5 +2329,6 @@ extern const opgen::exec::ThunkEntry opgen_thunks_1[] = {
 #endif
     {"upsample_bilinear2d_vec", "default", thunk_upsample_bilinear2d_vec_default, false},
     {"upsample_bilinear2d_vec_out", "default", thunk_upsample_bilinear2d_vec_out_default, false},
+    {"mkl_linear", "cpu", thunk_mkl_linear_cpu, true},
 {nullptr, nullptr, nullptr, false},
 };

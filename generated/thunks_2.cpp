@@ -1866,7 +1866,7 @@ void thunk_mish_out_cuda(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
 }
 #endif
 
-// ops.yaml:1199: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
+// ops.yaml:1208: mkldnn_convolution_pointwise(Tensor X, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str attr, float[] scalars, str? algorithm) -> Tensor
 void thunk_mkldnn_convolution_pointwise_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& X = f.tensor(in, 0);
   const at::Tensor& W = f.tensor(in, 1);
@@ -1881,7 +1881,7 @@ void thunk_mkldnn_convolution_pointwise_cpu(opgen::exec::Frame& f, const opgen::
   f.result(in, opgen::kernels::mkldnn_convolution_pointwise(X, W, B, padding, stride, dilation, groups, attr, scalars, opgen::opt_view(algorithm)));
 }
 
-// ops.yaml:1205: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
+// ops.yaml:1214: mkldnn_convolution_pointwise_binary(Tensor X, Tensor other, Tensor W, Tensor? B, int[] padding, int[] stride, int[] dilation, int groups, str binary_attr, Scalar? alpha, str? unary_attr, float[] unary_scalars, str? unary_algorithm) -> Tensor
 void thunk_mkldnn_convolution_pointwise_binary_cpu(opgen::exec::Frame& f, const opgen::exec::Instr& in) {
   const at::Tensor& X = f.tensor(in, 0);
   const at::Tensor& other = f.tensor(in, 1);

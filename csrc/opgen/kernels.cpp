@@ -26,6 +26,10 @@ Tensor mkldnn_convolution_pointwise_binary(const Tensor& input_t, const Tensor& 
                                            std::optional<std::string_view> unary_attr,
                                            c10::List<std::optional<at::Scalar>> unary_scalars,
                                            std::optional<std::string_view> unary_algorithm);
+#if AT_MKL_ENABLED()
+Tensor mkl_linear(const Tensor& self, const Tensor& mkl_weight_t, const Tensor& origin_weight_t,
+                  const std::optional<Tensor>& bias_opt, const int64_t prepack_batch_size);
+#endif
 }  // namespace at::native
 #endif
 
@@ -42,6 +46,10 @@ c10::List<std::optional<at::Scalar>> scalar_list(c10::ArrayRef<double> values) {
 }
 #else
 [[noreturn]] void no_onednn() { TORCH_CHECK(false, "this torch build has no oneDNN (mkldnn) kernels"); }
+#endif
+
+#if !(AT_MKLDNN_ENABLED() && AT_MKL_ENABLED())
+[[noreturn]] void no_mkl() { TORCH_CHECK(false, "this torch build has no MKL packed linear (mkl._mkl_linear)"); }
 #endif
 
 }  // namespace
@@ -90,6 +98,15 @@ at::Tensor mkldnn_convolution_pointwise_binary(const at::Tensor& X, const at::Te
                                                          unary_algorithm);
 #else
   no_onednn();
+#endif
+}
+
+at::Tensor mkl_linear(const at::Tensor& X, const at::Tensor& MKL_W, const at::Tensor& ORI_W,
+                      const std::optional<at::Tensor>& B, int64_t batch_size) {
+#if AT_MKLDNN_ENABLED() && AT_MKL_ENABLED()
+  return at::native::mkl_linear(X, MKL_W, ORI_W, B, batch_size);
+#else
+  no_mkl();
 #endif
 }
 

@@ -31,13 +31,16 @@ from opgen.runtime.registry import KernelRegistry, load_registry
 
 
 def default_pipeline() -> tuple[str, ...]:
-    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `cudnn` where it lacks
+    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `mkl_linear` where it
+    lacks MKL's, `cudnn` where it lacks
     cuDNN, and the passes that make or launch Triton kernels (`passes.JIT_PASSES`) where opgen's JIT
     cannot run (no CUDA build, GPU or triton)."""
     has_onednn = torch.backends.mkldnn.is_available()
     missing: set[str] = set()
     if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         missing.add("prepack")
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        missing.add("mkl_linear")
     if not (has_onednn and hasattr(torch.ops.mkldnn, "_convolution_pointwise")):
         missing.add("onednn")
     if not torch.backends.cudnn.is_available():

@@ -41,10 +41,11 @@ OWN_OPS = [s for s in OPS if any(k.own for k in s.kernels)]
 # opgen's own kernels -> the torch.ops overload they stand for (their post-op scalars are float[],
 # where torch's are Scalar?[])
 OWN_COUNTERPARTS = {
-    "mkldnn_linear_pointwise": "_linear_pointwise.default",
-    "mkldnn_linear_pointwise_binary": "_linear_pointwise.binary",
-    "mkldnn_convolution_pointwise": "_convolution_pointwise.default",
-    "mkldnn_convolution_pointwise_binary": "_convolution_pointwise.binary",
+    "mkldnn_linear_pointwise": "mkldnn._linear_pointwise.default",
+    "mkldnn_linear_pointwise_binary": "mkldnn._linear_pointwise.binary",
+    "mkldnn_convolution_pointwise": "mkldnn._convolution_pointwise.default",
+    "mkldnn_convolution_pointwise_binary": "mkldnn._convolution_pointwise.binary",
+    "mkl_linear": "mkl._mkl_linear.default",
 }
 CANDIDATES = [s for s in OPS if s.triton is not None and s.triton.candidate_for]
 
@@ -65,8 +66,8 @@ def test_schema_matches_torch(spec: OpSpec) -> None:
 @pytest.mark.skipif(not hasattr(torch.ops.mkldnn, "_convolution_pointwise"), reason="torch without oneDNN")
 @pytest.mark.parametrize("spec", OWN_OPS, ids=[s.python_name for s in OWN_OPS])
 def test_own_kernel_takes_its_torch_counterparts_arguments(spec: OpSpec) -> None:
-    name, _, overload = OWN_COUNTERPARTS[spec.python_name].partition(".")
-    theirs = getattr(getattr(torch.ops.mkldnn, name), overload)._schema
+    namespace, name, overload = OWN_COUNTERPARTS[spec.python_name].split(".")
+    theirs = getattr(getattr(getattr(torch.ops, namespace), name), overload)._schema
     ours = [(a.name, str(a.type).replace("float[]", "Scalar?[]")) for a in spec.schema.args]
     assert ours == [(a.name, str(a.type).replace("List[Optional[number]]", "Scalar?[]")
                      .replace("Optional[number]", "Scalar?").replace("Optional[str]", "str?")

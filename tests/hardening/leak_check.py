@@ -77,14 +77,16 @@ def _swallow(call: Callable[[], Any]) -> Callable[[], None]:
 
 
 class Model(torch.nn.Module):
-    """Linear layers, a residual add and a reduction: memory planning reuses buffers here."""
+    """Linear layers, a matrix product, a residual add and a reduction: memory planning reuses buffers
+    here (the product's)."""
 
     def __init__(self, width: int = 16) -> None:
         super().__init__()
         self.fc1, self.fc2 = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+        self.mix = torch.nn.Parameter(torch.randn(width, width) / width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.fc1(x))
+        h = torch.relu(self.fc1(x)) @ self.mix
         return (self.fc2(h) + x).softmax(-1)
 
 

@@ -869,6 +869,12 @@ def _linear_samples(m: Maker) -> list[Sample]:
     ]
 
 
+def _mkl_linear_samples(m: Maker) -> list[Sample]:
+    """A plain weight (a plain product; tests/ops/test_onednn_kernels.py runs packed ones)."""
+    x, w, b = m(16, 32), m(24, 32), m(24)
+    return [S(x, w, w, b, 16), S(m(2, 3, 32), w, w, None, 6)]
+
+
 def _conv_samples(m: Maker) -> list[Sample]:
     x, w, b = m(2, 8, 12, 12), m(16, 4, 3, 3), m(16)
     return [
@@ -884,6 +890,7 @@ OWN_SAMPLES: Mapping[str, OpSamples] = MappingProxyType(
             (F32,), lambda m: [S(m(16, 32), m(16, 24), m(24, 32), m(24), "add")]
         ),
         "opgen::mkldnn_convolution_pointwise": OpSamples((F32,), _conv_samples),
+        "opgen::mkl_linear": OpSamples((F32,), _mkl_linear_samples),
         "opgen::mkldnn_convolution_pointwise_binary": OpSamples(
             (F32,),
             lambda m: [
@@ -913,6 +920,7 @@ EAGER: Mapping[str, Any] = MappingProxyType(
         "opgen::mkldnn_linear_pointwise_binary": _mkldnn(torch.ops.mkldnn._linear_pointwise.binary, ()),
         "opgen::mkldnn_convolution_pointwise": _mkldnn(torch.ops.mkldnn._convolution_pointwise.default, (8,)),
         "opgen::mkldnn_convolution_pointwise_binary": _mkldnn(torch.ops.mkldnn._convolution_pointwise.binary, (11,)),
+        **({"opgen::mkl_linear": torch.ops.mkl._mkl_linear.default} if torch.backends.mkl.is_available() else {}),
     }
     if hasattr(torch.ops.mkldnn, "_convolution_pointwise")
     else {}

@@ -80,6 +80,23 @@ def test_linear_pointwise_binary(packed: bool) -> None:
     torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+@pytest.mark.parametrize("rows", [16, 5], ids=["packed_rows", "other_rows"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_mkl_linear(rows: int, bias: bool) -> None:
+    """MKL's packed product for the rows the weight was packed for (a 3-d input too); a plain one for others."""
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 32), torch.randn(24) if bias else None
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 16)
+    assert packed.layout == torch._mkldnn  # type: ignore[attr-defined]
+    for x in (torch.randn(rows, 32), torch.randn(1, rows, 32)):
+        got = kernel_ops.mkl_linear(x, packed, w, b, 16)
+        torch.testing.assert_close(got, torch.ops.mkl._mkl_linear(x, packed, w, b, 16), rtol=0, atol=0)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match="argument 'ORI_W' must be a strided"):
+        kernel_ops.mkl_linear(x, packed, packed, b, 16)
+
+
 def test_opaque_only_where_the_spec_allows_it() -> None:
     """A packed (mkldnn-layout) tensor passes as W, and is refused as X like by every other function."""
     _x, w, b, geometry = conv_case(True)

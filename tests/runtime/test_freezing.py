@@ -14,7 +14,7 @@ from opgen.runtime import dynamo_backend
 from opgen.runtime.execution.frozen import KEEP, frozen_function
 from opgen.runtime.pipeline import default_pipeline
 
-CHANNELS, FEATURES = 256, 512  # a linear weight of prepack.MIN_WEIGHT elements: prepack packs it
+CHANNELS, FEATURES = 256, 512  # a linear weight of 8 rows: mkl_linear packs it
 
 
 class ConvBnLinear(nn.Module):
@@ -87,9 +87,9 @@ def test_frozen_weights_fold_and_pack_and_match_eager(compiled: list[Any]) -> No
     forward_line = next(line for line in source.splitlines() if "def forward(" in line)
     assert forward_line.count(",") == 0  # the image alone: weights, biases and statistics are constants
     assert any(note.startswith("frozen: 8 parameters and buffers") for note in report.notes), report
-    if "prepack" in default_pipeline():  # a large linear weight is packed once, at bind time
-        assert "mkldnn._reorder_linear_weight.default" in report.torch_ops
-        assert "mkldnn_linear_pointwise" in source
+    if "mkl_linear" in default_pipeline():  # the linear weight is packed once, at bind time
+        assert "mkl._mkl_reorder_linear_weight.default" in report.torch_ops
+        assert "mkl_linear(" in source
 
 
 def test_inference_mode_freezes_too(compiled: list[Any]) -> None:

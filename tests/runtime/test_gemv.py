@@ -74,7 +74,7 @@ def compile_gemv(
         monkeypatch.setattr(
             fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
         )
-    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion", "prepack", "onednn")]
+    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion", "mkl_linear", "prepack", "onednn")]
     pipeline.insert(pipeline.index("memo"), "gemv_on_cpu")
     with torch.no_grad():
         return opgen.compile(model.eval(), inputs, passes=pipeline, cache=False), specs

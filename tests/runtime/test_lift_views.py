@@ -19,7 +19,7 @@ import opgen
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 interpreter = needs_triton
-CPU_PASSES = ("onednn", "prepack")
+CPU_PASSES = ("onednn", "mkl_linear", "prepack")
 
 
 class BlockTail(nn.Module):

@@ -34,6 +34,7 @@ from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
+from opgen.runtime.passes.mkl_linear import MAX_ROWS, pack_linear_mkl
 from opgen.runtime.passes.prepack import MIN_MACS, MIN_WEIGHT, prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
@@ -317,6 +318,60 @@ def test_prepack_takes_symbolic_rows_at_their_upper_bound(registry) -> None:
     assert kernels(unbounded.setup) == kernels(big.setup)
 
 
+needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+
+
+@needs_mkl
+@pytest.mark.parametrize(("rows", "features"), [(1, (256, 512)), (16, (128, 128)), (MAX_ROWS - 1, (64, 32))])
+def test_mkl_linear_packs_static_rows_below_max_rows(registry, rows, features) -> None:
+    p = fold_constants(linear_program(rows, features), registry)
+    out = eliminate_dead_code(pack_linear_mkl(p, registry), registry)
+    assert kernels(out.setup) == ["mkl._mkl_reorder_linear_weight.default"] and out.setup[0].args[1] == rows
+    assert out.body[0].kernel == "mkl_linear"
+    assert out.body[0].args[1:] == (Ref("mkl_packed0"), Ref("w"), Ref("b"), rows)
+    run_linear(out, rows, features)
+
+
+@needs_mkl
+def test_mkl_linear_leaves_many_or_symbolic_rows_and_runtime_weights_to_prepack(registry) -> None:
+    many = fold_constants(linear_program(MAX_ROWS), registry)
+    assert pack_linear_mkl(many, registry) == many
+    assert kernels(prepack_linear(many, registry).body) == ["mkldnn_linear_pointwise"]  # oneDNN's from here
+    symbolic = replace(fold_constants(linear_program(SizeExpr("s0", ("s0",))), registry), ranges=(("s0", 2, 16),))
+    assert pack_linear_mkl(symbolic, registry) == symbolic
+    weight_as_input = replace(
+        linear_program(16),
+        constants=(TensorConstant("b", "b", meta(512)),),
+        inputs=(Input("xs", meta(16, 256)), Input("w", meta(512, 256))),
+    )
+    assert pack_linear_mkl(weight_as_input, registry) == weight_as_input
+
+
+@needs_mkl
+def test_mkl_linear_packs_a_weight_once_per_row_count_and_keeps_activations(registry) -> None:
+    """Two products on one weight share its packing; gelu stays its own call (MKL has no post-ops)."""
+    first = linear_program(16).body[1]
+    assert isinstance(first, KernelCall)
+    second = replace(first, args=(Ref("b"), Ref("buf2"), Ref("buf0")), outputs=(Value("buf3", meta(16, 512)),))
+    p = replace(
+        linear_program(16, (512, 512)),
+        body=(
+            *linear_program(16, (512, 512)).body[:2],
+            call("gelu", Ref("buf1"), out="buf2", shape=(16, 512)),
+            second,
+            Return((Ref("buf3"),), "single"),
+        ),
+    )
+    out = eliminate_dead_code(pack_linear_mkl(fold_constants(p, registry), registry), registry)
+    assert kernels(out.setup) == ["mkl._mkl_reorder_linear_weight.default"]
+    assert kernels(out.body) == ["mkl_linear", "gelu", "mkl_linear"]
+    values = {"w": torch.randn(512, 512), "b": torch.randn(512)}
+    xs = torch.randn(16, 512)
+    fn = executor.bind(compiled_graph("m" * 64, out, emit(out)), values, executor.Runtime(lambda *a: None), kernel_ops)
+    linear = lambda x: torch.nn.functional.linear(x, values["w"], values["b"])  # noqa: E731
+    torch.testing.assert_close(fn(xs), linear(torch.nn.functional.gelu(linear(xs))), atol=1e-4, rtol=1e-4)
+
+
 def test_prepack_leaves_single_rows_and_runtime_weights_alone(registry) -> None:
     single = fold_constants(linear_program(1), registry)
     assert prepack_linear(single, registry) == single
@@ -428,6 +483,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "shapes",
         "reinplace",
         "constants",
+        "mkl_linear",
         "prepack",
         "dead_code",
         "collectives",

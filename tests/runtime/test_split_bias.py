@@ -27,7 +27,7 @@ interpreter = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
     reason="needs triton, run in its interpreter on a machine without a GPU",
 )
-CPU_PASSES = ("onednn", "prepack")
+CPU_PASSES = ("onednn", "mkl_linear", "prepack")
 
 
 class Mlp(nn.Module):

@@ -7,8 +7,9 @@ raw conv -> bn pattern, and
 oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `onednn` runs before
 `layout` so that max pooling of its channels-last values joins its region; view
 simplification and shape folding leave dead code, removed before `prepack` looks for single
-readers; constant folding hoists the weight transposes `prepack` then replaces, leaving dead code
-again, removed before memory planning; `reinplace` turns functional writes into buffers (a KV
+readers; constant folding hoists the weight transposes `mkl_linear` and `prepack` then replace
+(`mkl_linear` first: it takes the static row counts it wins on and leaves the rest to `prepack`),
+leaving dead code again, removed before memory planning; `reinplace` turns functional writes into buffers (a KV
 cache's `index_put`, `slice_scatter`) into in-place ones once views are simplified, before constant
 folding (views of the buffer stay in the body) and memory planning (which must see the writes);
 `collectives` issues torch.distributed collectives early and waits for them late once the body is
@@ -34,7 +35,7 @@ once the graph is simplified, before memo and memory planning see the calls; `de
 then lets each generated kernel start while the one before it finishes (Hopper and newer);
 `sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
 calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
-oneDNN, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
+oneDNN, `mkl_linear` MKL, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
 so `opgen.runtime.pipeline.default_pipeline()` leaves each out where it is missing. `kernel_choice`
 is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which
 turns functional calls into in-place ones that have no candidates.
@@ -64,6 +65,7 @@ from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memo import memoize_sizes
 from opgen.runtime.passes.memory import insert_frees, plan_memory
+from opgen.runtime.passes.mkl_linear import pack_linear_mkl
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.pads import fold_pads
 from opgen.runtime.passes.prepack import prepack_linear
@@ -86,6 +88,7 @@ PASSES: dict[str, Pass] = {
     "shapes": fold_shapes,
     "reinplace": reinplace,
     "constants": fold_constants,
+    "mkl_linear": pack_linear_mkl,
     "prepack": prepack_linear,
     "dead_code": eliminate_dead_code,
     "collectives": overlap_collectives,
@@ -119,6 +122,7 @@ DEFAULT_PIPELINE = (
     "dead_code",
     "reinplace",
     "constants",
+    "mkl_linear",
     "prepack",
     "dead_code",
     "collectives",

@@ -86,19 +86,17 @@ def _operands(
     return bias.name, x, w
 
 
-def _linear(
-    line: Line, producers: dict[str, KernelCall], constant: set[str], metas: dict[str, TensorMeta], ranges: Ranges
-) -> tuple[str | None, str] | None:
-    """(bias, weight) if the call is a linear layer this pass rewrites."""
+def linear_parts(
+    line: Line, producers: dict[str, KernelCall], constant: set[str], metas: dict[str, TensorMeta]
+) -> tuple[str | None, Arg, str] | None:
+    """(bias, x, W) if the call is a linear layer on a constant float32 CPU weight W: `addmm(b, x,
+    permute(W, (1, 0)))` or `mm(x, permute(W, (1, 0)))`, with a 2-d contiguous x and result."""
     if not isinstance(line, KernelCall) or line.kernel not in ("addmm", "mm") or line.fallback or line.kwargs:
         return None
     out = line.outputs[0] if len(line.outputs) == 1 else None
-    if out is None or out.meta is None or len(out.meta.shape) != 2:
+    if out is None or out.meta is None or len(out.meta.shape) != 2 or not out.meta.is_contiguous():
         return None
-    most = upper_bound(out.meta.shape[0], ranges)
-    if most is not None and most < MIN_ROWS:  # fewer rows than MIN_ROWS in the whole range
-        return None
-    operands = _operands(line, out.meta.shape[1:], metas) if out.meta.is_contiguous() else None
+    operands = _operands(line, out.meta.shape[1:], metas)
     if operands is None:
         return None
     bias, x, w = operands
@@ -106,9 +104,22 @@ def _linear(
     x_meta = metas.get(x.name) if isinstance(x, Ref) else None
     if weight is None or x_meta is None or len(x_meta.shape) != 2 or not x_meta.is_contiguous():
         return None
-    if not _large(most, metas[weight].shape):
+    return bias, x, weight
+
+
+def _linear(
+    line: Line, producers: dict[str, KernelCall], constant: set[str], metas: dict[str, TensorMeta], ranges: Ranges
+) -> tuple[str | None, str] | None:
+    """(bias, weight) if the call is a linear layer this pass rewrites."""
+    parts = linear_parts(line, producers, constant, metas)
+    if parts is None:
         return None
-    return bias, weight
+    assert isinstance(line, KernelCall) and line.outputs[0] is not None and line.outputs[0].meta is not None
+    most = upper_bound(line.outputs[0].meta.shape[0], ranges)
+    if most is not None and most < MIN_ROWS:  # fewer rows than MIN_ROWS in the whole range
+        return None
+    bias, _, weight = parts
+    return (bias, weight) if _large(most, metas[weight].shape) else None
 
 
 def _large(rows: int | None, weight_shape: tuple[object, ...]) -> bool:
