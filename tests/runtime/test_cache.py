@@ -50,6 +50,18 @@ def test_key_covers_torch_version_build_and_graph() -> None:
     assert cache.cache_key(base) != cache.cache_key(["2.13.0", "build-a", "graph-2"])
 
 
+def test_key_covers_every_module_of_the_runtime_and_the_jit() -> None:
+    """A changed pass, code generator or Triton kernel writer misses: the fingerprint reads them all
+    (it once read only the folder the cache module lives in)."""
+    import opgen.jit.expr
+    import opgen.runtime.codegen.python
+    import opgen.runtime.passes.mkl_linear
+
+    files = set(cache.fingerprinted_files())
+    for module in (opgen.runtime.passes.mkl_linear, opgen.runtime.codegen.python, opgen.jit.expr, cache):
+        assert Path(module.__file__).resolve() in files, module.__name__
+
+
 def test_cache_dir_default_and_override(monkeypatch) -> None:
     monkeypatch.delenv("OPGEN_CACHE_DIR")
     assert cache.cache_dir() == Path.home() / ".cache" / "opgen"

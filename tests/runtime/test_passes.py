@@ -34,7 +34,7 @@ from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memory import insert_frees, plan_memory
-from opgen.runtime.passes.mkl_linear import MAX_ROWS, pack_linear_mkl
+from opgen.runtime.passes.mkl_linear import MAX_ROWS, MIN_ROWS, pack_linear_mkl
 from opgen.runtime.passes.prepack import MIN_MACS, MIN_WEIGHT, prepack_linear
 from opgen.runtime.passes.shapes import fold_shapes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
@@ -322,8 +322,8 @@ needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="to
 
 
 @needs_mkl
-@pytest.mark.parametrize(("rows", "features"), [(1, (256, 512)), (16, (128, 128)), (MAX_ROWS - 1, (64, 32))])
-def test_mkl_linear_packs_static_rows_below_max_rows(registry, rows, features) -> None:
+@pytest.mark.parametrize(("rows", "features"), [(MIN_ROWS, (256, 512)), (16, (128, 128)), (MAX_ROWS - 1, (64, 32))])
+def test_mkl_linear_packs_static_rows_from_min_rows_below_max_rows(registry, rows, features) -> None:
     p = fold_constants(linear_program(rows, features), registry)
     out = eliminate_dead_code(pack_linear_mkl(p, registry), registry)
     assert kernels(out.setup) == ["mkl._mkl_reorder_linear_weight.default"] and out.setup[0].args[1] == rows
@@ -333,7 +333,9 @@ def test_mkl_linear_packs_static_rows_below_max_rows(registry, rows, features) -
 
 
 @needs_mkl
-def test_mkl_linear_leaves_many_or_symbolic_rows_and_runtime_weights_to_prepack(registry) -> None:
+def test_mkl_linear_leaves_few_many_or_symbolic_rows_and_runtime_weights_to_prepack(registry) -> None:
+    few = fold_constants(linear_program(MIN_ROWS - 1), registry)
+    assert pack_linear_mkl(few, registry) == few
     many = fold_constants(linear_program(MAX_ROWS), registry)
     assert pack_linear_mkl(many, registry) == many
     assert kernels(prepack_linear(many, registry).body) == ["mkldnn_linear_pointwise"]  # oneDNN's from here

@@ -1,7 +1,8 @@
 """The disk cache of compiled graphs, under OPGEN_CACHE_DIR (default ~/.cache/opgen).
 
 Keys hash the graph (code, every node's meta, the signature), the options, the torch version,
-`kernel_ops.BUILD_ID` and the runtime's own source, so a change to any of them misses. Entries
+`kernel_ops.BUILD_ID` and the runtime's own source (every module of `opgen.runtime` and of
+`opgen.jit`, which writes the Triton kernels), so a change to any of them misses. Entries
 hold source and metadata only, never tensors: constants are bound from the live model. Writes go
 to a temporary file renamed into place, so concurrent processes never read half an entry. The
 entry's first line is the SHA-256 of the rest: an entry that is truncated, corrupt, of another
@@ -18,13 +19,20 @@ from pathlib import Path
 from opgen.disk import cache_dir, write_atomic
 from opgen.runtime.artifact.compiled import CompiledGraph
 
+OPGEN = Path(__file__).resolve().parents[2]
+FINGERPRINTED = (OPGEN / "runtime", OPGEN / "jit")  # the code that decides what a compiled graph holds
+
+
+def fingerprinted_files() -> list[Path]:
+    return sorted(path for folder in FINGERPRINTED for path in folder.rglob("*.py"))
+
 
 @functools.cache
 def runtime_fingerprint() -> str:
-    """A hash of the runtime's source: a changed code generator must not reuse old entries."""
+    """A hash of the runtime's source: a changed code generator or pass must not reuse old entries."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        digest.update(path.read_bytes())
+    for path in fingerprinted_files():
+        digest.update(path.relative_to(OPGEN).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -1,13 +1,16 @@
-"""Linear layers of fewer than MAX_ROWS rows run through MKL's packed sgemm, the weight packed once at bind time.
+"""Linear layers of MIN_ROWS to MAX_ROWS rows run through MKL's packed sgemm, the weight packed once at bind time.
 
 `addmm(b, x, permute(W, (1, 0)))` and `mm(x, permute(W, (1, 0)))` with a constant float32 CPU weight
-(`prepack.linear_parts`) and a static row count below MAX_ROWS become
+(`prepack.linear_parts`) and a static row count from MIN_ROWS up to (not including) MAX_ROWS become
 `kernel_ops.mkl_linear(x, packed, W, b, rows)`, `packed` computed in setup by
 `mkl._mkl_reorder_linear_weight(W, rows)`: what Inductor runs for float32 linears under freezing.
 MKL's plain sgemm (addmm) packs the weight on every call, and oneDNN's linear pays a fixed cost per
 call; the packed sgemm does neither. Measured on 1 thread of this kind of machine (us, addmm /
-oneDNN packed / MKL packed): 1x256 @ 256x1024 15.2 / 20.3 / 7.7, 8x1024 @ 1024x256 30.5 / 36.2 /
-21.7, 16x256 @ 256x1024 70.6 / 51.6 / 41.5, 128x1024 @ 1024x1024 1518 / 1443 / 1380; from 256 rows
+oneDNN packed / MKL packed): 8x1024 @ 1024x256 30.5 / 36.2 / 21.7, 16x256 @ 256x1024 70.6 / 51.6 /
+41.5, 128x1024 @ 1024x1024 1518 / 1443 / 1380. Below MIN_ROWS rows, with the weights out of cache as
+in a model (a chain of 12 linear layers of width 256), MKL's plain sgemm streams them better: one row
+127 us against 144 packed, two rows a tie, four rows 161 against 129; a decode step (one row) ran
+1.6x slower packed. From 256 rows
 oneDNN wins some shapes (256x256 @ 256x1024: 686 / 631 / 652), so those stay with `prepack`, which
 runs after this pass, as do symbolic row counts (a weight packed by MKL serves the row count it was
 packed for; others take a plain product). MKL has no post-ops: an activation after the product
@@ -27,7 +30,7 @@ from opgen.runtime.registry import KernelRegistry
 
 PACK = "mkl._mkl_reorder_linear_weight.default"
 LINEAR = "mkl_linear"  # a kernel_ops function (ops.yaml)
-MAX_ROWS = 256
+MIN_ROWS, MAX_ROWS = 4, 256
 
 
 def pack_linear_mkl(program: Program, registry: KernelRegistry) -> Program:
@@ -62,7 +65,7 @@ def pack_linear_mkl(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _static_rows(line: Line) -> int | None:
-    """The row count of a linear layer's (2-d) result, if it is static and below MAX_ROWS."""
+    """The row count of a linear layer's (2-d) result, if it is static and in [MIN_ROWS, MAX_ROWS)."""
     assert isinstance(line, KernelCall) and line.outputs[0] is not None and line.outputs[0].meta is not None
     rows = line.outputs[0].meta.shape[0]
-    return rows if type(rows) is int and 0 < rows < MAX_ROWS else None
+    return rows if type(rows) is int and MIN_ROWS <= rows < MAX_ROWS else None
