@@ -270,6 +270,15 @@ def linear_program(rows: int | SizeExpr, features: tuple[int, int] = (256, 512))
     )
 
 
+def runtime_weight_program() -> Program:
+    """`linear_program(16)` with the weight an input: nothing to pack once."""
+    return replace(
+        linear_program(16),
+        constants=(TensorConstant("b", "b", meta(512)),),
+        inputs=(Input("xs", meta(16, 256)), Input("w", meta(512, 256))),
+    )
+
+
 def run_linear(out: Program, rows: int, features: tuple[int, int] = (256, 512)) -> None:
     """Bind `out` (a rewritten `linear_program`) and check it against `F.linear`."""
     n_in, n_out = features
@@ -341,11 +350,7 @@ def test_mkl_linear_leaves_few_many_or_symbolic_rows_and_runtime_weights_to_prep
     assert kernels(prepack_linear(many, registry).body) == ["mkldnn_linear_pointwise"]  # oneDNN's from here
     symbolic = replace(fold_constants(linear_program(SizeExpr("s0", ("s0",))), registry), ranges=(("s0", 2, 16),))
     assert pack_linear_mkl(symbolic, registry) == symbolic
-    weight_as_input = replace(
-        linear_program(16),
-        constants=(TensorConstant("b", "b", meta(512)),),
-        inputs=(Input("xs", meta(16, 256)), Input("w", meta(512, 256))),
-    )
+    weight_as_input = runtime_weight_program()
     assert pack_linear_mkl(weight_as_input, registry) == weight_as_input
 
 
@@ -377,11 +382,7 @@ def test_mkl_linear_packs_a_weight_once_per_row_count_and_keeps_activations(regi
 def test_prepack_leaves_single_rows_and_runtime_weights_alone(registry) -> None:
     single = fold_constants(linear_program(1), registry)
     assert prepack_linear(single, registry) == single
-    weight_as_input = replace(
-        linear_program(16),
-        constants=(TensorConstant("b", "b", meta(512)),),
-        inputs=(Input("xs", meta(16, 256)), Input("w", meta(512, 256))),
-    )
+    weight_as_input = runtime_weight_program()
     assert prepack_linear(weight_as_input, registry) == weight_as_input
 
 
