@@ -19,7 +19,8 @@
 namespace opgen::exec {
 
 void Program::bind(const std::vector<at::Tensor>& constants,
-                   std::vector<std::shared_ptr<const Extern>> externs, bool keep_setup_values) {
+                   std::vector<std::shared_ptr<const Extern>> externs, bool keep_setup_values,
+                   const std::vector<std::pair<int32_t, c10::IValue>>& given) {
   TORCH_CHECK(!bound_, "opgen executor program ", name_, " is already bound");
   TORCH_CHECK(constants.size() == constant_keys_.size(), "opgen executor program ", name_,
               " binds ", constant_keys_.size(), " constants, got ", constants.size());
@@ -31,7 +32,11 @@ void Program::bind(const std::vector<at::Tensor>& constants,
   }
   externs_ = std::move(externs);
   for (size_t i = 0; i < constants.size(); ++i) statics_[i] = constants[i];
-  run_steps(setup_, statics_.data(), nullptr);
+  if (given.empty()) {
+    run_steps(setup_, statics_.data(), nullptr);
+  } else {
+    run_steps(setup_not_given(given), statics_.data(), nullptr);
+  }
   bound_ = true;
   if (keep_setup_values) return;
   // What only setup read (weights before folding or packing) is dropped: the body never sees it.
@@ -44,6 +49,36 @@ void Program::bind(const std::vector<at::Tensor>& constants,
   for (int32_t k = 0; k < num_named_statics_; ++k) {
     if (!read[k]) statics_[k] = c10::IValue();
   }
+}
+
+std::vector<Step> Program::setup_not_given(
+    const std::vector<std::pair<int32_t, c10::IValue>>& given) {
+  // Statics setup derives from a persistent buffer (an alloc, a view of one) stay the program's
+  // own.
+  std::vector<bool> buffer(statics_.size(), false), taken(statics_.size(), false);
+  for (const Step& s : setup_) {
+    bool derived = s.instr.kind == Instr::Kind::kAlloc;
+    for (const Operand& o : s.instr.args) derived |= o.where == Where::kStatic && buffer[o.index];
+    for (int32_t out : s.instr.outs) {
+      if (out >= 0) buffer[out] = derived;
+    }
+  }
+  for (const auto& [k, value] : given) {
+    TORCH_CHECK(k >= 0 && static_cast<size_t>(k) < statics_.size(), "opgen executor program ",
+                name_, ": no static s", k, " to give");
+    if (buffer[k]) continue;
+    statics_[k] = value;
+    taken[k] = true;
+  }
+  std::vector<Step> todo;
+  for (const Step& s : setup_) {
+    const auto& outs = s.instr.outs;
+    const bool all_taken = !outs.empty() && std::all_of(outs.begin(), outs.end(), [&](int32_t o) {
+      return o < 0 || taken[o];
+    });
+    if (!all_taken) todo.push_back(s);
+  }
+  return todo;
 }
 
 std::unique_ptr<Program> Program::resolved(

@@ -25,6 +25,8 @@
 //   (boxed):
 //                                            ATen fallbacks; arguments positional, then by name
 //   extern fused0                            a function the host binds by name (header)
+//   shared s3 packed0                        a setup value the host may bind by name instead of
+//                                            running its line (header; `bind`'s `given`)
 //   r7 = call fused0 r2 r3 scale=0.5         a call of an extern: positional, then by name
 //   alternative fused0 triton                after the body: lines that may replace a call of an
 //   (lines)                                  extern once its pick is known (`resolved`); the k-th
@@ -165,6 +167,9 @@ class Program {
   // The externs the program calls, by the names of its `extern` lines, in order.
   const std::vector<std::string>& extern_names() const { return extern_names_; }
 
+  // The setup values the host may bind itself (`shared` lines): (static, name), in order.
+  const std::vector<std::pair<int32_t, std::string>>& shared() const { return shared_; }
+
   // A copy of this bound program (sharing its statics, externs and lock) whose body has, in place
   // of each call of an extern in `picks`, the lines of that extern's alternative of the picked
   // name: the host settles a choice (a fused kernel: its Triton launch or its ATen calls) on a
@@ -174,10 +179,13 @@ class Program {
 
   // Binds the constants (one per `constant` line, in order) and the externs (one per name of
   // `extern_names()`), and runs the setup lines; then drops the statics only setup read, unless
-  // `keep_setup_values` (for `named_statics`).
+  // `keep_setup_values` (for `named_statics`). `given`: values for statics of `shared()` that the
+  // host computed already (the Python function's packed and folded weights): a setup line whose
+  // results are all given is not run. Persistent buffers, and whatever setup derives from them,
+  // are never taken: the body writes them.
   void bind(const std::vector<at::Tensor>& constants,
-            std::vector<std::shared_ptr<const Extern>> externs = {},
-            bool keep_setup_values = false);
+            std::vector<std::shared_ptr<const Extern>> externs = {}, bool keep_setup_values = false,
+            const std::vector<std::pair<int32_t, c10::IValue>>& given = {});
 
   // The statics the program's text names (s0...), after bind: constants, then setup's values.
   c10::ArrayRef<c10::IValue> named_statics() const {
@@ -196,6 +204,8 @@ class Program {
  private:
   void run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results,
                  bool ranged = false) const;
+  // The setup lines left to run once `given` (see `bind`) is in the statics.
+  std::vector<Step> setup_not_given(const std::vector<std::pair<int32_t, c10::IValue>>& given);
   c10::IValue returned(Frame& f, const Instr& in, size_t k) const;
   void call_operator(Frame& f, const Step& s) const;
 
@@ -207,6 +217,7 @@ class Program {
   std::vector<Step> body_;
   std::vector<c10::IValue> statics_;
   std::vector<std::string> extern_names_;
+  std::vector<std::pair<int32_t, std::string>> shared_;
   std::vector<std::shared_ptr<const Extern>> externs_;
   // extern name -> pick -> its lines for each call of the extern, in the body's order
   std::unordered_map<std::string, std::unordered_map<std::string, std::vector<std::vector<Step>>>>

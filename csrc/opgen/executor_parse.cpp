@@ -112,6 +112,12 @@ class Parser {
         for (const std::string& known : p_.extern_names_)
           expect(known != name, "extern " + name + " twice");
         p_.extern_names_.push_back(name);
+      } else if (head == "shared") {
+        expect(tokens.size() == 3, "shared setup values are `shared s<k> <name>`");
+        const int32_t k = index(tokens[1], 's');
+        expect(k >= static_cast<int32_t>(p_.constant_keys_.size()) && k < p_.num_named_statics_,
+               "a shared value is a static setup makes");
+        p_.shared_.emplace_back(k, std::string(tokens[2]));
       } else if (head == "alternative") {
         expect(tokens.size() == 3, "alternatives are `alternative <extern> <pick>`");
         const auto& names = p_.extern_names_;

@@ -289,7 +289,15 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   if (program->dynamic() && program->guarded() && check.is_none()) {
     throw py::value_error("a program with symbolic input sizes needs its input check");
   }
-  program->bind(tensors_of(constants, "cpp_function"), externs_of(*program, externs));
+  // The Python function's setup values of the same names (its closure, which `externs` is), so
+  // that packing and folding run once.
+  std::vector<std::pair<int32_t, c10::IValue>> given;
+  for (const auto& [k, name] : program->shared()) {
+    PyObject* value = PyDict_GetItemString(externs.ptr(), name.c_str());
+    if (value != nullptr && THPVariable_Check(value))
+      given.emplace_back(k, THPVariable_Unpack(value));
+  }
+  program->bind(tensors_of(constants, "cpp_function"), externs_of(*program, externs), false, given);
   auto expected = std::make_unique<std::vector<ExpectedTensor>>();
   for (const exec::InputSpec& spec : program->inputs()) {
     expected->push_back({spec.dtype, spec.device, spec.sizes, spec.strides});

@@ -44,6 +44,41 @@ def cpp(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], **kwargs: obje
         return opgen.compile(model, inputs, backend="cpp", **kwargs)
 
 
+def test_setup_values_come_from_the_python_function() -> None:
+    """The weights are packed once, by the Python function's setup: the program binds its values
+    (`shared` lines) instead of running those setup lines again."""
+    from torch.profiler import profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).eval()
+    model.requires_grad_(False)
+    x = torch.randn(8, 64)
+    packs = []
+    for backend in ("python", "cpp"):
+        with profile() as prof:
+            fn = cpp(model, (x,), cache=False) if backend == "cpp" else opgen.compile(model, (x,), cache=False)
+        packs.append(sum(e.name.endswith("_reorder_linear_weight") for e in prof.events()))
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), model(x))
+    assert packs[0] == 2 and packs[1] == 2  # one per weight, with the C++ program bound too
+    assert re.search(r"^shared s\d+ \w*packed\d+$", fn.artifact.cpp_program, re.M)  # type: ignore[attr-defined]
+
+
+def test_given_setup_values_skip_their_lines_but_never_buffers() -> None:
+    text = (
+        "program f registers 2 statics 4\ninput r0 x float32 cpu [4] [1]\nconstant s0 w\n"
+        "shared s1 negw\nshared s2 slot\nshared s3 view\nsetup:\n  s1 = neg.cpu s0\n"
+        "  s2 = empty_strided [4] [1] torch.float32 device(cpu)\n  s3 = as_strided s2 [4] [1] 0\n"
+        "body:\n  r1 = add.cpu r0 s1\n  _ = copy_.default s3 r1\n  return single r1\n"
+    )
+    given, slot = torch.full((4,), 5.0), torch.zeros(4)
+    fn = _C.cpp_function(text, [torch.ones(4)], {"negw": given, "slot": slot, "view": slot}, None, PROCEED, None)
+    x = torch.arange(4.0)
+    torch.testing.assert_close(fn(x), x + 5)  # the given value, not -w
+    assert torch.equal(slot, torch.zeros(4))  # the buffer the body writes is the program's own
+    unshared = _C.cpp_function(text, [torch.ones(4)], {}, None, PROCEED, None)
+    torch.testing.assert_close(unshared(x), x - 1)
+
+
 def program(body: str, inputs: str = HEADER) -> object:
     return _C.cpp_function(inputs + "setup:\nbody:\n" + body, [], {}, None, PROCEED, None)
 

@@ -102,7 +102,7 @@ def fold(
         if words[:1] == ["program"] and len(words) == 6:
             words[5] = str(len(number))
             out.append(" ".join(words))
-        elif words[:1] != ["constant"]:
+        elif words[:1] not in (["constant"], ["shared"]):  # a package has no Python function to share with
             out.append(line)
     bound = tuple((keys.get(k, f"setup.s{k}"), values[k]) for k in stored)
     out += [f"constant s{i} {key}" for i, (key, _) in enumerate(bound)]

@@ -1,9 +1,10 @@
 """Binding a compiled graph's C++ program (codegen.cpp) to opgen's prebuilt C++ executor, and the tiering.
 
 `bind_cpp` parses the program (`_C.cpp_function`), binds its constants and externs and runs its
-setup; the result is a `CppFunction`, called like the generated Python function: the same input
-check (its mismatches go to the same slow path; with dynamic shapes, the same ranged check object),
-the same results.
+setup, less what the Python function's setup made already (its packed and folded weights, taken
+from its closure by name: the program's `shared` lines); the result is a `CppFunction`, called
+like the generated Python function: the same input check (its mismatches go to the same slow
+path; with dynamic shapes, the same ranged check object), the same results.
 
 The externs (Triton launchers, fused kernels' choices, `py:` functions, collectives) are the very
 objects the generated Python function calls, taken from its closure by the same local names, and
