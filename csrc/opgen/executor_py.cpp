@@ -33,6 +33,7 @@ struct CppFunction {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* dict;
+  PyObject* weakrefs;  // as a Python function's: caches may hold compiled functions weakly
   exec::Program* program;
   std::vector<ExpectedTensor>* expected;
   PyObject* handler;    // the slow path: handler(*args) returns a result, raises, or returns `proceed`
@@ -235,6 +236,7 @@ int clear(PyObject* self) {
 
 void dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
+  if (reinterpret_cast<CppFunction*>(self)->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
   clear(self);
   auto* fn = reinterpret_cast<CppFunction*>(self);
   delete fn->program;
@@ -267,7 +269,8 @@ PyTypeObject* cpp_function_type() {
   static PyTypeObject type = vectorcall_type<CppFunction>(
       "opgen._C.CppFunction",
       "A compiled graph run by opgen's C++ executor (opgen.runtime.codegen.cpp).",
-      {dealloc, traverse, clear, nullptr, getset, offsetof(CppFunction, dict)});
+      {dealloc, traverse, clear, nullptr, getset, offsetof(CppFunction, dict),
+       offsetof(CppFunction, weakrefs)});
   return &type;
 }
 
@@ -311,6 +314,7 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   auto* fn = reinterpret_cast<CppFunction*>(self);
   fn->vectorcall = call;
   fn->dict = nullptr;
+  fn->weakrefs = nullptr;
   fn->program = program.release();
   fn->expected = expected.release();
   fn->handler = py::object(handler).release().ptr();

@@ -17,7 +17,9 @@ struct VectorcallSlots {
   inquiry clear = nullptr;
   PyMemberDef* members = nullptr;
   PyGetSetDef* getset = nullptr;
-  Py_ssize_t dict_offset = 0;  // nonzero: instances have a __dict__ at this offset
+  Py_ssize_t dict_offset = 0;     // nonzero: instances have a __dict__ at this offset
+  Py_ssize_t weaklist_offset = 0;  // nonzero: instances can be weakly referenced (the list's offset;
+                                   // dealloc calls PyObject_ClearWeakRefs)
 };
 
 template <typename Object>
@@ -38,6 +40,7 @@ PyTypeObject vectorcall_type(const char* name, const char* doc, const Vectorcall
     t.tp_traverse = slots.traverse;
     t.tp_clear = slots.clear;
   }
+  t.tp_weaklistoffset = slots.weaklist_offset;
   if (slots.dict_offset != 0) {
     t.tp_dictoffset = slots.dict_offset;
     t.tp_getattro = PyObject_GenericGetAttr;

@@ -42,7 +42,7 @@ def label(name: str, cuda: bool) -> str:
     return {
         "eager": "eager",
         "compile": 'torch.compile mode="reduce-overhead"' if cuda else "torch.compile (inductor)",
-        "opgen": "opgen.compile",
+        "opgen": 'opgen.compile backend="python"',
         "opgen_cpp": 'opgen.compile backend="cpp"',
         "opgen_graphs": "opgen.compile cuda_graphs",
         "opgen_backend": 'torch.compile(backend="opgen")',
@@ -137,7 +137,7 @@ def make_step(name: str, model: torch.nn.Module, example: tuple[torch.Tensor, ..
         case "compile":
             return torch.compile(model, mode="reduce-overhead") if cuda else torch.compile(model)  # type: ignore[return-value]
         case "opgen":
-            return opgen.compile(model, example)  # type: ignore[no-any-return]
+            return opgen.compile(model, example, backend="python")  # type: ignore[no-any-return]
         case "opgen_cpp":
             return opgen.compile(model, example, backend="cpp")  # type: ignore[no-any-return]
         case "opgen_graphs":

@@ -33,7 +33,7 @@ LABELS = {
     "eager": "eager",
     "inductor": "torch.compile (inductor)",
     "aoti": "AOTInductor",
-    "opgen": "opgen.compile",
+    "opgen": 'opgen.compile(backend="python")',
     "opgen_cpp": 'opgen.compile(backend="cpp")',
     "opgen_package": "opgen.package + load_package",
     "opgen_backend": 'torch.compile(backend="opgen")',
@@ -91,7 +91,7 @@ def _loaded(label: str, load: Callable[[], Any], inputs: tuple[torch.Tensor, ...
 def _compile_opgen(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
     import opgen
 
-    return functools.partial(opgen.compile(model, inputs), *inputs)
+    return functools.partial(opgen.compile(model, inputs, backend="python"), *inputs)
 
 
 def _compile_opgen_cpp(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:

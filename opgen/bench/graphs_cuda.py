@@ -33,7 +33,7 @@ LABELS = {
     "eager": "eager",
     "inductor": "torch.compile (inductor)",
     "reduce_overhead": "torch.compile reduce-overhead",
-    "opgen": "opgen.compile",
+    "opgen": 'opgen.compile backend="python"',
     "opgen_graphs": "opgen.compile cuda_graphs",
     "opgen_cpp": "opgen.compile backend=cpp",
 }
@@ -71,6 +71,8 @@ def build_candidate(
         case "reduce_overhead":
             fn = torch.compile(model, mode="reduce-overhead")
         case "opgen":
+            fn = opgen.compile(model, inputs, passes=passes, backend="python")
+        case "opgen_default":  # backend="auto": the C++ executor where the program runs there
             fn = opgen.compile(model, inputs, passes=passes)
         case "opgen_graphs":
             fn = opgen.compile(model, inputs, cuda_graphs=True, passes=passes)

@@ -64,7 +64,7 @@ def compile(
     static_outputs: bool = False,
     dynamic_shapes: Any = None,
     automatic_dynamic: bool | None = None,
-    backend: str = "python",
+    backend: str = "auto",
 ) -> Compiled:
     """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
 
@@ -82,9 +82,9 @@ def compile(
     automatic_dynamic: recompile dimensions whose size changed as dynamic (False: specialize every size).
         Default: on, except with cuda_graphs (a dynamic graph cannot be captured, so each size gets
         its own captured specialization instead).
-    backend: "python" runs the generated Python; "cpp" runs the same program on opgen's prebuilt C++
-        executor (a graph it cannot run yet stays Python, with one OpgenWarning and a line in `report()`);
-        "auto" is "cpp" without the warning.
+    backend: "auto" (the default) runs the program on opgen's prebuilt C++ executor where it can run
+        there, else the generated Python (a line in `report()` says which and why); "cpp" is "auto"
+        with one OpgenWarning where the program stays Python; "python" always runs the generated Python.
     """
     if static_outputs and not cuda_graphs:
         raise ValueError("opgen.compile: static_outputs=True needs cuda_graphs=True")

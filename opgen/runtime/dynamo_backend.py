@@ -183,7 +183,7 @@ def module_state(gm: torch.fx.GraphModule) -> list[bool]:
 
 def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
     """`torch.compile(model, backend="opgen", options={"fallback": False, "passes": (...), "cache": True,
-    "cuda_graphs": False, "static_outputs": False, "freezing": True, "backend": "python"})`; `backend` as in
+    "cuda_graphs": False, "static_outputs": False, "freezing": True, "backend": "auto"})`; `backend` as in
     `opgen.compile` ("python", "cpp" or "auto")."""
     options = {**(options.pop("options", None) or {}), **options}  # torch.compile passes options=dict
     fallback = bool(options.pop("fallback", False))
@@ -192,7 +192,7 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
     cuda_graphs = bool(options.pop("cuda_graphs", False))
     static_outputs = bool(options.pop("static_outputs", False))
     freezing = bool(options.pop("freezing", True))
-    backend = check_backend(options.pop("backend", "python"), "opgen backend")
+    backend = check_backend(options.pop("backend", "auto"), "opgen backend")
     if options:
         known = "fallback, passes, cache, cuda_graphs, static_outputs, freezing, backend"
         raise TypeError(f"opgen backend: unknown options {sorted(options)} (known: {known})")

@@ -63,6 +63,19 @@ def test_setup_values_come_from_the_python_function() -> None:
     assert re.search(r"^shared s\d+ \w*packed\d+$", fn.artifact.cpp_program, re.M)  # type: ignore[attr-defined]
 
 
+def test_the_function_can_be_weakly_referenced() -> None:
+    """As a Python function can (caches keyed by compiled functions hold them weakly)."""
+    import gc
+    import weakref
+
+    fn = cpp(Add(), (torch.randn(16), torch.randn(16)))
+    ref = weakref.ref(fn)
+    assert ref() is fn
+    del fn
+    gc.collect()
+    assert ref() is None
+
+
 def test_given_setup_values_skip_their_lines_but_never_buffers() -> None:
     text = (
         "program f registers 2 statics 4\ninput r0 x float32 cpu [4] [1]\nconstant s0 w\n"

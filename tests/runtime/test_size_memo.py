@@ -169,11 +169,12 @@ def test_sub_ranges_cut_where_the_passes_asked() -> None:
 
 
 def test_the_memo_does_not_survive_as_module_state() -> None:
-    """Two compiles of one model keep separate memos (closure variables of each function)."""
+    """Two compiles of one model keep separate memos (closure variables of each generated Python function)."""
     model = _block()
+    options = {"dynamic_shapes": ({1: SEQ},), "cache": False, "backend": "python"}
     with torch.no_grad():
-        a = opgen.compile(model, (torch.randn(1, 9, WIDTH),), dynamic_shapes=({1: SEQ},), cache=False)
-        b = opgen.compile(copy.deepcopy(model), (torch.randn(1, 9, WIDTH),), dynamic_shapes=({1: SEQ},), cache=False)
+        a = opgen.compile(model, (torch.randn(1, 9, WIDTH),), **options)
+        b = opgen.compile(copy.deepcopy(model), (torch.randn(1, 9, WIDTH),), **options)
         a(torch.randn(1, 12, WIDTH))
         b(torch.randn(1, 20, WIDTH))
     assert _cell(a, "_memo_key") == 12 and _cell(b, "_memo_key") == 20
