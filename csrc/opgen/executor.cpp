@@ -53,30 +53,45 @@ void Program::bind(const std::vector<at::Tensor>& constants,
 
 std::vector<Step> Program::setup_not_given(
     const std::vector<std::pair<int32_t, c10::IValue>>& given) {
-  // Statics setup derives from a persistent buffer (an alloc, a view of one) stay the program's
-  // own.
-  std::vector<bool> buffer(statics_.size(), false), taken(statics_.size(), false);
-  for (const Step& s : setup_) {
-    bool derived = s.instr.kind == Instr::Kind::kAlloc;
-    for (const Operand& o : s.instr.args) derived |= o.where == Where::kStatic && buffer[o.index];
-    for (int32_t out : s.instr.outs) {
-      if (out >= 0) buffer[out] = derived;
+  const auto makes = [](const Step& s) {
+    return std::any_of(s.instr.outs.begin(), s.instr.outs.end(), [](int32_t o) { return o >= 0; });
+  };
+  // What stays the program's own: persistent buffers (allocs), what a setup line writes without
+  // making anything (`_ = ...`: the given value had that write already), and what setup derives
+  // from either (a view of a buffer must view the program's buffer).
+  std::vector<bool> own(statics_.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    const auto mark = [&](int32_t k) {
+      if (k >= 0 && !own[k]) own[k] = changed = true;
+    };
+    for (const Step& s : setup_) {
+      bool derived = s.instr.kind == Instr::Kind::kAlloc;
+      for (const Operand& o : s.instr.args) {
+        if (o.where != Where::kStatic) continue;
+        if (!makes(s)) mark(o.index);
+        derived |= own[o.index];
+      }
+      if (derived) {
+        for (int32_t out : s.instr.outs) mark(out);
+      }
     }
   }
+  std::vector<bool> taken(statics_.size(), false);
   for (const auto& [k, value] : given) {
     TORCH_CHECK(k >= 0 && static_cast<size_t>(k) < statics_.size(), "opgen executor program ",
                 name_, ": no static s", k, " to give");
-    if (buffer[k]) continue;
+    if (own[k]) continue;
     statics_[k] = value;
     taken[k] = true;
   }
+  // A line runs unless it makes something and everything it makes was given.
   std::vector<Step> todo;
   for (const Step& s : setup_) {
     const auto& outs = s.instr.outs;
-    const bool all_taken = !outs.empty() && std::all_of(outs.begin(), outs.end(), [&](int32_t o) {
-      return o < 0 || taken[o];
-    });
-    if (!all_taken) todo.push_back(s);
+    const bool given_all =
+        std::all_of(outs.begin(), outs.end(), [&](int32_t o) { return o < 0 || taken[o]; });
+    if (!(makes(s) && given_all)) todo.push_back(s);
   }
   return todo;
 }

@@ -181,8 +181,8 @@ class Program {
   // `extern_names()`), and runs the setup lines; then drops the statics only setup read, unless
   // `keep_setup_values` (for `named_statics`). `given`: values for statics of `shared()` that the
   // host computed already (the Python function's packed and folded weights): a setup line whose
-  // results are all given is not run. Persistent buffers, and whatever setup derives from them,
-  // are never taken: the body writes them.
+  // results are all given is not run. Persistent buffers, what setup writes in place, and whatever
+  // setup derives from them are never taken: they stay the program's own.
   void bind(const std::vector<at::Tensor>& constants,
             std::vector<std::shared_ptr<const Extern>> externs = {}, bool keep_setup_values = false,
             const std::vector<std::pair<int32_t, c10::IValue>>& given = {});

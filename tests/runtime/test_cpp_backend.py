@@ -90,6 +90,11 @@ def test_given_setup_values_skip_their_lines_but_never_buffers() -> None:
     assert torch.equal(slot, torch.zeros(4))  # the buffer the body writes is the program's own
     unshared = _C.cpp_function(text, [torch.ones(4)], {}, None, PROCEED, None)
     torch.testing.assert_close(unshared(x), x - 1)
+    # a value setup writes in place afterwards stays the program's own: the given one had the write
+    written = text.replace("  s2 = empty", "  _ = neg_.cpu s1\n  s2 = empty")
+    fn = _C.cpp_function(written, [torch.ones(4)], {"negw": given}, None, PROCEED, None)
+    torch.testing.assert_close(fn(x), x + 1)  # -(-w), computed by the program itself
+    assert torch.equal(given, torch.full((4,), 5.0))
 
 
 def program(body: str, inputs: str = HEADER) -> object:

@@ -73,13 +73,16 @@ def backend(**options: Any) -> Callable[[nn.Module], Any]:
 
 
 X = torch.randn(8, 3, 6, 6)
+# Against eager: MKL's packed product (mkl_linear) and the folded batch norm round in another order
+# than eager's addmm and batch norm (4096 outputs: one in ~8 runs differed by 1.2e-5).
+CLOSE = {"atol": 1e-4, "rtol": 1e-4}
 
 
 def test_frozen_weights_fold_and_pack_and_match_eager(compiled: list[Any]) -> None:
     m = model()
     with torch.no_grad():
         out = backend()(m)(X)
-        torch.testing.assert_close(out, m(X))
+        torch.testing.assert_close(out, m(X), **CLOSE)
     (fn,) = compiled
     source, report = fn.artifact.source, fn.report()
     assert 'constants["frozen:' in source and "fold batch norm" in source
@@ -97,7 +100,7 @@ def test_inference_mode_freezes_too(compiled: list[Any]) -> None:
     with torch.inference_mode():
         out = backend()(m)(X)
     with torch.no_grad():
-        torch.testing.assert_close(out, m(X))
+        torch.testing.assert_close(out, m(X), **CLOSE)
     assert "fold batch norm" in compiled[0].artifact.source
 
 
@@ -105,10 +108,10 @@ def test_freezing_off_keeps_weights_as_inputs_and_sees_updates(compiled: list[An
     m = model()
     fn = backend(freezing=False)(m)
     with torch.no_grad():
-        torch.testing.assert_close(fn(X), m(X))
+        torch.testing.assert_close(fn(X), m(X), **CLOSE)
         m.bn.running_var.mul_(4)  # in place: the next call reads the new values
         m.fc.weight.add_(1)
-        torch.testing.assert_close(fn(X), m(X))
+        torch.testing.assert_close(fn(X), m(X), **CLOSE)
     assert "frozen:" not in compiled[0].artifact.source
     assert not any("frozen" in note for note in compiled[0].report().notes)
 
@@ -132,8 +135,8 @@ def test_replaced_parameter_is_bound_anew_without_recompiling(compiled: list[Any
         fn(X)
         m.fc.weight = nn.Parameter(torch.randn(FEATURES, CHANNELS))
         m.bn.running_mean = torch.randn(CHANNELS)
-        torch.testing.assert_close(fn(X), m(X))
-        torch.testing.assert_close(fn(X), m(X))
+        torch.testing.assert_close(fn(X), m(X), **CLOSE)
+        torch.testing.assert_close(fn(X), m(X), **CLOSE)
     (made,) = compiled  # no recompile
     assert len(made.bindings) == 2
     newest = made.bindings[0][0]
@@ -145,15 +148,15 @@ def test_two_instances_sharing_compiled_code_each_use_their_weights(compiled: li
     a, b = backend()(first), backend()(second)
     with torch.no_grad():
         for _ in range(2):
-            torch.testing.assert_close(a(X), first(X))
-            torch.testing.assert_close(b(X), second(X))
+            torch.testing.assert_close(a(X), first(X), **CLOSE)
+            torch.testing.assert_close(b(X), second(X), **CLOSE)
     assert len(compiled) == 1 and len(compiled[0].bindings) == 2
 
 
 def test_grad_enabled_does_not_freeze(compiled: list[Any]) -> None:
     m = model().requires_grad_(False)
     out = backend()(m)(X)
-    torch.testing.assert_close(out, m(X))
+    torch.testing.assert_close(out, m(X), **CLOSE)
     assert "frozen:" not in compiled[0].artifact.source
 
 
@@ -163,7 +166,7 @@ def test_buffers_the_graph_writes_are_not_frozen(compiled: list[Any]) -> None:
     x = torch.randn(3, 4)
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(fn(x), reference(x))
+            torch.testing.assert_close(fn(x), reference(x), **CLOSE)
     assert m.calls.item() == 3
     notes = compiled[0].report().notes
     assert any(n.startswith("frozen: 2 parameters") for n in notes) and any(
@@ -176,7 +179,7 @@ def test_training_batch_norm_statistics_are_not_frozen(compiled: list[Any]) -> N
     fn = backend(fallback=True)(m)  # kernel_ops has no training batch norm: the ATen op runs it
     with torch.no_grad():
         for _ in range(2):
-            torch.testing.assert_close(fn(X), reference(X))
+            torch.testing.assert_close(fn(X), reference(X), **CLOSE)
     torch.testing.assert_close(m.bn.running_mean, reference.bn.running_mean)
     torch.testing.assert_close(m.bn.running_var, reference.bn.running_var)
     assert m.bn.num_batches_tracked.item() == 2
