@@ -66,7 +66,7 @@ def compile(
     automatic_dynamic: bool | None = None,
     backend: str = "auto",
 ) -> Compiled:
-    """Compile `model` for inputs like `example_inputs` into a plain Python function calling kernel_ops.
+    """Compile `model` for inputs like `example_inputs` into a function calling kernel_ops' kernels.
 
     fallback: ops kernel_ops lacks call the ATen op (see `report()`), and a model that needs
         autograd runs eagerly, with a warning, instead of raising.

@@ -31,10 +31,9 @@ from opgen.runtime.registry import KernelRegistry, load_registry
 
 
 def default_pipeline() -> tuple[str, ...]:
-    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `mkl_linear` where it
-    lacks MKL's, `cudnn` where it lacks
-    cuDNN, and the passes that make or launch Triton kernels (`passes.JIT_PASSES`) where opgen's JIT
-    cannot run (no CUDA build, GPU or triton)."""
+    """All passes, less `prepack`/`onednn` where torch lacks the oneDNN ops they call, `mkl_linear` where
+    it lacks MKL's, `cudnn` where it lacks cuDNN, and the passes that make or launch Triton kernels
+    (`passes.JIT_PASSES`) where opgen's JIT cannot run (no CUDA build, GPU or triton)."""
     has_onednn = torch.backends.mkldnn.is_available()
     missing: set[str] = set()
     if not (has_onednn and hasattr(torch.ops.mkldnn, "_linear_pointwise")):

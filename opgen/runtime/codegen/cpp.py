@@ -158,13 +158,17 @@ class CppBackend(Backend):
         """A size's register: a symbol's (or a hoisted size's), else one a `sym` line appended to `before` computes."""
         if expr.text in self._names:
             return self._names[expr.text]
+        program = self._postfix(expr.text)
+        register = self._define(f"_size{self._registers}")
+        before.append(f"{register} = sym {program}  # {expr.text}")
+        return register
+
+    def _postfix(self, text: str) -> str:
+        """A size expression as a `sym` line's operands and operators (`CppUnsupported` where it cannot be)."""
         try:
-            program = postfix(expr.text, self._symbol)
+            return " ".join(postfix(text, self._symbol))
         except SizeTextError as exc:
             raise CppUnsupported(str(exc)) from exc
-        register = self._define(f"_size{self._registers}")
-        before.append(f"{register} = sym {' '.join(program)}  # {expr.text}")
-        return register
 
     def _symbol(self, name: str) -> str:
         if name not in self._names:
@@ -306,11 +310,7 @@ class CppBackend(Backend):
         dim = re.fullmatch(r"(\w+)\.shape\[(\d+)\]", line.text)
         if dim is not None and dim.group(1) in self._names:
             return [f"{self._define(line.name)} = size {self._names[dim.group(1)]} {dim.group(2)}{comment}"]
-        try:
-            program = postfix(line.text, self._symbol)
-        except SizeTextError as exc:
-            raise CppUnsupported(str(exc)) from exc
-        return [f"{self._define(line.name)} = sym {' '.join(program)}{comment}"]
+        return [f"{self._define(line.name)} = sym {self._postfix(line.text)}{comment}"]
 
     def comment(self, line: Comment) -> list[str]:
         return [f"# {t}" for t in line.text.splitlines()]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Value, meta_table
-from opgen.runtime.passes.analysis import constant_names, fresh_namer
+from opgen.runtime.passes.analysis import constant_names, fresh_namer, producers
 from opgen.runtime.passes.prepack import linear_parts
 from opgen.runtime.registry import KernelRegistry
 
@@ -37,18 +37,12 @@ def pack_linear_mkl(program: Program, registry: KernelRegistry) -> Program:
     if LINEAR not in registry.by_name:  # a kernel_ops built without it
         return program
     constant, metas = constant_names(program), meta_table(program)
-    producers = {
-        v.name: line
-        for line in (*program.setup, *program.body)
-        if isinstance(line, KernelCall)
-        for v in line.outputs
-        if v
-    }
+    made = producers((*program.setup, *program.body))
     names = fresh_namer(program, "mkl_packed")
     setup, body = list(program.setup), list[Line]()
     packed: dict[tuple[str, int], str] = {}
     for line in program.body:
-        parts = linear_parts(line, producers, constant, metas)
+        parts = linear_parts(line, made, constant, metas)
         rows = _static_rows(line) if parts is not None else None
         if parts is None or rows is None:
             body.append(line)

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, SizeExpr, TensorMeta, Value, meta_table, uses
 from opgen.runtime.ir.sizes import lower_bound, upper_bound
-from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
+from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, producers, use_counts
 from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
 
@@ -132,15 +132,14 @@ def prepack_linear(program: Program, registry: KernelRegistry) -> Program:
     if not {LINEAR, BINARY} <= set(registry.by_name):  # a kernel_ops built without them
         return program
     constant, metas = constant_names(program), meta_table(program)
-    lines = (*program.setup, *program.body)
-    producers = {v.name: line for line in lines if isinstance(line, KernelCall) for v in line.outputs if v}
+    made = producers((*program.setup, *program.body))
     names = fresh_namer(program, "packed")
     setup, body = list(program.setup), []
     packed: dict[str, str] = {}
     scratches, escapes = fresh_namer(program, "scratch"), escaping(program, registry)
     splits = dict.fromkeys(program.splits)
     for line in program.body:
-        match = _linear(line, producers, constant, metas, program.ranges)
+        match = _linear(line, made, constant, metas, program.ranges)
         if match is None:
             body.append(line)
             continue

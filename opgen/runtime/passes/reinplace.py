@@ -50,7 +50,7 @@ from opgen.runtime.ir import (
     substitute_line,
     uses,
 )
-from opgen.runtime.passes.analysis import arg_value, fresh_namer, info_of, is_view_call
+from opgen.runtime.passes.analysis import arg_value, fresh_namer, info_of, is_view_call, producers
 from opgen.runtime.passes.regions import select_meta, slice_meta, within
 from opgen.runtime.registry import KernelRegistry, OpInfo, call_args
 
@@ -134,16 +134,14 @@ class _Rewrite:
 
     def chain_of(self) -> set[str]:
         """Values the written-back value is computed from through writes (their bases and sources)."""
-        producers = {
-            v.name: line for line in self.program.body if isinstance(line, KernelCall) for v in line.outputs if v
-        }
+        made = producers(self.program.body)
         back = [line.args[1] for line in self.program.body if self.is_write_back(line)]  # type: ignore[union-attr]
         if len(back) != 1:
             raise _Keep("written back more than once")
         todo, chain = list(refs(back[0])), set()
         while todo:
             name = todo.pop()
-            line = producers.get(name)
+            line = made.get(name)
             kind = self.write_kind(line) if line is not None and name not in chain else None
             if line is not None and kind is None and is_view_call(line, self.registry):
                 kind = "view"  # the written-back value is a view of a write's result
