@@ -126,11 +126,14 @@ std::unique_ptr<Program> Program::resolved(
 
 void Program::run(Registers& regs, Results& results) const {
   TORCH_CHECK(bound_, "opgen executor program ", name_, " runs before it is bound");
-  if (C10_LIKELY(!at::hasCallbacks())) {
+  // The dispatcher's own test for a profiler: a thread-local read (at::hasCallbacks() takes the
+  // global callback manager's lock, on every call).
+  auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
+  if (C10_LIKELY(!callbacks.has_value())) {
     run_steps(body_, regs.data(), &results);
     return;
   }
-  at::RecordFunction graph(at::RecordScope::USER_SCOPE);
+  at::RecordFunction graph(std::move(*callbacks));
   if (graph.isActive()) graph.before(std::string_view(range_));
   run_steps(body_, regs.data(), &results, /*ranged=*/true);
 }
@@ -251,73 +254,79 @@ void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Resul
                         bool ranged) const {
   Frame f{regs, statics_.data()};
   for (const Step& s : steps) {
-    const Instr& in = s.instr;
-    std::optional<at::RecordFunction> range;
-    if (ranged && !s.range.empty()) {
-      range.emplace(at::RecordScope::USER_SCOPE);
-      if (range->isActive()) range->before(std::string_view(s.range));
-    }
-    try {
-      switch (in.kind) {
-        case Instr::Kind::kCall:
-          in.thunk(f, in);
-          break;
-        case Instr::Kind::kOp:
-          call_operator(f, s);
-          break;
-        case Instr::Kind::kExtern:
-          externs_[s.callee]->call(f, s);
-          break;
-        case Instr::Kind::kAlloc: {
-          c10::SmallVector<int64_t, 6> sizes_storage, strides_storage;
-          const auto sizes = ints_of(f, in, s.sizes_arg, s.sizes, sizes_storage);
-          const auto strides = ints_of(f, in, s.strides_arg, s.strides, strides_storage);
-          f.regs[in.outs[0]] = s.options.device().is_cpu()
-                                   ? at::cpu::empty_strided(sizes, strides, s.options)
-                                   : at::empty_strided(sizes, strides, s.options);
-          break;
-        }
-        case Instr::Kind::kView: {
-          c10::SmallVector<int64_t, 6> sizes_storage, strides_storage;
-          const auto sizes = ints_of(f, in, s.sizes_arg, s.sizes, sizes_storage);
-          const auto strides = ints_of(f, in, s.strides_arg, s.strides, strides_storage);
-          const int64_t offset = s.offset_arg < 0 ? s.offset : f.at(in.args[s.offset_arg]).toInt();
-          const at::Tensor& source = f.at(in.args[0]).toTensor();
-          f.regs[in.outs[0]] = source.is_cpu() ? at::cpu::as_strided(source, sizes, strides, offset)
-                                               : at::as_strided(source, sizes, strides, offset);
-          break;
-        }
-        case Instr::Kind::kSize:
-          f.regs[in.outs[0]] = f.at(in.args[0]).toTensor().size(s.offset);
-          break;
-        case Instr::Kind::kSym:
-          f.regs[in.outs[0]] = evaluate(f, s);
-          break;
-        case Instr::Kind::kList: {
-          c10::impl::GenericList list(c10::AnyType::get());
-          list.reserve(in.args.size());
-          for (const Operand& o : in.args) list.push_back(f.at(o));
-          f.regs[in.outs[0]] = c10::IValue(std::move(list));
-          break;
-        }
-        case Instr::Kind::kFree:  // never an input's register (the caller's borrowed tensors)
-          for (const Operand& o : in.args) {
-            if (o.index >= static_cast<int32_t>(inputs_.size())) f.regs[o.index] = c10::IValue();
-          }
-          break;
-        case Instr::Kind::kReturn:
-          if (results != nullptr) {
-            for (size_t k = 0; k < in.args.size(); ++k) results->push_back(returned(f, in, k));
-          }
-          return;
-        case Instr::Kind::kGuard:
-          break;
-      }
-    } catch (c10::Error& e) {
-      e.add_context("in opgen program " + name_ + ": " + in.text);
-      throw;
+    if (C10_UNLIKELY(ranged) && !s.range.empty()) {  // a profiler is on: the step in its range
+      at::RecordFunction range(at::RecordScope::USER_SCOPE);
+      if (range.isActive()) range.before(std::string_view(s.range));
+      if (run_step(f, s, results)) return;
+    } else if (run_step(f, s, results)) {
+      return;
     }
   }
+}
+
+bool Program::run_step(Frame& f, const Step& s, Results* results) const {
+  const Instr& in = s.instr;
+  try {
+    switch (in.kind) {
+      case Instr::Kind::kCall:
+        in.thunk(f, in);
+        break;
+      case Instr::Kind::kOp:
+        call_operator(f, s);
+        break;
+      case Instr::Kind::kExtern:
+        externs_[s.callee]->call(f, s);
+        break;
+      case Instr::Kind::kAlloc: {
+        c10::SmallVector<int64_t, 6> sizes_storage, strides_storage;
+        const auto sizes = ints_of(f, in, s.sizes_arg, s.sizes, sizes_storage);
+        const auto strides = ints_of(f, in, s.strides_arg, s.strides, strides_storage);
+        f.regs[in.outs[0]] = s.options.device().is_cpu()
+                                 ? at::cpu::empty_strided(sizes, strides, s.options)
+                                 : at::empty_strided(sizes, strides, s.options);
+        break;
+      }
+      case Instr::Kind::kView: {
+        c10::SmallVector<int64_t, 6> sizes_storage, strides_storage;
+        const auto sizes = ints_of(f, in, s.sizes_arg, s.sizes, sizes_storage);
+        const auto strides = ints_of(f, in, s.strides_arg, s.strides, strides_storage);
+        const int64_t offset = s.offset_arg < 0 ? s.offset : f.at(in.args[s.offset_arg]).toInt();
+        const at::Tensor& source = f.at(in.args[0]).toTensor();
+        f.regs[in.outs[0]] = source.is_cpu() ? at::cpu::as_strided(source, sizes, strides, offset)
+                                             : at::as_strided(source, sizes, strides, offset);
+        break;
+      }
+      case Instr::Kind::kSize:
+        f.regs[in.outs[0]] = f.at(in.args[0]).toTensor().size(s.offset);
+        break;
+      case Instr::Kind::kSym:
+        f.regs[in.outs[0]] = evaluate(f, s);
+        break;
+      case Instr::Kind::kList: {
+        c10::impl::GenericList list(c10::AnyType::get());
+        list.reserve(in.args.size());
+        for (const Operand& o : in.args) list.push_back(f.at(o));
+        f.regs[in.outs[0]] = c10::IValue(std::move(list));
+        break;
+      }
+      case Instr::Kind::kFree:  // never an input's register (the caller's borrowed tensors)
+        for (const Operand& o : in.args) {
+          if (o.index >= static_cast<int32_t>(inputs_.size())) f.regs[o.index] = c10::IValue();
+        }
+        break;
+      case Instr::Kind::kReturn:
+        if (results != nullptr) {
+          for (size_t k = 0; k < in.args.size(); ++k) results->push_back(returned(f, in, k));
+        }
+        return true;
+      case Instr::Kind::kGuard:
+        break;
+    }
+  } catch (c10::Error& e) {
+    e.add_context("in opgen program " + name_ + ": " + in.text);
+    throw;
+  }
+  return false;
 }
 
 }  // namespace opgen::exec

@@ -5,16 +5,23 @@
 //
 // The text, one instruction per line (`#` starts a comment; registers r<k>, statics s<k>):
 //
+// clang-format off
 //   program <name> registers <R> statics <S>
 //   input r0 x float32 cpu [16] [1]          an input: name, dtype, device, sizes, strides (`?`
 //                                            where symbolic: the host checks such inputs)
 //   input r1 s77 int                         an input that is a size (an int)
+//   input r2 spec opaque                     an input the program never reads (torch.compile's
+//                                            DTensor specs): any object; its register stays None
 //   constant s0 <key>                        a tensor bound by key when the program is bound
-//   setup:                                   lines run once, at bind time (their results are
-//   statics) body:                                    lines run on every call guard r0 r1 [grad]
-//   the input check (done by the caller: see `guarded`) r2 = add.cpu r0 r1 1  # add:
-//   aten.add.Tensor      a kernel call: the thunk of add on cpu r3, _ = max_dim.cpu r2 0 False
-//   tuple results, unpacked (`_`: unused) r4 = empty_strided [4,4] [4,1] torch.float32 device(cpu)
+//   extern fused0                            a function the host binds by name (header)
+//   shared s3 packed0                        a setup value the host may bind by name instead of
+//                                            running its line (header; `bind`'s `given`)
+//   setup:                                   lines run once, at bind time (their results are statics)
+//   body:                                    lines run on every call
+//   guard r0 r1 [grad]                       the input check (done by the caller: see `guarded`)
+//   r2 = add.cpu r0 r1 1  # add: aten.add.Tensor   a kernel call: the thunk of add on cpu
+//   r3, _ = max_dim.cpu r2 0 False           tuple results, unpacked (`_`: unused)
+//   r4 = empty_strided [4,4] [4,1] torch.float32 device(cpu)
 //   r5 = as_strided r4 [16] [1] 0
 //   r6 = list r2 r3                          a list built per call (Tensor[] arguments, sizes)
 //   r7 = size r0 0                           dimension 0 of input r0 (dynamic shapes)
@@ -22,17 +29,15 @@
 //   r9 = empty_strided r10 r11 torch.float32 device(cpu)   sizes, strides (and a view's offset)
 //                                            from registers where they are symbolic
 //   s3 = op mkldnn::_reorder_linear_weight s0 batch_size=1   a torch op through the dispatcher
-//   (boxed):
-//                                            ATen fallbacks; arguments positional, then by name
-//   extern fused0                            a function the host binds by name (header)
-//   shared s3 packed0                        a setup value the host may bind by name instead of
-//                                            running its line (header; `bind`'s `given`)
+//                                            (boxed): ATen fallbacks; arguments positional, then
+//                                            by name
 //   r7 = call fused0 r2 r3 scale=0.5         a call of an extern: positional, then by name
 //   alternative fused0 triton                after the body: lines that may replace a call of an
 //   (lines)                                  extern once its pick is known (`resolved`); the k-th
 //                                            section of a pick is for the k-th call
 //   free r2 r3
 //   return single r5                         single | tuple | list | pytree
+// clang-format on
 //
 // Operands besides registers and statics: `_` (missing: the schema default), None, True, False,
 // ints, floats (with `.`, `e`, inf or nan), '%-escaped strings', [lists of literals],
@@ -62,6 +67,7 @@ struct InputSpec {
   std::vector<int64_t> sizes;  // -1 where symbolic
   std::vector<int64_t> strides;
   bool is_size = false;  // `input r0 s77 int`: an int, not a tensor (dynamic shapes)
+  bool opaque = false;   // `input r1 spec opaque`: any object, never read (its register stays None)
 };
 
 // One step of a `sym` line's postfix program: push an operand (`arg`: its index in the line's
@@ -204,6 +210,8 @@ class Program {
  private:
   void run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results,
                  bool ranged = false) const;
+  // Runs one line; true after the return line.
+  bool run_step(Frame& f, const Step& s, Results* results) const;
   // The setup lines left to run once `given` (see `bind`) is in the statics.
   std::vector<Step> setup_not_given(const std::vector<std::pair<int32_t, c10::IValue>>& given);
   c10::IValue returned(Frame& f, const Instr& in, size_t k) const;

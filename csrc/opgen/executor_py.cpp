@@ -176,7 +176,8 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
     exec::Registers regs = program.registers();
     exec::BorrowedInputs inputs(regs);  // no reference count change (see executor.h)
     for (Py_ssize_t i = 0; i < n; ++i) {
-      if (program.inputs()[i].is_size) {  // the check held it to an int in its range
+      if (program.inputs()[i].opaque) continue;  // never read: its register stays None
+      if (program.inputs()[i].is_size) {         // the check held it to an int in its range
         const long long v = PyLong_AsLongLong(args[i]);
         if (v == -1 && PyErr_Occurred()) return nullptr;
         inputs.set_size(static_cast<size_t>(i), v);

@@ -168,7 +168,7 @@ class Reader {
     const auto program = field("program", 3);
     const uint64_t length = number(program[1]);
     c.program.assign(span(number(program[0]), length, number(program[2], 16), "program"), length);
-    refuse_externs(c.program);
+    refuse_python_only(c.program);
     for (const auto& record : constants_) {
       c.constant_keys.push_back(record[0]);
       c.constants.push_back(constant(record));
@@ -181,20 +181,32 @@ class Reader {
     throw PackageError("opgen package " + path_ + ": " + what);
   }
 
-  // A program's `extern` lines name functions bound in the process that compiled it (Python
-  // callables, Triton launchers): a package, which runs without Python, has none.
-  void refuse_externs(std::string_view program) const {
-    std::string names;
+  // What only a Python process can give a program: functions bound at load time (its `extern`
+  // lines: Python callables, Triton launchers) and object inputs (`input r1 spec opaque`: the
+  // DTensor specs torch.compile passes). A package, which runs without Python, has neither.
+  void refuse_python_only(std::string_view program) const {
+    std::string externs, objects;
     for (size_t at = 0; at < program.size();) {
       const size_t end = std::min(program.find('\n', at), program.size());
       const std::string_view line = program.substr(at, end - at);
       if (line.substr(0, 7) == "extern ")
-        names += (names.empty() ? "" : ", ") + std::string(line.substr(7));
+        externs += (externs.empty() ? "" : ", ") + std::string(line.substr(7));
+      constexpr std::string_view kOpaque = " opaque";
+      if (line.substr(0, 6) == "input " && line.size() > kOpaque.size() &&
+          line.substr(line.size() - kOpaque.size()) == kOpaque) {
+        const size_t name = line.find(' ', 6) + 1;
+        objects += (objects.empty() ? "'" : ", '") +
+                   std::string(line.substr(name, line.size() - kOpaque.size() - name)) + "'";
+      }
       at = end + 1;
     }
-    if (!names.empty()) {
-      fail("its program calls functions bound at load time (" + names +
+    if (!externs.empty()) {
+      fail("its program calls functions bound at load time (" + externs +
            "), which a package running without Python cannot have");
+    }
+    if (!objects.empty()) {
+      fail("its program takes the object input(s) " + objects +
+           " (torch.compile's DTensor specs); a package takes tensors only");
     }
   }
 

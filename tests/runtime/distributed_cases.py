@@ -8,6 +8,7 @@ result is compared with the whole model run in this one process.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -164,6 +165,11 @@ def dtensor_plan(rank: int, world: int) -> dict[str, Any]:
         errors: dict[str, Any] = {"eager": (model(x) - expected).abs().max().item()}
         compiled = torch.compile(model, backend="opgen", options={"fallback": False})
         errors["torch.compile"] = (compiled(x) - expected).abs().max().item()
+        with warnings.catch_warnings():  # a graph left on Python (its DTensor specs) would warn
+            warnings.simplefilter("error", opgen.OpgenWarning)
+            torch._dynamo.reset()
+            on_cpp = torch.compile(model, backend="opgen", options={"fallback": False, "backend": "cpp"})
+            errors["torch.compile backend=cpp"] = (on_cpp(x) - expected).abs().max().item()
         try:
             torch.export.export(model, (x,))
         except RuntimeError:  # torch 2.13's export refuses DTensor parameters (their specs are no pytree)

@@ -101,6 +101,17 @@ def program(body: str, inputs: str = HEADER) -> object:
     return _C.cpp_function(inputs + "setup:\nbody:\n" + body, [], {}, None, PROCEED, None)
 
 
+def test_opaque_inputs_are_taken_and_never_read() -> None:
+    """torch.compile passes each DTensor's spec beside its local tensor; the program never reads it."""
+    header = "program f registers 3 statics 0\ninput r0 x float32 cpu [4] [1]\ninput r1 spec opaque\n"
+    fn = program("  r2 = add.cpu r0 r0\n  return single r2\n", header)
+    x = torch.randn(4)
+    for spec in (object(), None, "spec", x):
+        torch.testing.assert_close(fn(x, spec), x + x)  # type: ignore[operator]
+    with pytest.raises(ValueError, match="input r<k> <name> int\\|opaque"):
+        program("  return single r0\n", "program f registers 1 statics 0\ninput r0 x opaque extra\n")
+
+
 def test_single_add_prints_one_instruction_per_kernel_call() -> None:
     x, y = torch.randn(16), torch.randn(16)
     fn = cpp(Add(), (x, y), cache=False)
@@ -181,11 +192,11 @@ def test_grad_mode_guard_as_on_python() -> None:
 
 
 def _unsupported(*args: object, **kwargs: object) -> object:
-    raise cpp_backend.CppUnsupported("the opaque input spec")
+    raise cpp_backend.CppUnsupported("the dtype argument float32 of py:f")
 
 
 def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the backend cannot print (an opaque input: DTensor specs) keeps the Python function."""
+    """What the backend cannot print (a dtype argument of a Python function in the graph) keeps the Python function."""
 
     monkeypatch.setattr(cpp_backend, "emit", _unsupported)
     x = torch.randn(8, 4)
@@ -193,7 +204,7 @@ def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line(monke
         fn = opgen.compile(Dynamic(), (x,), backend="cpp", cache=False)
     assert len([w for w in record if issubclass(w.category, OpgenWarning)]) == 1
     assert type(fn).__name__ == "function"
-    assert "backend: python ('cpp' asked; not supported by the cpp backend yet: the opaque input" in str(fn.report())  # type: ignore[attr-defined]
+    assert "backend: python ('cpp' asked; not supported by the cpp backend yet: the dtype argument" in str(fn.report())  # type: ignore[attr-defined]
     torch.testing.assert_close(fn(x), Dynamic()(x))
 
 

@@ -7,6 +7,8 @@ test_package_cpp.py builds such a program with CMake and runs packages with no P
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,23 +200,40 @@ def test_corrupt_file(mlp_package: Path, tmp_path: Path) -> None:
         opgen.load_package(write(tmp_path, mlp_package.read_bytes() + b"\0"))
 
 
-def package_calling_python(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An MLP's package whose program calls an extern `f` (as a graph with Triton kernels does in its
-    own process), written past the check that keeps `opgen.package` from writing one."""
+def package_edited(path: Path, monkeypatch: pytest.MonkeyPatch, edit: Callable[[str], str]) -> Path:
+    """An MLP's package with its program edited, written past the checks that keep `opgen.package`
+    from writing such a program."""
     original = setup_folding.fold
 
-    def with_extern(*args: Any) -> setup_folding.Folded:
+    def edited(*args: Any) -> setup_folding.Folded:
         folded = original(*args)
-        return dataclasses.replace(folded, program=folded.program.replace("\nsetup:", "\nextern f\nsetup:", 1))
+        return dataclasses.replace(folded, program=edit(folded.program))
 
-    monkeypatch.setattr(setup_folding, "fold", with_extern)
+    monkeypatch.setattr(setup_folding, "fold", edited)
     model, x = model_and_input("mlp")
     return opgen.package(model, (x,), path)
+
+
+def package_calling_python(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A program calling an extern `f`, as a graph with Triton kernels does in its own process."""
+    return package_edited(path, monkeypatch, lambda program: program.replace("\nsetup:", "\nextern f\nsetup:", 1))
+
+
+def package_taking_an_object(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A program whose input is an object it never reads, as torch.compile passes DTensor specs."""
+    line = re.compile(r"^input r0 x .*$", re.M)
+    return package_edited(path, monkeypatch, lambda text: line.sub("input r0 x opaque", text))
 
 
 def test_a_program_calling_python_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = package_calling_python(tmp_path / "python.opgen", monkeypatch)
     with pytest.raises(PackageError, match=r"calls functions bound at load time \(f\), which a package running"):
+        opgen.load_package(path)
+
+
+def test_a_program_taking_objects_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = package_taking_an_object(tmp_path / "objects.opgen", monkeypatch)
+    with pytest.raises(PackageError, match=r"takes the object input\(s\) 'x' \(torch.compile's DTensor specs\)"):
         opgen.load_package(path)
 
 

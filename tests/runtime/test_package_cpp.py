@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_package import model_and_input, package_calling_python
+from test_package import model_and_input, package_calling_python, package_taking_an_object
 
 import opgen
 from opgen import _C
@@ -97,6 +97,9 @@ def test_cpp_refuses_bad_packages_with_the_same_messages(program: Path, tmp_path
     with pytest.MonkeyPatch.context() as monkeypatch:
         calling = package_calling_python(tmp_path / "calling.opgen", monkeypatch).read_bytes()
     cases["python.opgen"] = (calling, "calls functions bound at load time (f), which a package running without")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        objects = package_taking_an_object(tmp_path / "objects.opgen", monkeypatch).read_bytes()
+    cases["objects.opgen"] = (objects, "takes the object input(s) 'x' (torch.compile's DTensor specs)")
     for file, (content, message) in cases.items():
         (tmp_path / file).write_bytes(content)
         result = run([str(program), str(tmp_path / file), str(tmp_path / "out")], tmp_path, 60)

@@ -27,7 +27,7 @@ computes an expression: `codegen.cpp_sizes`), and shapes, strides and arguments 
 lists built per call; the size memo's lines run on every call, right after the sizes are bound.
 
 A package, which runs without Python, has no externs and static shapes only. What cannot be printed
-(opaque inputs, dtype or layout arguments of an extern, a size expression with other functions
+(dtype or layout arguments of an extern, a size expression with other functions
 than min and max) raises `CppUnsupported`, which the runtime turns into a warning and the Python
 function.
 """
@@ -328,11 +328,12 @@ class CppBackend(Backend):
         if i.size is not None:  # an int: the symbol it names reads its register
             self._names.setdefault(i.size.text, register)
             return f"input {register} {escape(i.name)} int"
+        if i.opaque:  # an object the program never reads (a DTensor's spec): its register stays None
+            return f"input {register} {escape(i.name)} opaque"
         return f"input {register} {escape(i.name)} {i.meta.dtype} {i.meta.device} {input_shape_text(i.meta)}"
 
     # -- the program ---------------------------------------------------------------------------
     def emit(self, program: Program, header: str = "") -> Source:
-        _check_supported(program)
         self._reset()  # a fresh register file per program
         self._metas = meta_table(program)
         self._fused = {f.local: f for f in program.fused if f.lines}
@@ -352,12 +353,6 @@ class CppBackend(Backend):
         out += ["setup:", *("  " + t for t in setup), "body:", *("  " + t for t in body)]
         out += [*self._alternatives, ""]
         return Source("\n".join(out), manifest(program))
-
-
-def _check_supported(program: Program) -> None:
-    for i in program.inputs:
-        if i.opaque:
-            raise CppUnsupported(f"the opaque input {i.name}")
 
 
 def _with_memo(program: Program) -> tuple[Line, ...]:
