@@ -343,13 +343,13 @@ class Parser {
       expect(index(t[1], 'r') == static_cast<int32_t>(p_.inputs_.size()),
              "inputs are numbered from r0 in order");
       p_.dynamic_ = true;
-      p_.inputs_.push_back({std::string(t[2]), at::kLong, c10::Device("cpu"), {}, {}, true});
+      p_.inputs_.push_back({unescape(t[2]), at::kLong, c10::Device("cpu"), {}, {}, true});
       return;
     }
     if (t.size() == 4 && t[3] == "opaque") {  // an object the program never reads (DTensor specs)
       expect(index(t[1], 'r') == static_cast<int32_t>(p_.inputs_.size()),
              "inputs are numbered from r0 in order");
-      InputSpec spec{std::string(t[2]), at::kLong, c10::Device("cpu"), {}, {}};
+      InputSpec spec{unescape(t[2]), at::kLong, c10::Device("cpu"), {}, {}};
       spec.opaque = true;
       p_.inputs_.push_back(std::move(spec));
       return;
@@ -359,7 +359,7 @@ class Parser {
            "<name> int|opaque`), numbered from r0 in order");
     const auto dtype = dtypes_by_name().find(t[3]);
     expect(dtype != dtypes_by_name().end(), "unknown dtype " + std::string(t[3]));
-    p_.inputs_.push_back({std::string(t[2]), dtype->second, c10::Device(std::string(t[4])),
+    p_.inputs_.push_back({unescape(t[2]), dtype->second, c10::Device(std::string(t[4])),
                           ints(t[5], true), ints(t[6], true)});
   }
 

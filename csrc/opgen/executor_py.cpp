@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <memory>
 #include <new>
 #include <string>
@@ -101,24 +102,69 @@ PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
   return tree;
 }
 
-// Wrong number of arguments, said as Python says it of the generated function.
+// Missing arguments (the inputs at `missing`), said as Python says it of the generated function.
+PyObject* missing_error(const exec::Program& program, const std::vector<size_t>& missing) {
+  std::string names;  // 'x', 'y' and 'z' / 'x', 'y', and 'z' as CPython lists them
+  const size_t count = missing.size();
+  for (size_t k = 0; k < count; ++k) {
+    if (k > 0) names += count > 2 ? (k + 1 == count ? ", and " : ", ") : " and ";
+    names += "'" + program.inputs()[missing[k]].name + "'";
+  }
+  return PyErr_Format(opgen_error("InputTypeError", PyExc_TypeError),
+                      "%s() missing %zu required positional argument%s: %s", program.name().c_str(),
+                      count, count == 1 ? "" : "s", names.c_str());
+}
+
+// Wrong number of positional arguments, said as Python says it of the generated function.
 PyObject* arity_error(const exec::Program& program, Py_ssize_t n) {
-  const auto& inputs = program.inputs();
-  const auto expected = static_cast<Py_ssize_t>(inputs.size());
-  PyObject* type = opgen_error("InputTypeError", PyExc_TypeError);
+  const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
   if (n >= expected) {
-    return PyErr_Format(type, "%s() takes %zd positional arguments but %zd were given",
+    return PyErr_Format(opgen_error("InputTypeError", PyExc_TypeError),
+                        "%s() takes %zd positional arguments but %zd were given",
                         program.name().c_str(), expected, n);
   }
-  std::string names;  // 'x', 'y' and 'z' / 'x', 'y', and 'z' as CPython lists them
-  for (Py_ssize_t i = n; i < expected; ++i) {
-    const bool last = i + 1 == expected;
-    if (i > n) names += expected - n > 2 ? (last ? ", and " : ", ") : " and ";
-    names += "'" + inputs[i].name + "'";
+  std::vector<size_t> missing;
+  for (Py_ssize_t i = n; i < expected; ++i) missing.push_back(static_cast<size_t>(i));
+  return missing_error(program, missing);
+}
+
+// Keyword arguments bound to the inputs of their names, as Python binds a call of the generated
+// function (`forward(x, y=y)`); false with Python's TypeError where they do not fit.
+bool bind_keywords(const exec::Program& program, PyObject* const* args, Py_ssize_t n,
+                   PyObject* kwnames, c10::SmallVector<PyObject*, 8>& bound) {
+  const auto& inputs = program.inputs();
+  if (n > static_cast<Py_ssize_t>(inputs.size())) {
+    arity_error(program, n);
+    return false;
   }
-  const Py_ssize_t missing = expected - n;
-  return PyErr_Format(type, "%s() missing %zd required positional argument%s: %s",
-                      program.name().c_str(), missing, missing == 1 ? "" : "s", names.c_str());
+  bound.assign(inputs.size(), nullptr);
+  std::copy(args, args + n, bound.begin());
+  PyObject* type = opgen_error("InputTypeError", PyExc_TypeError);
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    if (name == nullptr) return false;
+    const auto it = std::find_if(inputs.begin(), inputs.end(),
+                                 [&](const exec::InputSpec& s) { return s.name == name; });
+    if (it == inputs.end()) {
+      PyErr_Format(type, "%s() got an unexpected keyword argument '%s'", program.name().c_str(),
+                   name);
+      return false;
+    }
+    PyObject*& slot = bound[it - inputs.begin()];
+    if (slot != nullptr) {
+      PyErr_Format(type, "%s() got multiple values for argument '%s'", program.name().c_str(),
+                   name);
+      return false;
+    }
+    slot = args[n + k];
+  }
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    if (bound[i] == nullptr) missing.push_back(i);
+  }
+  if (missing.empty()) return true;
+  missing_error(program, missing);
+  return false;
 }
 
 // After a call: asks the resolver for the picks of the program's choices. Once it gives them, the
@@ -145,14 +191,9 @@ bool resolve(CppFunction& fn) {
   return true;
 }
 
-PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  auto& fn = *reinterpret_cast<CppFunction*>(self);
+// A call with one argument per input, in order.
+PyObject* run_call(CppFunction& fn, PyObject* const* args, Py_ssize_t n) {
   const exec::Program& program = *fn.program;
-  const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-  const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
-  if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) || n != expected) {
-    return arity_error(program, n);
-  }
   bool checked =
       false;  // every input is a plain tensor of the expected metadata (the guard passed)
   if (program.guarded()) {
@@ -211,6 +252,19 @@ PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* k
   }
 }
 
+PyObject* call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto& fn = *reinterpret_cast<CppFunction*>(self);
+  const exec::Program& program = *fn.program;
+  const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (C10_UNLIKELY(kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    c10::SmallVector<PyObject*, 8> bound;
+    if (!bind_keywords(program, args, n, kwnames, bound)) return nullptr;
+    return run_call(fn, bound.data(), static_cast<Py_ssize_t>(bound.size()));
+  }
+  if (n != static_cast<Py_ssize_t>(program.inputs().size())) return arity_error(program, n);
+  return run_call(fn, args, n);
+}
+
 int traverse(PyObject* self, visitproc visit, void* arg) {
   auto* fn = reinterpret_cast<CppFunction*>(self);
   Py_VISIT(fn->dict);
@@ -258,8 +312,25 @@ PyObject* picks_of(PyObject* self, void*) {
   return picks;
 }
 
+// inspect.signature(fn): one parameter per input, as the generated Python function has.
+PyObject* signature_of(PyObject* self, void*) {
+  const auto& program = *reinterpret_cast<CppFunction*>(self)->program;
+  try {
+    const py::module_ inspect = py::module_::import("inspect");
+    const py::object parameter = inspect.attr("Parameter");
+    py::list parameters;
+    for (const exec::InputSpec& input : program.inputs())
+      parameters.append(parameter(input.name, parameter.attr("POSITIONAL_OR_KEYWORD")));
+    return inspect.attr("Signature")(parameters).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  }
+}
+
 PyGetSetDef getset[] = {
     {"__name__", program_text_names, nullptr, "the program's name", nullptr},
+    {"__signature__", signature_of, nullptr, "one parameter per input", nullptr},
     {"picks", picks_of, nullptr,
      "{choice: pick} the program runs resolved with (fused kernels: 'triton' or 'aten'), or None",
      nullptr},

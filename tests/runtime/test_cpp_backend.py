@@ -112,6 +112,56 @@ def test_opaque_inputs_are_taken_and_never_read() -> None:
         program("  return single r0\n", "program f registers 1 statics 0\ninput r0 x opaque extra\n")
 
 
+class AddThree(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return x + y * z
+
+
+KEYWORD_CALLS = [
+    ((0,), {"y": 1, "z": 2}),
+    ((), {"z": 2, "x": 0, "y": 1}),
+    ((0,), {"z": 2}),  # missing y
+    ((0, 1), {"x": 0, "z": 2}),  # x twice
+    ((0, 1), {"w": 2}),  # no input w
+    ((0, 1, 2, 0), {}),
+    ((), {}),
+]
+
+
+@pytest.mark.parametrize(("positional", "keywords"), KEYWORD_CALLS)
+def test_calls_bind_arguments_as_python_does(positional: tuple[int, ...], keywords: dict[str, int]) -> None:
+    """The default backend must take every call the generated Python takes, by keyword too, and say the same."""
+    xs = [torch.randn(4), torch.randn(4), torch.randn(4)]
+    python = opgen.compile(AddThree(), tuple(xs), backend="python")
+    on_cpp = cpp(AddThree(), tuple(xs))
+    args, kwargs = [xs[i] for i in positional], {k: xs[i] for k, i in keywords.items()}
+    try:
+        expected = python(*args, **kwargs)
+    except TypeError as exc:
+        message = str(exc).removeprefix("make.<locals>.")
+        with pytest.raises(TypeError, match=re.escape(message)):
+            on_cpp(*args, **kwargs)  # type: ignore[operator]
+    else:
+        torch.testing.assert_close(on_cpp(*args, **kwargs), expected)  # type: ignore[operator]
+
+
+def test_the_signature_is_the_python_functions() -> None:
+    import inspect
+
+    xs = (torch.randn(4), torch.randn(4), torch.randn(4))
+    assert inspect.signature(cpp(AddThree(), xs)) == inspect.signature(opgen.compile(AddThree(), xs, backend="python"))
+    assert str(inspect.signature(cpp(AddThree(), xs))) == "(x, y, z)"
+
+
+def test_keyword_arguments_go_through_the_input_check() -> None:
+    xs = (torch.randn(4), torch.randn(4), torch.randn(4))
+    fn = cpp(AddThree(), xs, automatic_dynamic=False)
+    with pytest.raises(InputTypeError, match=r"input 'z' \(position 3\): expected dtype torch\.float32"):
+        fn(*xs[:2], z=xs[2].double())  # type: ignore[operator]
+    big = torch.randn(8)
+    torch.testing.assert_close(fn(z=big, y=big, x=big), big + big * big)  # type: ignore[operator]
+
+
 def test_single_add_prints_one_instruction_per_kernel_call() -> None:
     x, y = torch.randn(16), torch.randn(16)
     fn = cpp(Add(), (x, y), cache=False)
