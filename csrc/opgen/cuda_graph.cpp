@@ -293,7 +293,8 @@ PyTypeObject* runner_type() {
   static PyTypeObject type = vectorcall_type<GraphRunner>(
       "opgen._C.GraphRunner",
       "A compiled function in CUDA-graph mode: replays its captured graph, else calls its fallback.",
-      {dealloc, traverse, clear, members, getset, offsetof(GraphRunner, dict)});
+      {dealloc, traverse, clear, members, getset, offsetof(GraphRunner, dict), 0,
+       copied_as_itself()});
   return &type;
 }
 

@@ -342,7 +342,7 @@ PyTypeObject* cpp_function_type() {
       "opgen._C.CppFunction",
       "A compiled graph run by opgen's C++ executor (opgen.runtime.codegen.cpp).",
       {dealloc, traverse, clear, nullptr, getset, offsetof(CppFunction, dict),
-       offsetof(CppFunction, weakrefs)});
+       offsetof(CppFunction, weakrefs), copied_as_itself()});
   return &type;
 }
 

@@ -20,7 +20,21 @@ struct VectorcallSlots {
   Py_ssize_t dict_offset = 0;     // nonzero: instances have a __dict__ at this offset
   Py_ssize_t weaklist_offset = 0;  // nonzero: instances can be weakly referenced (the list's offset;
                                    // dealloc calls PyObject_ClearWeakRefs)
+  PyMethodDef* methods = nullptr;
 };
+
+// __copy__ and __deepcopy__ that return the object itself, as copying a Python function does: for
+// the compiled functions users hold (a module holding one deep-copies).
+inline PyMethodDef* copied_as_itself() {
+  static PyMethodDef methods[] = {
+      {"__copy__", [](PyObject* self, PyObject*) { return Py_NewRef(self); }, METH_NOARGS,
+       "the object itself, as for a function"},
+      {"__deepcopy__", [](PyObject* self, PyObject*) { return Py_NewRef(self); }, METH_O,
+       "the object itself, as for a function"},
+      {nullptr, nullptr, 0, nullptr},
+  };
+  return methods;
+}
 
 template <typename Object>
 PyTypeObject vectorcall_type(const char* name, const char* doc, const VectorcallSlots& slots) {
@@ -34,6 +48,7 @@ PyTypeObject vectorcall_type(const char* name, const char* doc, const Vectorcall
   t.tp_dealloc = slots.dealloc;
   t.tp_members = slots.members;
   t.tp_getset = slots.getset;
+  t.tp_methods = slots.methods;
   if (slots.traverse != nullptr) {
     t.tp_flags |= Py_TPFLAGS_HAVE_GC;
     t.tp_free = PyObject_GC_Del;

@@ -76,6 +76,17 @@ def test_the_function_can_be_weakly_referenced() -> None:
     assert ref() is None
 
 
+def test_copies_are_the_function_itself() -> None:
+    """As for a Python function: a module holding a compiled function deep-copies."""
+    import copy
+
+    fn = cpp(Add(), (torch.randn(16), torch.randn(16)))
+    assert copy.copy(fn) is fn and copy.deepcopy(fn) is fn
+    holder = torch.nn.Module()
+    holder.fn = fn
+    assert copy.deepcopy(holder).fn is fn
+
+
 def test_given_setup_values_skip_their_lines_but_never_buffers() -> None:
     text = (
         "program f registers 2 statics 4\ninput r0 x float32 cpu [4] [1]\nconstant s0 w\n"

@@ -98,6 +98,16 @@ def test_fresh_outputs_survive_later_calls() -> None:
         assert first.data_ptr() != second.data_ptr()
 
 
+def test_a_graph_mode_function_copies_as_itself() -> None:
+    import copy
+
+    model, x = _mlp()
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+    assert type(fn).__name__ == "GraphRunner"
+    assert copy.copy(fn) is fn and copy.deepcopy(fn) is fn
+
+
 def test_a_dropped_result_is_recycled_but_never_one_still_seen() -> None:
     """A fresh result the caller dropped may back the next result; one it kept, or viewed, never does."""
     model, x = _mlp()
