@@ -90,6 +90,9 @@ class Extern {
   virtual void call(Frame& f, const Step& step) const = 0;
 };
 
+// What a literal operand of a `call` line names, where that is more than its register's int.
+enum class Enum : uint8_t { kNone, kDtype, kLayout, kMemoryFormat };
+
 // One line of setup or body, with what the non-call kinds need besides their operands.
 struct Step {
   Instr instr;
@@ -101,12 +104,15 @@ struct Step {
   int8_t offset_arg = -1;
   std::vector<SymOp> sym;     // sym: the postfix program
   at::TensorOptions options;  // alloc
-  std::optional<c10::OperatorHandle>
-      op;  // op: the operator, its arguments in `instr.args` by schema position
-  std::string
-      range;  // a kernel call's profiler range, `opgen::<node> (<target>)`, from its comment
+  // op: the operator, its arguments in `instr.args` by schema position
+  std::optional<c10::OperatorHandle> op;
+  // a kernel call's profiler range, `opgen::<node> (<target>)`, from its comment
+  std::string range;
   int32_t callee = -1;                // call: the extern's index in `Program::extern_names()`
   std::vector<std::string> keywords;  // call: names of the last operands (passed by name)
+  // call: per operand, what its literal names where a register holds only a number (a dtype, a
+  // layout, a memory format): the host passes the extern the object (torch.float32), not the int
+  std::vector<Enum> enums;
 };
 
 // The dtypes programs and packages name (float32, bfloat16, bool, ...), by name.

@@ -4,7 +4,9 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <algorithm>
 #include <string>
@@ -96,6 +98,26 @@ c10::IValue from_python(PyObject* o) {
       c10::intrusive_ptr<c10::ivalue::PyObjectHolder>(c10::make_intrusive<HeldObject>(o)));
 }
 
+// The Python object of a dtype, layout or memory format a register holds as its number.
+PyObject* enum_object(exec::Enum kind, int64_t value) {
+  PyObject* o = nullptr;
+  switch (kind) {
+    case exec::Enum::kDtype:
+      o = reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(value)));
+      break;
+    case exec::Enum::kLayout:
+      o = reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(value)));
+      break;
+    case exec::Enum::kMemoryFormat:
+      o = torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(value));
+      break;
+    case exec::Enum::kNone:
+      break;
+  }
+  Py_XINCREF(o);  // torch's objects are borrowed
+  return o;
+}
+
 // An extern that is a Python callable (a fused kernel's choice, a `py:` function, a collective):
 // its operands as Python objects, positional then by name, called with the GIL; its result back
 // into the output registers (unpacked from a tuple or list where the line unpacks).
@@ -111,8 +133,10 @@ class PythonCall final : public exec::Extern {
     std::vector<PyObject*> args;
     held.reserve(n);
     args.reserve(n);
-    for (const exec::Operand& o : in.args) {
-      PyObject* arg = to_python(c10::IValue(f.at(o)));
+    for (size_t k = 0; k < n; ++k) {
+      const c10::IValue& v = f.at(in.args[k]);
+      PyObject* arg = s.enums[k] == exec::Enum::kNone ? to_python(c10::IValue(v))
+                                                      : enum_object(s.enums[k], v.toInt());
       if (arg == nullptr) throw py::error_already_set();
       held.push_back(py::reinterpret_steal<py::object>(arg));
       args.push_back(arg);

@@ -501,13 +501,18 @@ class Parser {
     s.callee = static_cast<int32_t>(it - names.begin());
     for (size_t i = 1; i < rest.size(); ++i) {
       const size_t eq = rest[i].find('=');
+      std::string_view text = rest[i];
       if (eq == std::string_view::npos) {
         expect(s.keywords.empty(), "positional operands come before named ones");
-        in.args.push_back(operand(rest[i]));
       } else {
         s.keywords.emplace_back(rest[i].substr(0, eq));
-        in.args.push_back(operand(rest[i].substr(eq + 1)));
+        text = rest[i].substr(eq + 1);
       }
+      in.args.push_back(operand(text));
+      s.enums.push_back(starts_with(text, "torch.")           ? Enum::kDtype
+                        : starts_with(text, "layout(")        ? Enum::kLayout
+                        : starts_with(text, "memory_format(") ? Enum::kMemoryFormat
+                                                              : Enum::kNone);
     }
   }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ from opgen.gen import thunks
 from opgen.runtime.codegen import cpp as cpp_backend
 from opgen.runtime.errors import InputMismatchError, InputTypeError, OpgenWarning, RequiresGradError
 from opgen.runtime.execution.guards import PROCEED
-from opgen.runtime.pipeline import default_pipeline
+from opgen.runtime.ir import Input, KernelCall, Program, Ref, Return, Sym, TensorMeta, Value
+from opgen.runtime.pipeline import default_pipeline, default_registry
 from opgen.spec.validate import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -253,11 +255,11 @@ def test_grad_mode_guard_as_on_python() -> None:
 
 
 def _unsupported(*args: object, **kwargs: object) -> object:
-    raise cpp_backend.CppUnsupported("the dtype argument float32 of py:f")
+    raise cpp_backend.CppUnsupported("a list of dtypes as an argument of py:f")
 
 
 def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the backend cannot print (a dtype argument of a Python function in the graph) keeps the Python function."""
+    """What the backend cannot print (a list of dtypes for a Python function in the graph) keeps the Python function."""
 
     monkeypatch.setattr(cpp_backend, "emit", _unsupported)
     x = torch.randn(8, 4)
@@ -265,7 +267,7 @@ def test_unsupported_graph_stays_python_with_one_warning_and_a_report_line(monke
         fn = opgen.compile(Dynamic(), (x,), backend="cpp", cache=False)
     assert len([w for w in record if issubclass(w.category, OpgenWarning)]) == 1
     assert type(fn).__name__ == "function"
-    assert "backend: python ('cpp' asked; not supported by the cpp backend yet: the dtype argument" in str(fn.report())  # type: ignore[attr-defined]
+    assert "backend: python ('cpp' asked; not supported by the cpp backend yet: a list of dtypes" in str(fn.report())  # type: ignore[attr-defined]
     torch.testing.assert_close(fn(x), Dynamic()(x))
 
 
@@ -381,6 +383,31 @@ def test_literals_lists_and_defaults() -> None:
     expected = torch.cat([(x + 2.5 * y).view(4, 4)] * 2, 1)
     torch.testing.assert_close(out, expected)
     assert none is None and three == 3 and true is True
+
+
+def _to_dtype(x: torch.Tensor, dtype: torch.dtype, *, layout: torch.layout, fmt: torch.memory_format) -> torch.Tensor:
+    assert (type(dtype), layout, fmt) == (torch.dtype, torch.strided, torch.contiguous_format)
+    return x.to(dtype)
+
+
+def test_an_extern_gets_dtypes_layouts_and_memory_formats_as_torch_objects() -> None:
+    """As the Python function passes them (a register holds only their numbers)."""
+    meta = TensorMeta((4,), (1,), "float32", "cpu")
+    out = Value("y", TensorMeta((4,), (1,), "float64", "cpu"))
+    call = KernelCall(
+        "py:tests.to_dtype", (Ref("x"), Sym("dtype", "float64")),
+        (("layout", Sym("layout", "strided")), ("fmt", Sym("memory_format", "contiguous_format"))),
+        (out,), "to", "tests.to_dtype", fallback=True,
+    )  # fmt: skip
+    ir = Program("forward", (Input("x", meta),), (), (), (call, Return((Ref("y"),), "single")))
+    text = cpp_backend.emit(ir, default_registry()).text
+    assert "call op_tests_to_dtype r0 torch.float64 layout=layout(strided) fmt=memory_format(contiguous_format)" in text
+    fn = _C.cpp_function(text, [], {"op_tests_to_dtype": _to_dtype}, None, PROCEED, None)
+    x = torch.randn(4)
+    torch.testing.assert_close(fn(x), x.double())
+    listed = replace(call, args=(Ref("x"), (Sym("dtype", "float64"),)), kwargs=())
+    with pytest.raises(cpp_backend.CppUnsupported, match="a list of dtypes as an argument of op_tests_to_dtype"):
+        cpp_backend.emit(replace(ir, body=(listed, ir.body[1])), default_registry())
 
 
 def test_boxed_operator_calls_through_the_dispatcher() -> None:

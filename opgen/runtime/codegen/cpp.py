@@ -15,7 +15,8 @@ ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`
 Externs: what the generated Python calls through a callable bound at load time (Triton and fused
 kernels, kernel choices, collectives, `py:` functions) is an `extern` of the program, called by a
 `call` line and bound by the same local name (`execution.cpp_executor`): a Triton launcher is
-launched from C++, anything else called with the GIL. A fused kernel's call also gets two
+launched from C++, anything else called with the GIL (a dtype, layout or memory format literal
+reaches it as torch's object, as from the Python function). A fused kernel's call also gets two
 `alternative` sections after the body, one pair per call (a kernel may serve several): its Triton
 launch (outputs allocated, then its launcher, the extern `<local>.launcher`) and its ATen calls.
 Once the first call has picked, the executor puts the pick's lines in place of the call, and no
@@ -27,9 +28,8 @@ computes an expression: `codegen.cpp_sizes`), and shapes, strides and arguments 
 lists built per call; the size memo's lines run on every call, right after the sizes are bound.
 
 A package, which runs without Python, has no externs and static shapes only. What cannot be printed
-(dtype or layout arguments of an extern, a size expression with other functions
-than min and max) raises `CppUnsupported`, which the runtime turns into a warning and the Python
-function.
+(a list of dtypes as an extern's argument, a size expression with other functions than min and
+max) raises `CppUnsupported`, which the runtime turns into a warning and the Python function.
 """
 
 from __future__ import annotations
@@ -214,9 +214,10 @@ class CppBackend(Backend):
 
     def _extern_call(self, line: KernelCall, callee: str) -> list[str]:
         """`call <callee> <positional...> <name>=<operand>...`: a callable the program is bound to by name."""
-        for arg in (*line.args, *(v for _, v in line.kwargs)):
-            if isinstance(arg, Sym) and arg.kind not in ("device", "float"):  # registers hold dtypes as ints
-                raise CppUnsupported(f"the {arg.kind} argument {arg.value} of {callee} (node {line.node})")
+        for arg in (*line.args, *(v for _, v in line.kwargs)):  # a list's dtypes would reach it as ints
+            for item in arg if isinstance(arg, tuple) else ():
+                if isinstance(item, Sym) and item.kind not in ("device", "float"):
+                    raise CppUnsupported(f"a list of {item.kind}s as an argument of {callee} (node {line.node})")
         self._externs[callee] = None
         return self._keyword_call(line, f"call {callee}")
 
