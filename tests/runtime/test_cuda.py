@@ -108,6 +108,21 @@ def test_a_graph_mode_function_copies_as_itself() -> None:
     assert copy.copy(fn) is fn and copy.deepcopy(fn) is fn
 
 
+def test_a_graph_mode_function_takes_keyword_arguments() -> None:
+    """They run the plain function (the graph replays positional calls), before and after capture."""
+    import inspect
+
+    model, x = _mlp()
+    with torch.no_grad():
+        (name,) = inspect.signature(opgen.compile(model, (x,))).parameters  # the plain function's
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        expected = model(x)
+        torch.testing.assert_close(fn(**{name: x}), expected)  # type: ignore[operator]
+        fn(x)  # capture
+        assert fn.graph_status.captured  # type: ignore[attr-defined]
+        torch.testing.assert_close(fn(**{name: x}), expected)  # type: ignore[operator]
+
+
 def test_a_dropped_result_is_recycled_but_never_one_still_seen() -> None:
     """A fresh result the caller dropped may back the next result; one it kept, or viewed, never does."""
     model, x = _mlp()

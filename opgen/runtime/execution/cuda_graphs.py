@@ -193,7 +193,9 @@ class _Capture:
         self.runner.static_inputs = ()
         return self.runner  # type: ignore[no-any-return]
 
-    def first_call(self, *args: Any) -> Any:
+    def first_call(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:  # by keyword: run plain (the runner replays positional calls only)
+            return self.plain(*args, **kwargs)
         result = self.plain(*args)  # checks the inputs; others go to their own specialization
         if not fast_check(self.graph.inputs)(*args):
             return result
