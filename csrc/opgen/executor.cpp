@@ -124,18 +124,18 @@ std::unique_ptr<Program> Program::resolved(
   return out;
 }
 
-void Program::run(Registers& regs, Results& results) const {
+void Program::run(Registers& regs, Results& results, c10::ArrayRef<at::Tensor> recycled) const {
   TORCH_CHECK(bound_, "opgen executor program ", name_, " runs before it is bound");
   // The dispatcher's own test for a profiler: a thread-local read (at::hasCallbacks() takes the
   // global callback manager's lock, on every call).
   auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
   if (C10_LIKELY(!callbacks.has_value())) {
-    run_steps(body_, regs.data(), &results);
+    run_steps(body_, regs.data(), &results, /*ranged=*/false, recycled);
     return;
   }
   at::RecordFunction graph(std::move(*callbacks));
   if (graph.isActive()) graph.before(std::string_view(range_));
-  run_steps(body_, regs.data(), &results, /*ranged=*/true);
+  run_steps(body_, regs.data(), &results, /*ranged=*/true, recycled);
 }
 
 namespace {
@@ -251,21 +251,27 @@ c10::IValue Program::returned(Frame& f, const Instr& in, size_t k) const {
 }
 
 void Program::run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results,
-                        bool ranged) const {
+                        bool ranged, c10::ArrayRef<at::Tensor> recycled) const {
   Frame f{regs, statics_.data()};
   for (const Step& s : steps) {
     if (C10_UNLIKELY(ranged) && !s.range.empty()) {  // a profiler is on: the step in its range
       at::RecordFunction range(at::RecordScope::USER_SCOPE);
       if (range.isActive()) range.before(std::string_view(s.range));
-      if (run_step(f, s, results)) return;
-    } else if (run_step(f, s, results)) {
+      if (run_step(f, s, results, recycled)) return;
+    } else if (run_step(f, s, results, recycled)) {
       return;
     }
   }
 }
 
-bool Program::run_step(Frame& f, const Step& s, Results* results) const {
+bool Program::run_step(Frame& f, const Step& s, Results* results,
+                       c10::ArrayRef<at::Tensor> recycled) const {
   const Instr& in = s.instr;
+  if (s.recycle >= 0 && static_cast<size_t>(s.result) < recycled.size() &&
+      recycled[s.result].defined()) {  // the value goes into the tensor the host gave
+    f.regs[in.outs[0]] = recycled[s.result];
+    return run_step(f, recycles_[s.recycle], results, {});
+  }
   try {
     switch (in.kind) {
       case Instr::Kind::kCall:

@@ -36,6 +36,9 @@
 //   (lines)                                  extern once its pick is known (`resolved`); the k-th
 //                                            section of a pick is for the k-th call
 //   free r2 r3
+//   recycle 0 _ = add_out.cpu r0 r1 _ r2     after the line that makes return value 0 (r2): its
+//                                            out= form, run instead where the host gives a
+//                                            tensor to write (the caller's dropped last result)
 //   return single r5                         single | tuple | list | pytree
 // clang-format on
 //
@@ -113,6 +116,10 @@ struct Step {
   // call: per operand, what its literal names where a register holds only a number (a dtype, a
   // layout, a memory format): the host passes the extern the object (torch.float32), not the int
   std::vector<Enum> enums;
+  // body: where the line makes a return value the host may recycle (`recycle` lines), the index of
+  // its out= form in the program's recycle lines, and which return value it makes
+  int32_t recycle = -1;
+  int32_t result = -1;
 };
 
 // The dtypes programs and packages name (float32, bfloat16, bool, ...), by name.
@@ -210,14 +217,21 @@ class Program {
   // Runs the body; the values of its return line go to `results`. Kernel errors keep their type and
   // gain the instruction's text. While a profiler (a RecordFunction callback) is on, the call runs
   // in a range named after the graph and each kernel call in one named after its node, as the
-  // Python backend's profiled twin does (`opgen::add (aten.add.Tensor)`).
-  void run(Registers& regs, Results& results) const;
+  // Python backend's profiled twin does (`opgen::add (aten.add.Tensor)`). `recycled`: by return
+  // value, a tensor to write that value into where it is `recyclable` (undefined: make a new one);
+  // the host vouches that nothing else reaches it and that it has the value's dtype, sizes and
+  // strides.
+  void run(Registers& regs, Results& results, c10::ArrayRef<at::Tensor> recycled = {}) const;
+
+  // The return values that `run` can write into tensors the host gives (`recycle` lines).
+  const std::vector<int32_t>& recyclable() const { return recyclable_; }
 
  private:
   void run_steps(const std::vector<Step>& steps, c10::IValue* regs, Results* results,
-                 bool ranged = false) const;
+                 bool ranged = false, c10::ArrayRef<at::Tensor> recycled = {}) const;
   // Runs one line; true after the return line.
-  bool run_step(Frame& f, const Step& s, Results* results) const;
+  bool run_step(Frame& f, const Step& s, Results* results,
+                c10::ArrayRef<at::Tensor> recycled) const;
   // The setup lines left to run once `given` (see `bind`) is in the statics.
   std::vector<Step> setup_not_given(const std::vector<std::pair<int32_t, c10::IValue>>& given);
   c10::IValue returned(Frame& f, const Instr& in, size_t k) const;
@@ -229,6 +243,8 @@ class Program {
   std::vector<std::string> constant_keys_;
   std::vector<Step> setup_;
   std::vector<Step> body_;
+  std::vector<Step> recycles_;       // the out= forms of `recycle` lines (Step::recycle)
+  std::vector<int32_t> recyclable_;  // the return values they make
   std::vector<c10::IValue> statics_;
   std::vector<std::string> extern_names_;
   std::vector<std::pair<int32_t, std::string>> shared_;

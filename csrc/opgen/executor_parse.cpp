@@ -134,6 +134,8 @@ class Parser {
         section_is_body_ = true;
       } else if (head == "guard") {
         guard(tokens, section);
+      } else if (head == "recycle") {
+        recycle(tokens, section);
       } else {
         expect(section != nullptr, "an instruction before `setup:` or `body:`");
         section->push_back(step(tokens));
@@ -361,6 +363,27 @@ class Parser {
     expect(dtype != dtypes_by_name().end(), "unknown dtype " + std::string(t[3]));
     p_.inputs_.push_back({unescape(t[2]), dtype->second, c10::Device(std::string(t[4])),
                           ints(t[5], true), ints(t[6], true)});
+  }
+
+  // `recycle <k> <out= call>`: the out= form of the line before, which makes return value k.
+  void recycle(const std::vector<std::string_view>& t, std::vector<Step>* section) {
+    expect(section == &p_.body_ && !section->empty() && t.size() > 3,
+           "`recycle <k> <out= call>` follows the body line that makes return value k");
+    Step& maker = section->back();
+    expect(maker.instr.kind == Instr::Kind::kCall && maker.instr.outs.size() == 1 &&
+               maker.instr.outs[0] >= 0 && maker.recycle < 0,
+           "a recycled value is the one result of a kernel call");
+    Step out = step(std::vector<std::string_view>(t.begin() + 2, t.end()));
+    const auto& outs = out.instr.outs;
+    expect(out.instr.kind == Instr::Kind::kCall &&
+               std::all_of(outs.begin(), outs.end(), [](int32_t o) { return o < 0; }),
+           "a recycle line is a kernel call that makes nothing (`_ = <op>_out ...`)");
+    out.instr.text = std::string(line_.substr(line_.find_first_not_of(' ')));
+    maker.recycle = static_cast<int32_t>(p_.recycles_.size());
+    maker.result = integer(t[1]);
+    expect(maker.result >= 0, "a return value's index");
+    p_.recycles_.push_back(std::move(out));
+    p_.recyclable_.push_back(maker.result);
   }
 
   void guard(const std::vector<std::string_view>& t, const std::vector<Step>* section) {

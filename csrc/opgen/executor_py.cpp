@@ -29,6 +29,32 @@ namespace opgen {
 
 namespace {
 
+// A result the function returned that the next call may write its value into, once the caller has
+// let go of it (the program's `recycle` lines): the object, and the metadata it was made with.
+struct Kept {
+  bool on = false;             // the return value has a `recycle` line
+  PyObject* object = nullptr;  // a reference of ours (null: none)
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+};
+
+// Whether nothing but the function reaches `o` any more and it is still the tensor the program
+// made: no other reference to the object, no weak reference, no attribute, no view or other tensor
+// on its storage, no autograd state, no conj or neg bit, the same dtype, sizes and strides.
+bool dropped(PyObject* o, const Kept& k) {
+  if (Py_REFCNT(o) != 1 || !THPVariable_CheckExact(o)) return false;
+  PyObject** dict = _PyObject_GetDictPtr(o);
+  if (dict != nullptr && *dict != nullptr && PyDict_GET_SIZE(*dict) != 0) return false;
+  const Py_ssize_t weak = Py_TYPE(o)->tp_weaklistoffset;
+  if (weak > 0 && *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + weak) != nullptr)
+    return false;
+  const at::Tensor& t = THPVariable_Unpack(o);
+  return t.use_count() == 1 && t.storage().use_count() == 1 &&
+         t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.is_conj() && !t.is_neg() &&
+         t.scalar_type() == k.dtype && t.storage_offset() == 0 &&
+         t.sizes() == c10::IntArrayRef(k.sizes) && t.strides() == c10::IntArrayRef(k.strides);
+}
+
 // clang-format off
 struct CppFunction {
   PyObject_HEAD
@@ -44,6 +70,7 @@ struct CppFunction {
   PyObject* resolver;   // null, or resolver() -> None (not yet) or {choice: pick}, asked after calls
   PyObject* picks;      // what the resolver returned, once it did (else null)
   std::vector<std::unique_ptr<exec::Program>>* retired;  // programs `resolve` replaced
+  std::vector<Kept>* kept;  // by return value (null: the program recycles none)
   int form;             // the return line's form, as a Form
 };
 // clang-format on
@@ -82,8 +109,54 @@ int form_of(const std::string& form) {
   throw py::value_error("unknown return form '" + form + "' (single, tuple, list or pytree)");
 }
 
-PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
-  if (fn.form == kSingle) return to_python(std::move(results.at(0)));
+// Keeps return value `i`, `item`, for the next call to write into once the caller drops it.
+void keep(CppFunction& fn, size_t i, PyObject* item) {
+  if (fn.kept == nullptr || i >= fn.kept->size() || !(*fn.kept)[i].on) return;
+  Kept& k = (*fn.kept)[i];
+  if (item == k.object || item == nullptr || !THPVariable_CheckExact(item)) return;  // same: known
+  const at::Tensor& t = THPVariable_Unpack(item);
+  k.dtype = t.scalar_type();
+  k.sizes.assign(t.sizes().begin(), t.sizes().end());
+  k.strides.assign(t.strides().begin(), t.strides().end());
+  Py_INCREF(item);
+  Py_XSETREF(k.object, item);
+}
+
+// The kept results a call writes into (`recycled`, by return value: those the caller has dropped),
+// each held by one more reference through the call, so that no other call takes it meanwhile; the
+// tensors borrow the objects' (no reference count change, as BorrowedInputs).
+struct Lent {
+  c10::SmallVector<at::Tensor, 4> recycled;
+  c10::SmallVector<PyObject*, 4> held;
+
+  Lent(const Lent&) = delete;
+  Lent& operator=(const Lent&) = delete;
+  explicit Lent(std::vector<Kept>* kept) {
+    if (kept == nullptr) return;
+    recycled.resize(kept->size());
+    for (size_t i = 0; i < kept->size(); ++i) {
+      PyObject* o = (*kept)[i].object;
+      if (o == nullptr || !dropped(o, (*kept)[i])) continue;
+      recycled[i] = at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
+          THPVariable_Unpack(o).unsafeGetTensorImpl()));
+      Py_INCREF(o);
+      held.push_back(o);
+    }
+  }
+  ~Lent() {  // with the GIL
+    for (at::Tensor& t : recycled) {
+      if (t.defined()) std::move(t).unsafeReleaseTensorImpl();
+    }
+    for (PyObject* o : held) Py_DECREF(o);
+  }
+};
+
+PyObject* results_to_python(CppFunction& fn, exec::Results& results) {
+  if (fn.form == kSingle) {
+    PyObject* out = to_python(std::move(results.at(0)));
+    keep(fn, 0, out);
+    return out;
+  }
   const bool as_list = fn.form == kList;
   PyObject* out = as_list ? PyList_New(static_cast<Py_ssize_t>(results.size()))
                           : PyTuple_New(static_cast<Py_ssize_t>(results.size()));
@@ -94,6 +167,7 @@ PyObject* results_to_python(const CppFunction& fn, exec::Results& results) {
       Py_DECREF(out);
       return nullptr;
     }
+    keep(fn, i, item);
     as_list ? PyList_SET_ITEM(out, i, item) : PyTuple_SET_ITEM(out, i, item);
   }
   if (fn.form != kPytree) return out;
@@ -230,19 +304,20 @@ PyObject* run_call(CppFunction& fn, PyObject* const* args, Py_ssize_t n) {
       }
       inputs.set(static_cast<size_t>(i), THPVariable_Unpack(args[i]));
     }
+    const Lent lent(fn.kept);  // dropped results to write into (`recycle` lines), with the GIL
     exec::Results results;
     if (program.releases_gil()) {
       PyThreadState* state = PyEval_SaveThread();
       try {
         const auto lock = program.lock();
-        program.run(regs, results);
+        program.run(regs, results, lent.recycled);
       } catch (...) {
         PyEval_RestoreThread(state);
         throw;
       }
       PyEval_RestoreThread(state);
     } else {
-      program.run(regs, results);  // with the GIL held, calls run one at a time
+      program.run(regs, results, lent.recycled);  // with the GIL held, calls run one at a time
     }
     PyObject* out = results_to_python(fn, results);
     if (out != nullptr && fn.resolver != nullptr && !resolve(fn)) Py_CLEAR(out);
@@ -274,6 +349,9 @@ int traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(fn->check);
   Py_VISIT(fn->resolver);
   Py_VISIT(fn->picks);
+  if (fn->kept != nullptr) {
+    for (const Kept& k : *fn->kept) Py_VISIT(k.object);
+  }
   return 0;
 }
 
@@ -286,6 +364,9 @@ int clear(PyObject* self) {
   Py_CLEAR(fn->check);
   Py_CLEAR(fn->resolver);
   Py_CLEAR(fn->picks);
+  if (fn->kept != nullptr) {
+    for (Kept& k : *fn->kept) Py_CLEAR(k.object);
+  }
   return 0;
 }
 
@@ -296,6 +377,7 @@ void dealloc(PyObject* self) {
   auto* fn = reinterpret_cast<CppFunction*>(self);
   delete fn->program;
   delete fn->retired;
+  delete fn->kept;
   delete fn->expected;
   Py_TYPE(self)->tp_free(self);
 }
@@ -396,6 +478,12 @@ py::object make_cpp_function(const std::string& text, const py::sequence& consta
   fn->resolver = resolver.is_none() ? nullptr : py::object(resolver).release().ptr();
   fn->picks = nullptr;
   fn->retired = new std::vector<std::unique_ptr<exec::Program>>();
+  fn->kept = nullptr;
+  if (!fn->program->recyclable().empty()) {
+    const auto& slots = fn->program->recyclable();
+    fn->kept = new std::vector<Kept>(*std::max_element(slots.begin(), slots.end()) + 1);
+    for (int32_t k : slots) (*fn->kept)[k].on = true;
+  }
   fn->form = form;
   return py::reinterpret_steal<py::object>(self);
 }

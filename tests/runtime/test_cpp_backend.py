@@ -181,10 +181,91 @@ def test_single_add_prints_one_instruction_per_kernel_call() -> None:
     assert type(fn).__name__ == "CppFunction"
     text = fn.artifact.cpp_program  # type: ignore[attr-defined]
     body = text.split("body:\n", 1)[1].splitlines()
-    assert body == ["  guard r0 r1", "  r2 = add.cpu r0 r1  # add: aten.add.Tensor", "  return single r2"]
+    assert body == [
+        "  guard r0 r1",
+        "  r2 = add.cpu r0 r1  # add: aten.add.Tensor",
+        "  recycle 0 _ = add_out.cpu r0 r1 _ r2  # add: aten.add.Tensor",  # into a dropped last result
+        "  return single r2",
+    ]
     assert "input r0 x float32 cpu [16] [1]" in text
     torch.testing.assert_close(fn(x, y), x + y)
     assert "backend: cpp" in str(fn.report())  # type: ignore[attr-defined]
+
+
+class TwoOut(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + y, x * y
+
+
+def test_a_dropped_result_takes_the_next_value() -> None:
+    """The next call writes into a result the caller let go of (no allocation), never one it can still see."""
+    x, y = torch.randn(16), torch.randn(16)
+    fn = cpp(Add(), (x, y))
+    first = fn(x, y)
+    address, identity = first.data_ptr(), id(first)
+    del first
+    again = fn(x, y)
+    assert again.data_ptr() == address and id(again) == identity
+    torch.testing.assert_close(again, x + y)
+    kept = again
+    fresh = fn(2 * x, y)  # `kept` is the caller's: a new result
+    assert fresh.data_ptr() != kept.data_ptr()
+    torch.testing.assert_close(kept, x + y)
+    torch.testing.assert_close(fresh, 2 * x + y)
+
+
+def _seen_by(result: torch.Tensor, how: str) -> object:
+    """Something that still reaches `result` (or its memory) once the caller drops the name."""
+    import weakref
+
+    match how:
+        case "view":
+            return result[2:]
+        case "numpy":
+            return result.numpy()
+        case "weakref":
+            return weakref.ref(result)
+        case "attribute":
+            result.note = "mine"  # type: ignore[attr-defined]
+            return None
+        case "storage":
+            return result.untyped_storage()
+        case "requires_grad":
+            result.requires_grad_(True)
+            return None
+        case "resized":
+            result.resize_(4, 4)
+            return None
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["view", "numpy", "weakref", "attribute", "storage", "requires_grad", "resized"])
+def test_a_result_still_reachable_is_never_written(how: str) -> None:
+    x, y = torch.randn(16), torch.randn(16)
+    fn = cpp(Add(), (x, y))
+    result = fn(x, y)
+    address = result.data_ptr()
+    keep = _seen_by(result, how)
+    del result
+    with torch.no_grad():
+        after = fn(3 * x, y)
+    torch.testing.assert_close(after, 3 * x + y)
+    assert after.data_ptr() != address, how
+    if how in ("view", "numpy"):
+        torch.testing.assert_close(torch.as_tensor(keep), (x + y)[2:] if how == "view" else x + y)
+
+
+def test_each_result_of_a_tuple_is_recycled_on_its_own() -> None:
+    x, y = torch.randn(16), torch.randn(16)
+    fn = cpp(TwoOut(), (x, y))
+    assert re.findall(r"recycle (\d)", fn.artifact.cpp_program) == ["0", "1"]  # type: ignore[attr-defined]
+    total, product = fn(x, y)
+    kept, address = total, product.data_ptr()
+    del total, product
+    total, product = fn(x, y)
+    assert product.data_ptr() == address and total.data_ptr() != kept.data_ptr()
+    torch.testing.assert_close(total, x + y)
+    torch.testing.assert_close(product, x * y)
 
 
 def test_results_are_fresh_and_persistent_buffers_stay_inside() -> None:

@@ -35,14 +35,14 @@ max) raises `CppUnsupported`, which the runtime turns into a warning and the Pyt
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from opgen.runtime.codegen.backend import Backend, Source
 from opgen.runtime.codegen.cpp_literals import CppUnsupported, escape, literal_text, sym_text
+from opgen.runtime.codegen.cpp_recycle import recyclable
 from opgen.runtime.codegen.cpp_sizes import SizeTextError, input_shape_text, postfix
 from opgen.runtime.codegen.manifest import manifest
 from opgen.runtime.codegen.names import fallback_local
+from opgen.runtime.codegen.registry_view import KernelRegistry
 from opgen.runtime.ir import (
     Alloc,
     Arg,
@@ -65,29 +65,6 @@ from opgen.runtime.ir import (
     defs,
     meta_table,
 )
-
-
-class _ArgInfo(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def kwarg_only(self) -> bool: ...
-
-
-class _OpInfo(Protocol):
-    @property
-    def args(self) -> Sequence[_ArgInfo]: ...
-    @property
-    def returns(self) -> Sequence[str]: ...
-    @property
-    def returns_tuple(self) -> bool: ...
-
-
-class KernelRegistry(Protocol):
-    """What the backend reads of `opgen.runtime.registry.KernelRegistry`: each function's argument order."""
-
-    @property
-    def by_name(self) -> Mapping[str, _OpInfo]: ...
 
 
 def _has_ref(arg: Arg) -> bool:
@@ -115,6 +92,7 @@ class CppBackend(Backend):
         self._alternatives: list[str] = []  # the `alternative` sections, printed after the body
         self._reuse = False  # printing an alternative: names defined already keep their registers
         self._fresh: list[str] = []  # registers an alternative defines besides those
+        self._recycle: dict[str, tuple[int, KernelCall]] = {}  # returned values the caller's dropped results take
 
     # -- naming --------------------------------------------------------------------------------
     def _define(self, name: str) -> str:
@@ -210,7 +188,17 @@ class CppBackend(Backend):
             ops.pop()
         lists = [text.split(" ", 1)[0] for text in before]
         call = f"{self._outputs(line)} = {line.kernel}.{self._device(line)} {' '.join(ops)}".rstrip()
-        return [*before, f"{call}  # {line.node}: {line.target}", *([f"free {' '.join(lists)}"] if lists else [])]
+        freed = [f"free {' '.join(lists)}"] if lists else []
+        return [*before, f"{call}  # {line.node}: {line.target}", *self._recycle_line(line), *freed]
+
+    def _recycle_line(self, line: KernelCall) -> list[str]:
+        """`recycle <k> <out= call>` after the line that makes return value k (`codegen.cpp_recycle`)."""
+        out = line.outputs[0] if len(line.outputs) == 1 else None
+        if out is None or self._in_setup or self._reuse or out.name not in self._recycle:
+            return []
+        k, form = self._recycle[out.name]
+        text = self.kernel_call(form)
+        return [f"recycle {k} {text[0]}"] if len(text) == 1 else []  # not where it builds a list first
 
     def _extern_call(self, line: KernelCall, callee: str) -> list[str]:
         """`call <callee> <positional...> <name>=<operand>...`: a callable the program is bound to by name."""
@@ -336,6 +324,7 @@ class CppBackend(Backend):
     # -- the program ---------------------------------------------------------------------------
     def emit(self, program: Program, header: str = "") -> Source:
         self._reset()  # a fresh register file per program
+        self._recycle = recyclable(program, self.registry)
         self._metas = meta_table(program)
         self._fused = {f.local: f for f in program.fused if f.lines}
         self._inputs = {self._define(i.name) for i in program.inputs}  # never freed: the caller's tensors
