@@ -1,6 +1,7 @@
 #include "opgen/cuda_graph.h"
 
 #include "opgen/input_check.h"
+#include "opgen/py_refs.h"
 #include "opgen/vectorcall_type.h"
 
 #include <ATen/core/Tensor.h>
@@ -113,8 +114,7 @@ struct Output {
   // Python object, no weak reference, no other tensor on its storage (a view), no grad.
   PyObject* reusable() const {
     if (last == nullptr || Py_REFCNT(last) != 1) return nullptr;
-    const Py_ssize_t weak = Py_TYPE(last)->tp_weaklistoffset;
-    if (weak > 0 && *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(last) + weak) != nullptr) return nullptr;
+    if (weakly_referenced(last)) return nullptr;
     const at::Tensor& t = THPVariable_Unpack(last);
     return t.use_count() == 1 && t.storage().use_count() == 1 && !t.requires_grad() ? last : nullptr;
   }

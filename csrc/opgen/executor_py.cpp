@@ -20,6 +20,7 @@
 #include "opgen/executor_externs.h"
 #include "opgen/input_check.h"
 #include "opgen/package.h"
+#include "opgen/py_refs.h"
 #include "opgen/python_errors.h"
 #include "opgen/vectorcall_type.h"
 
@@ -45,9 +46,7 @@ bool dropped(PyObject* o, const Kept& k) {
   if (Py_REFCNT(o) != 1 || !THPVariable_CheckExact(o)) return false;
   PyObject** dict = _PyObject_GetDictPtr(o);
   if (dict != nullptr && *dict != nullptr && PyDict_GET_SIZE(*dict) != 0) return false;
-  const Py_ssize_t weak = Py_TYPE(o)->tp_weaklistoffset;
-  if (weak > 0 && *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + weak) != nullptr)
-    return false;
+  if (weakly_referenced(o)) return false;
   const at::Tensor& t = THPVariable_Unpack(o);
   return t.use_count() == 1 && t.storage().use_count() == 1 &&
          t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.is_conj() && !t.is_neg() &&

@@ -137,6 +137,23 @@ def test_a_dropped_result_is_recycled_but_never_one_still_seen() -> None:
         torch.testing.assert_close(view, expected)
 
 
+def test_a_weakly_referenced_result_is_never_recycled() -> None:
+    """Python 3.12+ keeps a torch.Tensor's weak references before the object (a negative offset)."""
+    import weakref
+
+    model, x = _mlp()
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        fn(x)
+        ref = weakref.ref(fn(x))
+        expected = model(x)
+        for _ in range(3):
+            torch.testing.assert_close(fn(y), model(y))
+        if ref() is not None:  # still alive: kept by the runner, and never written
+            torch.testing.assert_close(ref(), expected)
+
+
 def test_static_outputs_are_overwritten_by_the_next_call() -> None:
     """The opt-in: no copy, the same buffer every call, so a result kept across calls changes."""
     model, x = _mlp()
