@@ -2,7 +2,8 @@
 
 `graphs`' candidate `cpp_loop`, for single_add and reshape_add only: the kernel calls opgen's program
 for the case makes, written by hand in a loop, with the kernel's output allocated and freed each
-time, as a call's result is. For both cases that is one `at::cpu::add` (reshape_add's reshapes are
+time (a call of the C++ function from Python writes into the result the caller dropped instead:
+docs/runtime.md, "Results are recycled"). For both cases that is one `at::cpu::add` (reshape_add's reshapes are
 gone from opgen's program: `sink_reshapes` runs the add on the vectors). A candidate call runs `LOOP`
 iterations through ctypes (a ctypes call costs about 1 us, a thousandth of an iteration each), and
 `graphs` divides its times by `LOOP`. The last iteration's result is copied out, so its error is
