@@ -16,12 +16,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "opgen/call_arguments.h"
 #include "opgen/executor.h"
 #include "opgen/executor_externs.h"
 #include "opgen/input_check.h"
 #include "opgen/package.h"
-#include "opgen/py_refs.h"
 #include "opgen/python_errors.h"
+#include "opgen/recycled.h"
 #include "opgen/vectorcall_type.h"
 
 namespace py = pybind11;
@@ -29,30 +30,6 @@ namespace py = pybind11;
 namespace opgen {
 
 namespace {
-
-// A result the function returned that the next call may write its value into, once the caller has
-// let go of it (the program's `recycle` lines): the object, and the metadata it was made with.
-struct Kept {
-  bool on = false;             // the return value has a `recycle` line
-  PyObject* object = nullptr;  // a reference of ours (null: none)
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> sizes, strides;
-};
-
-// Whether nothing but the function reaches `o` any more and it is still the tensor the program
-// made: no other reference to the object, no weak reference, no attribute, no view or other tensor
-// on its storage, no autograd state, no conj or neg bit, the same dtype, sizes and strides.
-bool dropped(PyObject* o, const Kept& k) {
-  if (Py_REFCNT(o) != 1 || !THPVariable_CheckExact(o)) return false;
-  PyObject** dict = _PyObject_GetDictPtr(o);
-  if (dict != nullptr && *dict != nullptr && PyDict_GET_SIZE(*dict) != 0) return false;
-  if (weakly_referenced(o)) return false;
-  const at::Tensor& t = THPVariable_Unpack(o);
-  return t.use_count() == 1 && t.storage().use_count() == 1 &&
-         t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.is_conj() && !t.is_neg() &&
-         t.scalar_type() == k.dtype && t.storage_offset() == 0 &&
-         t.sizes() == c10::IntArrayRef(k.sizes) && t.strides() == c10::IntArrayRef(k.strides);
-}
 
 // clang-format off
 struct CppFunction {
@@ -85,19 +62,6 @@ PyObject* raise_current(const exec::Program& program) {
   }
 }
 
-// opgen.runtime.errors.<name> (imported on the error path only), or `fallback` where it cannot be.
-PyObject* opgen_error(const char* name, PyObject* fallback) {
-  PyObject* module = PyImport_ImportModule("opgen.runtime.errors");
-  PyObject* cls = module != nullptr ? PyObject_GetAttrString(module, name) : nullptr;
-  Py_XDECREF(module);
-  if (cls == nullptr) {
-    PyErr_Clear();
-    return fallback;
-  }
-  Py_DECREF(cls);  // the module keeps it alive
-  return cls;
-}
-
 enum Form { kSingle, kTuple, kList, kPytree };
 
 int form_of(const std::string& form) {
@@ -108,52 +72,10 @@ int form_of(const std::string& form) {
   throw py::value_error("unknown return form '" + form + "' (single, tuple, list or pytree)");
 }
 
-// Keeps return value `i`, `item`, for the next call to write into once the caller drops it.
-void keep(CppFunction& fn, size_t i, PyObject* item) {
-  if (fn.kept == nullptr || i >= fn.kept->size() || !(*fn.kept)[i].on) return;
-  Kept& k = (*fn.kept)[i];
-  if (item == k.object || item == nullptr || !THPVariable_CheckExact(item)) return;  // same: known
-  const at::Tensor& t = THPVariable_Unpack(item);
-  k.dtype = t.scalar_type();
-  k.sizes.assign(t.sizes().begin(), t.sizes().end());
-  k.strides.assign(t.strides().begin(), t.strides().end());
-  Py_INCREF(item);
-  Py_XSETREF(k.object, item);
-}
-
-// The kept results a call writes into (`recycled`, by return value: those the caller has dropped),
-// each held by one more reference through the call, so that no other call takes it meanwhile; the
-// tensors borrow the objects' (no reference count change, as BorrowedInputs).
-struct Lent {
-  c10::SmallVector<at::Tensor, 4> recycled;
-  c10::SmallVector<PyObject*, 4> held;
-
-  Lent(const Lent&) = delete;
-  Lent& operator=(const Lent&) = delete;
-  explicit Lent(std::vector<Kept>* kept) {
-    if (kept == nullptr) return;
-    recycled.resize(kept->size());
-    for (size_t i = 0; i < kept->size(); ++i) {
-      PyObject* o = (*kept)[i].object;
-      if (o == nullptr || !dropped(o, (*kept)[i])) continue;
-      recycled[i] = at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
-          THPVariable_Unpack(o).unsafeGetTensorImpl()));
-      Py_INCREF(o);
-      held.push_back(o);
-    }
-  }
-  ~Lent() {  // with the GIL
-    for (at::Tensor& t : recycled) {
-      if (t.defined()) std::move(t).unsafeReleaseTensorImpl();
-    }
-    for (PyObject* o : held) Py_DECREF(o);
-  }
-};
-
 PyObject* results_to_python(CppFunction& fn, exec::Results& results) {
   if (fn.form == kSingle) {
     PyObject* out = to_python(std::move(results.at(0)));
-    keep(fn, 0, out);
+    keep(fn.kept, 0, out);
     return out;
   }
   const bool as_list = fn.form == kList;
@@ -166,78 +88,13 @@ PyObject* results_to_python(CppFunction& fn, exec::Results& results) {
       Py_DECREF(out);
       return nullptr;
     }
-    keep(fn, i, item);
+    keep(fn.kept, i, item);
     as_list ? PyList_SET_ITEM(out, i, item) : PyTuple_SET_ITEM(out, i, item);
   }
   if (fn.form != kPytree) return out;
   PyObject* tree = PyObject_CallOneArg(fn.unflatten, out);
   Py_DECREF(out);
   return tree;
-}
-
-// Missing arguments (the inputs at `missing`), said as Python says it of the generated function.
-PyObject* missing_error(const exec::Program& program, const std::vector<size_t>& missing) {
-  std::string names;  // 'x', 'y' and 'z' / 'x', 'y', and 'z' as CPython lists them
-  const size_t count = missing.size();
-  for (size_t k = 0; k < count; ++k) {
-    if (k > 0) names += count > 2 ? (k + 1 == count ? ", and " : ", ") : " and ";
-    names += "'" + program.inputs()[missing[k]].name + "'";
-  }
-  return PyErr_Format(opgen_error("InputTypeError", PyExc_TypeError),
-                      "%s() missing %zu required positional argument%s: %s", program.name().c_str(),
-                      count, count == 1 ? "" : "s", names.c_str());
-}
-
-// Wrong number of positional arguments, said as Python says it of the generated function.
-PyObject* arity_error(const exec::Program& program, Py_ssize_t n) {
-  const auto expected = static_cast<Py_ssize_t>(program.inputs().size());
-  if (n >= expected) {
-    return PyErr_Format(opgen_error("InputTypeError", PyExc_TypeError),
-                        "%s() takes %zd positional arguments but %zd were given",
-                        program.name().c_str(), expected, n);
-  }
-  std::vector<size_t> missing;
-  for (Py_ssize_t i = n; i < expected; ++i) missing.push_back(static_cast<size_t>(i));
-  return missing_error(program, missing);
-}
-
-// Keyword arguments bound to the inputs of their names, as Python binds a call of the generated
-// function (`forward(x, y=y)`); false with Python's TypeError where they do not fit.
-bool bind_keywords(const exec::Program& program, PyObject* const* args, Py_ssize_t n,
-                   PyObject* kwnames, c10::SmallVector<PyObject*, 8>& bound) {
-  const auto& inputs = program.inputs();
-  if (n > static_cast<Py_ssize_t>(inputs.size())) {
-    arity_error(program, n);
-    return false;
-  }
-  bound.assign(inputs.size(), nullptr);
-  std::copy(args, args + n, bound.begin());
-  PyObject* type = opgen_error("InputTypeError", PyExc_TypeError);
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
-    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
-    if (name == nullptr) return false;
-    const auto it = std::find_if(inputs.begin(), inputs.end(),
-                                 [&](const exec::InputSpec& s) { return s.name == name; });
-    if (it == inputs.end()) {
-      PyErr_Format(type, "%s() got an unexpected keyword argument '%s'", program.name().c_str(),
-                   name);
-      return false;
-    }
-    PyObject*& slot = bound[it - inputs.begin()];
-    if (slot != nullptr) {
-      PyErr_Format(type, "%s() got multiple values for argument '%s'", program.name().c_str(),
-                   name);
-      return false;
-    }
-    slot = args[n + k];
-  }
-  std::vector<size_t> missing;
-  for (size_t i = 0; i < bound.size(); ++i) {
-    if (bound[i] == nullptr) missing.push_back(i);
-  }
-  if (missing.empty()) return true;
-  missing_error(program, missing);
-  return false;
 }
 
 // After a call: asks the resolver for the picks of the program's choices. Once it gives them, the
