@@ -113,10 +113,8 @@ struct Output {
   // The last result again, if nothing but this runner can reach it: no other reference to the
   // Python object, no weak reference, no other tensor on its storage (a view), no grad.
   PyObject* reusable() const {
-    if (last == nullptr || Py_REFCNT(last) != 1) return nullptr;
-    if (weakly_referenced(last)) return nullptr;
-    const at::Tensor& t = THPVariable_Unpack(last);
-    return t.use_count() == 1 && t.storage().use_count() == 1 && !t.requires_grad() ? last : nullptr;
+    if (last == nullptr || !only_opgen_reaches(last)) return nullptr;
+    return THPVariable_Unpack(last).requires_grad() ? nullptr : last;
   }
 
   py::object object;         // Object: returned as it is

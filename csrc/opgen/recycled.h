@@ -30,13 +30,11 @@ struct Kept {
 // made: no other reference to the object, no weak reference, no attribute, no view or other tensor
 // on its storage, no autograd state, no conj or neg bit, the same dtype, sizes and strides.
 inline bool dropped(PyObject* o, const Kept& k) {
-  if (Py_REFCNT(o) != 1 || !THPVariable_CheckExact(o)) return false;
+  if (!THPVariable_CheckExact(o) || !only_opgen_reaches(o)) return false;
   PyObject** dict = _PyObject_GetDictPtr(o);
   if (dict != nullptr && *dict != nullptr && PyDict_GET_SIZE(*dict) != 0) return false;
-  if (weakly_referenced(o)) return false;
   const at::Tensor& t = THPVariable_Unpack(o);
-  return t.use_count() == 1 && t.storage().use_count() == 1 &&
-         t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.is_conj() && !t.is_neg() &&
+  return t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.is_conj() && !t.is_neg() &&
          t.scalar_type() == k.dtype && t.storage_offset() == 0 &&
          t.sizes() == c10::IntArrayRef(k.sizes) && t.strides() == c10::IntArrayRef(k.strides);
 }

@@ -116,6 +116,16 @@ class KernelRegistry:
         name = {"inplace": info.inplace, "out": info.out, "functional": info.functional}[variant]
         return self.by_name.get(name) if name else None
 
+    def plain_out(self, name: str) -> OpInfo | None:
+        """The out= variant of the functional `name` that takes its arguments plus `out` and writes
+        into it with its own kernel (not a functional call and a copy: `copies_into_out`), or None."""
+        info = self.by_name.get(name)
+        variant = self.sibling(info, "out") if info is not None else None
+        if info is None or variant is None or variant.copies_into_out:
+            return None
+        plain = [a.name for a in variant.args] == [a.name for a in info.args] + ["out"]
+        return variant if plain else None
+
 
 def scalar_overload(registry: KernelRegistry, info: OpInfo, names: set[str]) -> OpInfo | None:
     """The same op's overload taking `Scalar` where `info` takes the tensors `names` (mul.Scalar for mul.Tensor)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from opgen.runtime.codegen.registry_view import KernelRegistry
-from opgen.runtime.ir import ITEMSIZE, KernelCall, Program, Ref, Return
+from opgen.runtime.ir import ITEMSIZE, KernelCall, Program, Ref, Return, writing_into
 
 
 def recyclable(program: Program, registry: KernelRegistry) -> dict[str, tuple[int, KernelCall]]:
@@ -45,18 +45,14 @@ def recyclable(program: Program, registry: KernelRegistry) -> dict[str, tuple[in
 
 def _out_form(line: KernelCall, registry: KernelRegistry) -> KernelCall | None:
     """`line` writing its result into `out=`, where that is the same kernel family's plain out= variant."""
-    meta = line.outputs[0].meta if line.outputs[0] is not None else None
-    if line.fallback or line.jit or line.unpack or meta is None:
+    out = line.outputs[0]
+    if line.fallback or line.jit or line.unpack or out is None or out.meta is None:
         return None
+    meta = out.meta
     if not meta.is_static or meta.device != "cpu" or meta.dtype not in ITEMSIZE or meta.offset != 0:
         return None
     info = registry.by_name.get(line.kernel)
     if info is None or info.variant != "functional" or info.is_view:
         return None
-    variant = registry.by_name.get(info.out) if info.out else None
-    plain = variant is not None and [a.name for a in variant.args] == [a.name for a in info.args] + ["out"]
-    if variant is None or not plain or variant.copies_into_out:  # copies_into_out: a copy more than a fresh result
-        return None
-    name = line.outputs[0].name  # type: ignore[union-attr]
-    kwargs = (*line.kwargs, ("out", Ref(name)))
-    return KernelCall(variant.name, line.args, kwargs, (), line.node, line.target, mutates=(name,))
+    variant = registry.plain_out(line.kernel)
+    return writing_into(line, variant.name, out.name) if variant is not None else None

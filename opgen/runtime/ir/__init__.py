@@ -41,6 +41,7 @@ from opgen.runtime.ir.lines import (
     substitute_line,
     symbol_names,
     uses,
+    writing_into,
 )
 from opgen.runtime.ir.sizes import Size, SizeExpr
 
@@ -83,4 +84,5 @@ __all__ = [
     "substitute_line",
     "symbol_names",
     "uses",
+    "writing_into",
 ]

@@ -316,6 +316,14 @@ def substitute_all(args: tuple[Arg, ...], mapping: Mapping[str, Arg]) -> tuple[A
     return tuple(substitute(a, mapping) for a in args)
 
 
+def writing_into(line: KernelCall, kernel: str, out: str) -> KernelCall:
+    """`line` as a call of its out= variant `kernel` that writes its result into the value `out`."""
+    return KernelCall(
+        kernel, line.args, (*line.kwargs, ("out", Ref(out))), (), line.node, line.target,
+        mutates=(out,), pointwise=line.pointwise,
+    )  # fmt: skip
+
+
 def substitute_line(line: Line, mapping: Mapping[str, Arg]) -> Line:
     if not mapping:
         return line

@@ -49,6 +49,7 @@ from opgen.runtime.ir import (
     meta_table,
     refs,
     substitute_line,
+    writing_into,
 )
 from opgen.runtime.ir.sizes import product, upper_bound
 from opgen.runtime.passes.analysis import (
@@ -182,22 +183,10 @@ class _Planner:
                 "copy_", (Ref(out.name), line.args[0]), (), (), line.node, line.target, mutates=(out.name,)
             )
         else:
-            variant = self.registry.sibling(info, "out")
-            if variant is None or [a.name for a in variant.args] != [a.name for a in info.args] + ["out"]:
+            variant = self.registry.plain_out(info.name)  # else a copy more: allocate per call instead
+            if variant is None:
                 return None
-            if variant.copies_into_out:  # a copy more than the functional call: allocate per call instead
-                return None
-            kwargs = (*line.kwargs, ("out", Ref(out.name)))
-            call = KernelCall(
-                variant.name,
-                line.args,
-                kwargs,
-                (),
-                line.node,
-                line.target,
-                mutates=(out.name,),
-                pointwise=line.pointwise,
-            )
+            call = writing_into(line, variant.name, out.name)
         slot = self.take_slot(meta, span)
         self.persistent[self.groups.find(out.name)] = slot
         view = View(Value(out.name, meta), slot.name, line.node)
