@@ -129,13 +129,32 @@ void Program::run(Registers& regs, Results& results, c10::ArrayRef<at::Tensor> r
   // The dispatcher's own test for a profiler: a thread-local read (at::hasCallbacks() takes the
   // global callback manager's lock, on every call).
   auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
-  if (C10_LIKELY(!callbacks.has_value())) {
-    run_steps(body_, regs.data(), &results, /*ranged=*/false, recycled);
-    return;
+  try {
+    if (C10_LIKELY(!callbacks.has_value())) {
+      run_steps(body_, regs.data(), &results, /*ranged=*/false, recycled);
+      return;
+    }
+    at::RecordFunction graph(std::move(*callbacks));
+    if (graph.isActive()) graph.before(std::string_view(range_));
+    run_steps(body_, regs.data(), &results, /*ranged=*/true, recycled);
+  } catch (...) {
+    give_back_borrowed(regs, results, recycled);
+    throw;
   }
-  at::RecordFunction graph(std::move(*callbacks));
-  if (graph.isActive()) graph.before(std::string_view(range_));
-  run_steps(body_, regs.data(), &results, /*ranged=*/true, recycled);
+}
+
+void Program::give_back_borrowed(Registers& regs, Results& results,
+                                 c10::ArrayRef<at::Tensor> recycled) {
+  for (const at::Tensor& t : recycled) {
+    if (!t.defined()) continue;
+    const auto holds = [&t](const c10::IValue& v) {
+      return v.isTensor() && v.unsafeToTensorImpl() == t.unsafeGetTensorImpl();
+    };
+    auto at = std::find_if(regs.begin(), regs.end(), holds);
+    if (at == regs.end()) at = std::find_if(results.begin(), results.end(), holds);
+    if (at == results.end()) continue;  // its recycle line had not run
+    give_back(std::move(*at).toTensor());
+  }
 }
 
 namespace {
@@ -269,7 +288,7 @@ bool Program::run_step(Frame& f, const Step& s, Results* results,
   const Instr& in = s.instr;
   if (s.recycle >= 0 && static_cast<size_t>(s.result) < recycled.size() &&
       recycled[s.result].defined()) {  // the value goes into the tensor the host gave
-    f.regs[in.outs[0]] = recycled[s.result];
+    f.regs[in.outs[0]] = borrowed(recycled[s.result]);
     return run_step(f, recycles_[s.recycle], results, {});
   }
   try {

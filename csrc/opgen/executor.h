@@ -128,6 +128,18 @@ const std::unordered_map<std::string_view, at::ScalarType>& dtypes_by_name();
 using Registers = c10::SmallVector<c10::IValue, 32>;
 using Results = c10::SmallVector<c10::IValue, 4>;
 
+// A reference to `t`'s tensor that was never counted (no reference count change: under Python, a
+// count going 1 -> 2 also increfs the tensor's PyObject, under a GIL acquire), for a caller that
+// vouches `t` outlives it. It must go back through `give_back`, never through a destructor.
+inline at::Tensor borrowed(const at::Tensor& t) {
+  return at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
+      t.unsafeGetTensorImpl()));
+}
+
+// Ends a borrowed reference (or any one reference of a tensor that also has a borrowed one: they
+// are interchangeable) without counting it down.
+inline void give_back(at::Tensor&& t) { std::move(t).unsafeReleaseTensorImpl(); }
+
 // The input registers of one call, borrowing the caller's tensors: no reference count change
 // (under Python, a count going 1 -> 2 also increfs the tensor's PyObject, under a GIL acquire). The
 // program never frees or overwrites an input register; the destructor gives the references back,
@@ -139,7 +151,7 @@ class BorrowedInputs {
   BorrowedInputs& operator=(const BorrowedInputs&) = delete;
   ~BorrowedInputs() {
     for (size_t i = 0; i < count_; ++i) {
-      if (regs_[i].isTensor()) std::move(regs_[i]).toTensor().unsafeReleaseTensorImpl();
+      if (regs_[i].isTensor()) give_back(std::move(regs_[i]).toTensor());
     }
   }
 
@@ -151,9 +163,7 @@ class BorrowedInputs {
 
   // Input `i` (set in order, from 0) is `t`, which outlives the call.
   void set(size_t i, const at::Tensor& t) {
-    regs_[i] =
-        c10::IValue(at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
-            t.unsafeGetTensorImpl())));
+    regs_[i] = c10::IValue(borrowed(t));
     count_ = i + 1;
   }
 
@@ -219,9 +229,18 @@ class Program {
   // in a range named after the graph and each kernel call in one named after its node, as the
   // Python backend's profiled twin does (`opgen::add (aten.add.Tensor)`). `recycled`: by return
   // value, a tensor to write that value into where it is `recyclable` (undefined: make a new one);
-  // the host vouches that nothing else reaches it and that it has the value's dtype, sizes and
-  // strides.
+  // the host vouches that nothing else reaches it, that it outlives the call and that it has the
+  // value's dtype, sizes and strides. The value's register borrows it (`borrowed`: no reference
+  // count change), so a value written into `recycled[k]` comes back as a borrowed `results[k]`
+  // that the host ends with `give_back` (see `wrote_into`); if the run throws, it gives back
+  // what its registers borrowed itself.
   void run(Registers& regs, Results& results, c10::ArrayRef<at::Tensor> recycled = {}) const;
+
+  // Whether `result` is return value k written into `recycled[k]` (a borrowed reference).
+  static bool wrote_into(const c10::IValue& result, c10::ArrayRef<at::Tensor> recycled, size_t k) {
+    return k < recycled.size() && recycled[k].defined() && result.isTensor() &&
+           result.unsafeToTensorImpl() == recycled[k].unsafeGetTensorImpl();
+  }
 
   // The return values that `run` can write into tensors the host gives (`recycle` lines).
   const std::vector<int32_t>& recyclable() const { return recyclable_; }
@@ -236,6 +255,9 @@ class Program {
   std::vector<Step> setup_not_given(const std::vector<std::pair<int32_t, c10::IValue>>& given);
   c10::IValue returned(Frame& f, const Instr& in, size_t k) const;
   void call_operator(Frame& f, const Step& s) const;
+  // After a throw: ends the borrowed references to `recycled` that registers or results still hold.
+  static void give_back_borrowed(Registers& regs, Results& results,
+                                 c10::ArrayRef<at::Tensor> recycled);
 
   std::string name_;
   std::string range_;  // the graph's profiler range: `opgen::<name> (<the generated header>)`

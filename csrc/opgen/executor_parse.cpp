@@ -148,6 +148,7 @@ class Parser {
       }
     }
     expect(started_, "empty program");
+    check_recycled();
     // A program that calls externs may run Python, which can hand the GIL to another thread
     // mid-call: calls sharing persistent buffers then take the program's lock, with the GIL
     // released.
@@ -384,6 +385,50 @@ class Parser {
     expect(maker.result >= 0, "a return value's index");
     p_.recycles_.push_back(std::move(out));
     p_.recyclable_.push_back(maker.result);
+  }
+
+  // A recycled value's register borrows the host's tensor (Program::run): nothing after its maker
+  // may write or free that register, its recycle line writes into it, and the return line returns
+  // it once, as the value the `recycle` line names.
+  void check_recycled() const {
+    const auto& body = p_.body_;
+    const auto ret = std::find_if(body.rbegin(), body.rend(), [](const Step& s) {
+      return s.instr.kind == Instr::Kind::kReturn;
+    });
+    for (auto maker = body.begin(); maker != body.end(); ++maker) {
+      if (maker->recycle < 0) continue;
+      const int32_t r = maker->instr.outs[0];
+      const auto is_r = [r](const Operand& o) {
+        return o.where == Where::kRegister && o.index == r;
+      };
+      const std::string what = "recycled r" + std::to_string(r) + " (" + maker->instr.text + ")";
+      const auto& written = p_.recycles_[maker->recycle].instr.args;
+      if (std::none_of(written.begin(), written.end(), is_r))
+        throw std::invalid_argument("opgen executor program: the recycle line of " + what +
+                                    " does not write into it");
+      const auto touches = [&](const Step& s) {
+        const auto& outs = s.instr.outs;
+        return std::find(outs.begin(), outs.end(), r) != outs.end() ||
+               (s.instr.kind == Instr::Kind::kFree &&
+                std::any_of(s.instr.args.begin(), s.instr.args.end(), is_r));
+      };
+      bool later = std::any_of(maker + 1, body.end(), touches);
+      for (const auto& [name, picks] : p_.alternatives_) {
+        for (const auto& [pick, sites] : picks) {
+          for (const auto& lines : sites) later |= std::any_of(lines.begin(), lines.end(), touches);
+        }
+      }
+      if (later)
+        throw std::invalid_argument("opgen executor program: a line after " + what +
+                                    " writes or frees it");
+      const auto& returned = ret == body.rend() ? std::vector<Operand>{} : ret->instr.args;
+      const bool once = std::count_if(returned.begin(), returned.end(), is_r) == 1 &&
+                        static_cast<size_t>(maker->result) < returned.size() &&
+                        is_r(returned[maker->result]);
+      if (!once)
+        throw std::invalid_argument("opgen executor program: " + what + " is not return value " +
+                                    std::to_string(maker->result) + ", once");
+    }
   }
 
   void guard(const std::vector<std::string_view>& t, const std::vector<Step>* section) {

@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "opgen/call_arguments.h"
@@ -72,29 +73,40 @@ int form_of(const std::string& form) {
   throw py::value_error("unknown return form '" + form + "' (single, tuple, list or pytree)");
 }
 
-PyObject* results_to_python(CppFunction& fn, exec::Results& results) {
-  if (fn.form == kSingle) {
-    PyObject* out = to_python(std::move(results.at(0)));
-    keep(fn.kept, 0, out);
-    return out;
-  }
-  const bool as_list = fn.form == kList;
-  PyObject* out = as_list ? PyList_New(static_cast<Py_ssize_t>(results.size()))
-                          : PyTuple_New(static_cast<Py_ssize_t>(results.size()));
-  if (out == nullptr) return nullptr;
-  for (size_t i = 0; i < results.size(); ++i) {
+// The call's results as Python objects, in the return line's form. A result the program wrote into
+// a lent object (a recycled one) is that object; any other is wrapped, and kept if recyclable.
+PyObject* results_to_python(CppFunction& fn, exec::Results& results, Lent& lent) {
+  c10::SmallVector<PyObject*, 4> taken = lent.take(results);
+  const auto object = [&](size_t i) {
+    if (taken[i] != nullptr) return std::exchange(taken[i], nullptr);
     PyObject* item = to_python(std::move(results[i]));
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
     keep(fn.kept, i, item);
-    as_list ? PyList_SET_ITEM(out, i, item) : PyTuple_SET_ITEM(out, i, item);
+    return item;
+  };
+  PyObject* out = nullptr;
+  if (fn.form == kSingle) {
+    out = object(0);
+  } else {
+    const bool as_list = fn.form == kList;
+    const auto n = static_cast<Py_ssize_t>(results.size());
+    out = as_list ? PyList_New(n) : PyTuple_New(n);
+    for (size_t i = 0; out != nullptr && i < results.size(); ++i) {
+      PyObject* item = object(i);
+      if (item == nullptr)
+        Py_CLEAR(out);
+      else if (as_list)
+        PyList_SET_ITEM(out, i, item);
+      else
+        PyTuple_SET_ITEM(out, i, item);
+    }
+    if (out != nullptr && fn.form == kPytree) {
+      PyObject* tree = PyObject_CallOneArg(fn.unflatten, out);
+      Py_DECREF(out);
+      out = tree;
+    }
   }
-  if (fn.form != kPytree) return out;
-  PyObject* tree = PyObject_CallOneArg(fn.unflatten, out);
-  Py_DECREF(out);
-  return tree;
+  for (PyObject* o : taken) Py_XDECREF(o);  // an error on the way left these
+  return out;
 }
 
 // After a call: asks the resolver for the picks of the program's choices. Once it gives them, the
@@ -160,7 +172,7 @@ PyObject* run_call(CppFunction& fn, PyObject* const* args, Py_ssize_t n) {
       }
       inputs.set(static_cast<size_t>(i), THPVariable_Unpack(args[i]));
     }
-    const Lent lent(fn.kept);  // dropped results to write into (`recycle` lines), with the GIL
+    Lent lent(fn.kept);  // dropped results to write into (`recycle` lines), with the GIL
     exec::Results results;
     if (program.releases_gil()) {
       PyThreadState* state = PyEval_SaveThread();
@@ -175,7 +187,7 @@ PyObject* run_call(CppFunction& fn, PyObject* const* args, Py_ssize_t n) {
     } else {
       program.run(regs, results, lent.recycled);  // with the GIL held, calls run one at a time
     }
-    PyObject* out = results_to_python(fn, results);
+    PyObject* out = results_to_python(fn, results, lent);
     if (out != nullptr && fn.resolver != nullptr && !resolve(fn)) Py_CLEAR(out);
     return out;
   } catch (...) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "opgen/executor.h"
 #include "opgen/py_refs.h"
 
 namespace opgen {
@@ -54,30 +55,44 @@ inline void keep(std::vector<Kept>* kept, size_t i, PyObject* item) {
 
 // The kept results a call writes into (`recycled`, by return value: those the caller has dropped),
 // each held by one more reference through the call, so that no other call takes it meanwhile; the
-// tensors borrow the objects' (no reference count change, as BorrowedInputs).
+// tensors borrow the objects' (exec::borrowed). The program's results written into them come back
+// borrowed too (Program::run): `take` turns them into the objects themselves.
 struct Lent {
   c10::SmallVector<at::Tensor, 4> recycled;
-  c10::SmallVector<PyObject*, 4> held;
+  c10::SmallVector<PyObject*, 4> objects;  // by return value: the object lent (null: none)
 
   Lent(const Lent&) = delete;
   Lent& operator=(const Lent&) = delete;
   explicit Lent(std::vector<Kept>* kept) {
     if (kept == nullptr) return;
     recycled.resize(kept->size());
+    objects.resize(kept->size(), nullptr);
     for (size_t i = 0; i < kept->size(); ++i) {
       PyObject* o = (*kept)[i].object;
       if (o == nullptr || !dropped(o, (*kept)[i])) continue;
-      recycled[i] = at::Tensor(c10::intrusive_ptr<at::TensorImpl, at::UndefinedTensorImpl>::reclaim(
-          THPVariable_Unpack(o).unsafeGetTensorImpl()));
+      recycled[i] = exec::borrowed(THPVariable_Unpack(o));
       Py_INCREF(o);
-      held.push_back(o);
+      objects[i] = o;
     }
   }
+
+  // After a run: each result written into a lent object, given back, becomes that object. Returns
+  // the objects by return value (new references for the caller to take; null where none).
+  c10::SmallVector<PyObject*, 4> take(exec::Results& results) {
+    c10::SmallVector<PyObject*, 4> taken(results.size(), nullptr);
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!exec::Program::wrote_into(results[i], recycled, i)) continue;
+      exec::give_back(std::move(results[i]).toTensor());
+      std::swap(taken[i], objects[i]);  // our reference goes to the caller
+    }
+    return taken;
+  }
+
   ~Lent() {  // with the GIL
     for (at::Tensor& t : recycled) {
-      if (t.defined()) std::move(t).unsafeReleaseTensorImpl();
+      if (t.defined()) exec::give_back(std::move(t));
     }
-    for (PyObject* o : held) Py_DECREF(o);
+    for (PyObject* o : objects) Py_XDECREF(o);
   }
 };
 

@@ -192,7 +192,8 @@ T Frame::arg(const Instr& in, size_t i) const {
 }
 
 // A kernel's result into the instruction's output registers: one value, a tuple's elements, or
-// (with `unpack`) a list's elements.
+// (with `unpack`) a list's elements. What goes to `_` is never boxed (a boxed copy of an out=
+// kernel's `out` would count its tensor up and down: under Python, a GIL acquire each way).
 template <typename R>
 void Frame::result(const Instr& in, R&& value) {
   using T = std::decay_t<R>;
@@ -200,7 +201,9 @@ void Frame::result(const Instr& in, R&& value) {
     std::apply(
         [&](auto&... items) {
           size_t k = 0;
-          (((k < in.outs.size() ? detail::store(*this, in.outs[k], detail::box(items)) : void()),
+          (((k < in.outs.size() && in.outs[k] >= 0
+                 ? detail::store(*this, in.outs[k], detail::box(items))
+                 : void()),
             ++k),
            ...);
         },
@@ -209,10 +212,10 @@ void Frame::result(const Instr& in, R&& value) {
     if (in.unpack) {
       for (size_t k = 0; k < value.size() && k < in.outs.size(); ++k)
         detail::store(*this, in.outs[k], value[k]);
-    } else if (!in.outs.empty()) {
+    } else if (!in.outs.empty() && in.outs[0] >= 0) {
       detail::store(*this, in.outs[0], detail::box(std::forward<R>(value)));
     }
-  } else if (!in.outs.empty()) {
+  } else if (!in.outs.empty() && in.outs[0] >= 0) {
     detail::store(*this, in.outs[0], detail::box(std::forward<R>(value)));
   }
 }

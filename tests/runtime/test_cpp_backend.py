@@ -268,6 +268,58 @@ def test_each_result_of_a_tuple_is_recycled_on_its_own() -> None:
     torch.testing.assert_close(product, x * y)
 
 
+RECYCLES = "program f registers 4 statics 0\n" + HEADER.split("\n", 1)[1] + "extern f\nsetup:\nbody:\n"
+MAKES_R2 = "  r2 = add.cpu r0 r1\n  recycle 0 _ = add_out.cpu r0 r1 _ r2\n"
+
+
+def test_an_error_after_writing_into_a_dropped_result_keeps_it_whole() -> None:
+    """The program's register borrows the dropped result's tensor (no reference count change); a
+    later line that raises gives it back, and the result is written into again next time."""
+    fail = []
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        if fail:
+            raise KeyError("from f")
+        return t * 2
+
+    body = MAKES_R2 + "  r3 = call f r2\n  return tuple r2 r3\n"
+    fn = _C.cpp_function(RECYCLES + body, [], {"f": f}, None, PROCEED, None)
+    x, y = torch.randn(16), torch.randn(16)
+    total, doubled = fn(x, y)
+    identity = id(total)
+    del total, doubled
+    fail.append(True)
+    for _ in range(3):
+        with pytest.raises(KeyError, match="from f"):
+            fn(x, y)
+    fail.clear()
+    total, doubled = fn(2 * x, y)
+    assert id(total) == identity
+    torch.testing.assert_close(total, 2 * x + y)
+    torch.testing.assert_close(doubled, 2 * (2 * x + y))
+    del fn
+    torch.testing.assert_close(total + 0, 2 * x + y)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("  recycle 0 _ = add_out.cpu r0 r1 _ r2\n", "follows the body line that makes return value k"),
+        ("  r2, r3 = max_dim.cpu r0 0\n  recycle 0 _ = add_out.cpu r0 r1 _ r2\n", "the one result of a kernel"),
+        ("  r2 = add.cpu r0 r1\n  recycle 0 r3 = add_out.cpu r0 r1 _ r2\n", "a kernel call that makes nothing"),
+        ("  r2 = add.cpu r0 r1\n  recycle 0 _ = add_out.cpu r0 r1 _ r3\n", "does not write into it"),
+        (MAKES_R2 + "  free r2\n  return single r2\n", "a line after recycled r2 (r2 = add.cpu r0 r1) writes"),
+        (MAKES_R2 + "  r2 = mul.cpu r0 r1\n  return single r2\n", "writes or frees it"),
+        (MAKES_R2 + "  return single r0\n", "is not return value 0, once"),
+        (MAKES_R2 + "  return tuple r2 r2\n", "is not return value 0, once"),
+        (MAKES_R2 + "  return tuple r0 r2\n", "is not return value 0, once"),
+    ],
+)
+def test_malformed_recycle_lines_raise_value_error(body: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        program(body)
+
+
 def test_results_are_fresh_and_persistent_buffers_stay_inside() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
     fn = cpp(model, (torch.randn(4, 32),))
