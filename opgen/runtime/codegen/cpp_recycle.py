@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from opgen.runtime.codegen.registry_view import KernelRegistry
-from opgen.runtime.ir import ITEMSIZE, KernelCall, Program, Ref, Return, writing_into
+from opgen.runtime.ir import ITEMSIZE, KernelCall, Program, Ref, Return, producers, writing_into
 
 
 def recyclable(program: Program, registry: KernelRegistry) -> dict[str, tuple[int, KernelCall]]:
@@ -27,17 +27,13 @@ def recyclable(program: Program, registry: KernelRegistry) -> dict[str, tuple[in
         return {}
     returned = Counter(v.name for v in ret.values if isinstance(v, Ref))
     inputs = {i.name for i in program.inputs}
-    makers = {
-        line.outputs[0].name: line
-        for line in program.body
-        if isinstance(line, KernelCall) and len(line.outputs) == 1 and line.outputs[0] is not None
-    }
+    makers = producers(program.body)
     out: dict[str, tuple[int, KernelCall]] = {}
     for k, value in enumerate(ret.values):
         if not isinstance(value, Ref) or returned[value.name] != 1 or value.name in inputs:
             continue
         line = makers.get(value.name)
-        form = _out_form(line, registry) if line is not None else None
+        form = _out_form(line, registry) if line is not None and len(line.outputs) == 1 else None
         if form is not None:
             out[value.name] = (k, form)
     return out

@@ -17,7 +17,7 @@ Metas hold ints or `SizeExpr`s; `opgen.runtime.ir.sizes` does arithmetic on them
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -301,6 +301,11 @@ def defs(line: Line) -> tuple[Value, ...]:
         case Constant(name=name) | SizeLet(name=name):
             return (Value(name),)
     return ()
+
+
+def producers(lines: Iterable[Line]) -> dict[str, KernelCall]:
+    """Value name -> the kernel call defining it."""
+    return {v.name: line for line in lines if isinstance(line, KernelCall) for v in line.outputs if v}
 
 
 def substitute(arg: Arg, mapping: Mapping[str, Arg]) -> Arg:

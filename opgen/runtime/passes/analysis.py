@@ -40,11 +40,6 @@ def readers(lines: Sequence[Line]) -> dict[str, set[int]]:
     return found
 
 
-def producers(lines: Iterable[Line]) -> dict[str, KernelCall]:
-    """Value name -> the call defining it."""
-    return {v.name: line for line in lines if isinstance(line, KernelCall) for v in line.outputs if v}
-
-
 def defined_at(lines: Sequence[Line]) -> dict[str, int]:
     """Value name -> the index of the call defining it (`readers`' other half)."""
     return {v.name: i for i, line in enumerate(lines) if isinstance(line, KernelCall) for v in line.outputs if v}

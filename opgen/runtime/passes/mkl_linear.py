@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Value, meta_table
-from opgen.runtime.passes.analysis import constant_names, fresh_namer, producers
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Value, meta_table, producers
+from opgen.runtime.passes.analysis import constant_names, fresh_namer
 from opgen.runtime.passes.prepack import linear_parts
 from opgen.runtime.registry import KernelRegistry
 

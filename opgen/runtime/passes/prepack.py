@@ -28,9 +28,22 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from opgen.runtime.ir import Alloc, Arg, KernelCall, Line, Program, Ref, SizeExpr, TensorMeta, Value, meta_table, uses
+from opgen.runtime.ir import (
+    Alloc,
+    Arg,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    SizeExpr,
+    TensorMeta,
+    Value,
+    meta_table,
+    producers,
+    uses,
+)
 from opgen.runtime.ir.sizes import lower_bound, upper_bound
-from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, producers, use_counts
+from opgen.runtime.passes.analysis import constant_names, escaping, fresh_namer, use_counts
 from opgen.runtime.passes.onednn import unary_post_op
 from opgen.runtime.registry import KernelRegistry
 

@@ -45,12 +45,13 @@ from opgen.runtime.ir import (
     Value,
     View,
     meta_table,
+    producers,
     refs,
     substitute,
     substitute_line,
     uses,
 )
-from opgen.runtime.passes.analysis import arg_value, fresh_namer, info_of, is_view_call, producers
+from opgen.runtime.passes.analysis import arg_value, fresh_namer, info_of, is_view_call
 from opgen.runtime.passes.regions import select_meta, slice_meta, within
 from opgen.runtime.registry import KernelRegistry, OpInfo, call_args
 
