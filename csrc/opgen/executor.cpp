@@ -147,13 +147,11 @@ void Program::give_back_borrowed(Registers& regs, Results& results,
                                  c10::ArrayRef<at::Tensor> recycled) {
   for (const at::Tensor& t : recycled) {
     if (!t.defined()) continue;
-    const auto holds = [&t](const c10::IValue& v) {
-      return v.isTensor() && v.unsafeToTensorImpl() == t.unsafeGetTensorImpl();
-    };
-    auto at = std::find_if(regs.begin(), regs.end(), holds);
-    if (at == regs.end()) at = std::find_if(results.begin(), results.end(), holds);
-    if (at == results.end()) continue;  // its recycle line had not run
-    give_back(std::move(*at).toTensor());
+    const auto of_t = [&t](const c10::IValue& v) { return holds(v, t); };
+    c10::IValue* holder = std::find_if(regs.begin(), regs.end(), of_t);
+    if (holder == regs.end()) holder = std::find_if(results.begin(), results.end(), of_t);
+    if (holder == results.end()) continue;  // its recycle line had not run
+    give_back(std::move(*holder).toTensor());
   }
 }
 

@@ -140,6 +140,11 @@ inline at::Tensor borrowed(const at::Tensor& t) {
 // are interchangeable) without counting it down.
 inline void give_back(at::Tensor&& t) { std::move(t).unsafeReleaseTensorImpl(); }
 
+// Whether `v` is a reference to `t`'s tensor (counted or borrowed: the same TensorImpl).
+inline bool holds(const c10::IValue& v, const at::Tensor& t) {
+  return v.isTensor() && v.unsafeToTensorImpl() == t.unsafeGetTensorImpl();
+}
+
 // The input registers of one call, borrowing the caller's tensors: no reference count change
 // (under Python, a count going 1 -> 2 also increfs the tensor's PyObject, under a GIL acquire). The
 // program never frees or overwrites an input register; the destructor gives the references back,
@@ -238,8 +243,7 @@ class Program {
 
   // Whether `result` is return value k written into `recycled[k]` (a borrowed reference).
   static bool wrote_into(const c10::IValue& result, c10::ArrayRef<at::Tensor> recycled, size_t k) {
-    return k < recycled.size() && recycled[k].defined() && result.isTensor() &&
-           result.unsafeToTensorImpl() == recycled[k].unsafeGetTensorImpl();
+    return k < recycled.size() && recycled[k].defined() && holds(result, recycled[k]);
   }
 
   // The return values that `run` can write into tensors the host gives (`recycle` lines).

@@ -260,26 +260,38 @@ class Parser {
       return c10::IValue(unescape(s.substr(1, s.size() - 2)));
     }
     if (s.front() == '[') return list(s);
-    if (starts_with(s, "torch.")) {
-      const auto it = dtypes_by_name().find(s.substr(6));
-      expect(it != dtypes_by_name().end(), "unknown dtype " + std::string(s));
-      return c10::IValue(it->second);
-    }
     if (starts_with(s, "device("))
       return c10::IValue(c10::Device(std::string(s.substr(7, s.size() - 8))));
-    if (starts_with(s, "layout(")) {
-      expect(s == "layout(strided)", "unsupported layout " + std::string(s));
-      return c10::IValue(at::kStrided);
-    }
-    if (starts_with(s, "memory_format(")) {
-      const std::string_view m = s.substr(14, s.size() - 15);
-      if (m == "contiguous_format") return c10::IValue(at::MemoryFormat::Contiguous);
-      if (m == "preserve_format") return c10::IValue(at::MemoryFormat::Preserve);
-      if (m == "channels_last") return c10::IValue(at::MemoryFormat::ChannelsLast);
-      if (m == "channels_last_3d") return c10::IValue(at::MemoryFormat::ChannelsLast3d);
-      fail("unknown memory format " + std::string(s));
+    switch (enum_kind(s)) {
+      case Enum::kDtype: {
+        const auto it = dtypes_by_name().find(s.substr(6));
+        expect(it != dtypes_by_name().end(), "unknown dtype " + std::string(s));
+        return c10::IValue(it->second);
+      }
+      case Enum::kLayout:
+        expect(s == "layout(strided)", "unsupported layout " + std::string(s));
+        return c10::IValue(at::kStrided);
+      case Enum::kMemoryFormat: {
+        const std::string_view m = s.substr(14, s.size() - 15);
+        if (m == "contiguous_format") return c10::IValue(at::MemoryFormat::Contiguous);
+        if (m == "preserve_format") return c10::IValue(at::MemoryFormat::Preserve);
+        if (m == "channels_last") return c10::IValue(at::MemoryFormat::ChannelsLast);
+        if (m == "channels_last_3d") return c10::IValue(at::MemoryFormat::ChannelsLast3d);
+        fail("unknown memory format " + std::string(s));
+      }
+      case Enum::kNone:
+        break;
     }
     return number(s);
+  }
+
+  // Which enum a literal names (`torch.float32`, `layout(strided)`, `memory_format(...)`), which
+  // its register holds as a number only; kNone for any other operand.
+  static Enum enum_kind(std::string_view s) {
+    if (starts_with(s, "torch.")) return Enum::kDtype;
+    if (starts_with(s, "layout(")) return Enum::kLayout;
+    if (starts_with(s, "memory_format(")) return Enum::kMemoryFormat;
+    return Enum::kNone;
   }
 
   c10::IValue number(std::string_view s) const {
@@ -577,10 +589,7 @@ class Parser {
         text = rest[i].substr(eq + 1);
       }
       in.args.push_back(operand(text));
-      s.enums.push_back(starts_with(text, "torch.")           ? Enum::kDtype
-                        : starts_with(text, "layout(")        ? Enum::kLayout
-                        : starts_with(text, "memory_format(") ? Enum::kMemoryFormat
-                                                              : Enum::kNone);
+      s.enums.push_back(enum_kind(text));
     }
   }
 
