@@ -38,10 +38,11 @@ copied in).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,8 +244,8 @@ class _Capture:
                     t.copy_(value)
                 generator.set_state(rng)
             cuda_graph = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(cuda_graph, pool=self.pool.handle, stream=self.pool.stream,
-                                  capture_error_mode="thread_local"):  # fmt: skip
+            with owned_workspaces(), torch.cuda.graph(cuda_graph, pool=self.pool.handle, stream=self.pool.stream,
+                                                      capture_error_mode="thread_local"):  # fmt: skip
                 out = self.plain(*statics)
             caller.wait_stream(self.pool.stream)
         single = isinstance(out, torch.Tensor)
@@ -261,6 +262,28 @@ class _Capture:
             list(args), (cuda_graph, statics, leaves), cuda_graph if self.status.random else None,
         )  # fmt: skip
         self.runner.static_inputs = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
+
+
+@contextlib.contextmanager
+def owned_workspaces() -> Iterator[None]:
+    """Around a capture: the cuBLAS/cuBLASLt workspaces its kernels use are drawn from the graph's pool.
+
+    ATen keeps one workspace per (cuBLAS handle, stream) in a map the whole process shares, and a
+    captured GEMM records its address. Anyone may empty that map (`torch._C._cuda_clearCublasWorkspaces`,
+    which Inductor's cudagraph trees call around every warm-up and capture) and free the memory, so a
+    workspace from the general cache would be lost under the graph. Emptied before the capture, the
+    map gets the capture's workspace allocated inside the capture, from the graph's private pool;
+    emptied after it, the map forgets that block, which goes back to the pool: no allocation outside
+    a capture into this pool can get it, and `empty_cache` keeps the pool's memory while a graph of
+    it lives. Whatever the process clears or frees later, the graph's workspace stays reserved. The
+    same as torch's cudagraph trees do (`clear_cublas_manager`); other streams' workspaces are simply
+    allocated again at their next GEMM.
+    """
+    torch._C._cuda_clearCublasWorkspaces()
+    try:
+        yield
+    finally:
+        torch._C._cuda_clearCublasWorkspaces()
 
 
 def pool_ranges(pool: _Pool) -> list[tuple[int, int]]:
