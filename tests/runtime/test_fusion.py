@@ -437,6 +437,34 @@ def test_a_lone_copy_is_a_kernel_where_it_reads_a_permuted_tensor(registry: obje
     assert found == {"permuted": [(True, True)], "broadcast": [], "dense": []}
 
 
+def test_nothing_reads_attention_output_by_its_recorded_strides(registry: object) -> None:
+    """ATen picks attention's output layout when it runs (flash, memory-efficient and cuDNN attention
+    return [B, L, H, D] storage; the graph recorded the math path's contiguous [B, H, L, D]), so the copy
+    of its transpose (ViT's, BART's) stays an ATen call, as does anything else reading it or its views.
+    The same copy of a permuted input still is a kernel of its own."""
+    from opgen.runtime.ir import Input, Ref, Return, TensorMeta, Value, View, contiguous_strides
+
+    shape = (1, 4, 65, 32)
+    dense = TensorMeta(shape, contiguous_strides(shape), "float32", "cuda:0")
+    moved = TensorMeta((1, 65, 4, 32), (8320, 32, 2080, 1), "float32", "cuda:0")
+    out = TensorMeta((1, 65, 4, 32), contiguous_strides((1, 65, 4, 32)), "float32", "cuda:0")
+    sdpa = "aten.scaled_dot_product_attention.default"
+    found = {}
+    producers = {"attention": (sdpa, "scaled_dot_product_attention"), "other": ("aten.mul.Tensor", "mul")}
+    for producer, (target, kernel_name) in producers.items():
+        made = KernelCall(kernel_name, (Ref("q"), Ref("q")), (), (Value("a", dense),), "a", target)
+        body = (
+            made,
+            View(Value("t", moved), "a", "transpose"),
+            KernelCall("clone", (Ref("t"),), (), (Value("y", out),), "clone", "aten.clone.default"),
+            KernelCall("mul", (Ref("y"), 2.0), (), (Value("z", out),), "mul_1", "aten.mul.Tensor"),
+            Return((Ref("z"),)),
+        )
+        program = Program("forward", (Input("q", dense),), (), (), body)
+        found[producer] = [f.group.nodes for f in find_groups(program, registry)]  # type: ignore[arg-type]
+    assert found == {"attention": [], "other": [("clone", "mul_1")]}
+
+
 def test_nothing_fuses_on_the_cpu_or_alone() -> None:
     """The real pass leaves CPU programs alone (here through opgen.compile on the CPU)."""
     import opgen

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
-from opgen.runtime.passes.analysis import readers, writes_memory
+from opgen.runtime.passes.analysis import alias_groups, readers, writes_memory
 from opgen.runtime.passes.fusion.ops import CAT, ROW_OPS
 from opgen.runtime.passes.fusion.steps import Step, Tensor, device_of, flat_steps, out_shape, reduced_input, step_of
 from opgen.runtime.registry import KernelRegistry
@@ -27,6 +27,28 @@ from opgen.runtime.registry import KernelRegistry
 # Row reductions whose ATen kernel copies a strided input to a contiguous one before it runs.
 COPYING_ROWS = frozenset({"aten.native_layer_norm.default", "aten._softmax.default", "aten._log_softmax.default"})
 COPIES = frozenset({"aten.clone.default"})
+RUNTIME_LAYOUT = frozenset({"aten.scaled_dot_product_attention.default"})  # see `runtime_layout`
+
+
+def runtime_layout(program: Program, registry: KernelRegistry) -> set[str]:
+    """Values (and their views) whose strides ATen picks when it runs, not the ones the graph recorded.
+
+    A generated kernel indexes its operands by their recorded strides, so it never reads these: their
+    readers stay ATen calls, which take any strides. Attention is such an op: ATen chooses flash,
+    memory-efficient, cuDNN or math attention by the inputs and the device, and the fused kernels return
+    [B, L, H, D] storage seen as [B, H, L, D] where the graph (traced through the math path) recorded it
+    contiguous. A kernel copying `attention.transpose(1, 2)` then read the wrong elements (ViT, DeiT
+    and BART in float32 on an H200, up to 3.4 off eager).
+    """
+    groups = alias_groups(program.body, registry)
+    roots = {
+        groups.find(value.name)
+        for line in program.body
+        if isinstance(line, KernelCall) and line.target in RUNTIME_LAYOUT
+        for value in line.outputs
+        if value is not None
+    }
+    return {name for name in list(groups.parent) if groups.find(name) in roots} if roots else set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +88,11 @@ class Found:
 def find_groups(program: Program, registry: KernelRegistry, singles: bool = False) -> list[Found]:
     metas = meta_table(program)
     read_later = readers(program.body)
+    unknown = runtime_layout(program, registry)
     walk = _Walk(metas, read_later)
     for index, line in enumerate(program.body):
-        step = step_of(line, registry, metas) if isinstance(line, KernelCall) else None
+        fusible = isinstance(line, KernelCall) and not unknown.intersection(uses(line))
+        step = step_of(line, registry, metas) if fusible else None
         if step is None:
             walk.outside(line)
         else:
