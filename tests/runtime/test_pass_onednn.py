@@ -102,6 +102,22 @@ def test_a_conv_result_read_twice_keeps_its_activation_apart(registry) -> None:
     assert kernels(fuse_onednn(p, registry)) == ["clone", CONV_UNARY, "clone", "relu", "clone"]
 
 
+def test_a_residual_add_at_one_position_stays_apart(registry) -> None:
+    """At 1x1 (ResNet-18's last stage on a 32x32 image) oneDNN's binary post-op fails on AVX-512 machines
+    ("could not create a memory"): the add stays an ATen call beside the packed convolution."""
+    one = (1, 256, 1, 1)
+    args = (Ref("x"), Ref("w"), Ref("b"), (1, 1), (1, 1), (1, 1), False, (0, 0), 1)
+    body = (
+        KernelCall("convolution", args, (), (Value("c1", cpu(*one)),), "c1", "aten.convolution"),
+        KernelCall("add", (Ref("c1"), Ref("x")), (), (Value("a1", cpu(*one)),), "a1", "aten.add"),
+        Return((Ref("a1"),), "single"),
+    )
+    constants = (TensorConstant("b", "b", cpu(256)), TensorConstant("w", "w", cpu(256, 256, 3, 3)))
+    p = Program("forward", (Input("x", cpu(*one)),), constants, (), body)
+    found = kernels(fuse_onednn(p, registry))
+    assert CONV_UNARY in found and "add" in found and CONV_BINARY not in found
+
+
 def test_tiny_convolutions_stay_with_aten(registry) -> None:
     tiny = KernelCall(
         "convolution", (Ref("x"), Ref("w"), Ref("b"), (1, 1), (1, 1), (1, 1), False, (0, 0), 1), (),

@@ -172,7 +172,16 @@ def _binary(add: Line, source: str, metas: dict[str, TensorMeta]) -> Arg | None:
     if not isinstance(z, Ref) or z.name == source or z.name not in metas:
         return None
     same = metas[z.name].shape == metas[source].shape and metas[z.name].dtype == metas[source].dtype
-    return z if same else None
+    return z if same and _spatial(metas[source]) > 1 else None
+
+
+def _spatial(meta: TensorMeta) -> int:
+    """Positions per channel of an NCHW value. At one position (1x1) oneDNN's binary post-op fails on
+    AVX-512 machines: the brgemm convolution accepts `binary_add` there, then creating the memory of the
+    second operand fails ("could not create a memory", seen on a Xeon with AVX-512 for ResNet-18's last
+    stage at 32x32 input; AVX2 machines pick another kernel and run it). Such a convolution keeps its
+    add as an ATen call; a 1x1 map is a tiny convolution, so nothing measurable is lost."""
+    return math.prod(int(n) for n in meta.shape[2:])  # type: ignore[call-overload]
 
 
 def fuse(program: Program, registry: KernelRegistry) -> Program:
