@@ -89,8 +89,10 @@ class DeviceFacts:
     `opgen.runtime.execution.device_facts`; none where nothing was asked, as on a CPU machine)."""
 
     # (dtype, with a mask) where CUDA attention with `enable_gqa` runs a fused kernel that reads grouped
-    # key/value heads in place (flash attention or cuDNN), not the math path.
-    grouped_attention: frozenset[tuple[str, bool]] = frozenset()
+    # key/value heads in place (flash attention or cuDNN), not the math path. Sorted, as every field
+    # here is data with one repr: the facts join the cache key, and a set's order (string hashing)
+    # changes from process to process, so no process found another's entries.
+    grouped_attention: tuple[tuple[str, bool], ...] = ()
     # Generated Triton kernels can start while the kernel before them finishes (programmatic dependent
     # launch: compute capability 9.0 or newer, Triton's gdc intrinsics; OPGEN_DEPENDENT_LAUNCH=0 turns it off).
     dependent_launch: bool = False

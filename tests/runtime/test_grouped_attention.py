@@ -41,7 +41,7 @@ class Prefill(nn.Module):
 def _compile(monkeypatch: pytest.MonkeyPatch, reads_groups: bool) -> tuple[object, Prefill, tuple]:
     """Compiled with the pass as if on CUDA, where ATen's attention reads grouped float32 heads with a
     mask (`reads_groups`) or does not."""
-    facts = DeviceFacts(frozenset({("float32", True)}) if reads_groups else frozenset())
+    facts = DeviceFacts((("float32", True),) if reads_groups else ())
 
     def on_cpu(program: Program, registry: KernelRegistry) -> Program:
         return _relabel(read_grouped_heads(_relabel(program, "cuda:0"), replace(registry, facts=facts)), "cpu")

@@ -32,7 +32,7 @@ def _dependent_launch() -> bool:
     return True
 
 
-def _grouped_attention() -> frozenset[tuple[str, bool]]:
+def _grouped_attention() -> tuple[tuple[str, bool], ...]:
     """Where `scaled_dot_product_attention(..., enable_gqa=True)` picks flash attention or cuDNN: asked of
     ATen's own choice (`_fused_sdp_choice`) for 8 query heads over 2 key/value heads, 64 positions of 64."""
     found = set()
@@ -47,4 +47,4 @@ def _grouped_attention() -> frozenset[tuple[str, bool]]:
                 continue
             if int(choice) in (FLASH, CUDNN):
                 found.add((str(dtype).removeprefix("torch."), masked))
-    return frozenset(found)
+    return tuple(sorted(found))
