@@ -186,8 +186,9 @@ class Collectives(nn.Module):
         import torch.distributed._functional_collectives as funcol
 
         group = dist.group.WORLD
-        gathered = funcol.all_gather_single(x.t(), 0, group)  # a strided input: opgen gathers a dense copy
-        scattered = funcol.reduce_scatter_single(x * 2, "sum", 0, group)
+        # The *_tensor names: torch 2.11 (the GPU machine's) has no all_gather_single; both lower alike.
+        gathered = funcol.all_gather_tensor(x.t(), 0, group)  # a strided input: opgen gathers a dense copy
+        scattered = funcol.reduce_scatter_tensor(x * 2, "sum", 0, group)
         exchanged = funcol.all_to_all_single(x + 1, None, None, group)
         broadcast = funcol.broadcast(x - 1, 1, group)
         c1, c2 = funcol.all_reduce_coalesced([x, x * 3], "max", group)

@@ -77,5 +77,6 @@ def test_zoo_model_on_cuda_with_fusion(name: str) -> None:
         actual = compiled(*inputs)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     report = str(compiled.report())
-    print(f"{name}: {report.count('fused fused')} fused kernels")
-    assert report.count("fused fused") == report.count("triton (forced)"), report
+    fused = [line.strip() for line in report.splitlines() if line.strip().startswith("fused ")]  # fused0, mean0, ...
+    print(f"{name}: {len(fused)} fused kernels")
+    assert all(line.endswith(": triton (forced)") for line in fused), report
