@@ -20,7 +20,7 @@ ASAN_LIB = $(shell $${CXX:-g++} -print-file-name=libasan.so) $(shell $${CXX:-g++
 ASAN_ENV = LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: setup build demo test fuzz asan bench clean
+.PHONY: setup build demo test test-gpu fuzz asan bench clean
 
 setup:
 	$(PIP) install -q $(DEPS) $(ZOO_DEPS)
@@ -34,6 +34,21 @@ demo: build
 
 test: build
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The whole suite on a GPU machine, in parallel (docs/development.md). Nothing is installed there but
+# opgen itself, built against the machine's CUDA torch (no registry is reached: set-up is the
+# machine's). pytest stops at GPU_TEST_SECONDS with SIGINT, so it still prints its summary; each
+# failure is appended to $(GPU_LOG)/failures.log as it happens, and junit.xml is written at the end.
+GPU_WORKERS ?= 16
+GPU_TEST_SECONDS ?= 480
+GPU_LOG ?= build/test-gpu
+test-gpu:
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	mkdir -p $(GPU_LOG) && rm -f $(GPU_LOG)/failures.log
+	OPGEN_FAILURE_LOG=$(abspath $(GPU_LOG))/failures.log timeout -s INT -k 60 $(GPU_TEST_SECONDS) \
+		$(PY) -m pytest -q -rfE -p no:cacheprovider -n $(GPU_WORKERS) --timeout 300 --durations 15 \
+		--junitxml=$(GPU_LOG)/junit.xml tests; status=$$?; \
+		if [ -s $(GPU_LOG)/failures.log ]; then echo "failures: $(GPU_LOG)/failures.log"; fi; exit $$status
 
 # The fuzz, leak and thread suites with the large budgets (over 100,000 calls, 10,000 spec mutations,
 # a million calls for the leak check), printing the figures; about 35 minutes on 2 cores.

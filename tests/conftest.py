@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -16,3 +17,16 @@ def cudnn_exact() -> Iterator[None]:
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32 = saved
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With OPGEN_FAILURE_LOG set, append each failure (test id and message) to that file as it happens.
+
+    `make test-gpu` reads it: a run cut short by its time limit still shows what failed before then.
+    Under pytest-xdist the controller receives every worker's reports, so one file holds them all.
+    """
+    path = os.environ.get("OPGEN_FAILURE_LOG")
+    if not path or not report.failed or "PYTEST_XDIST_WORKER" in os.environ:  # a worker: the controller writes
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
