@@ -186,9 +186,11 @@ class Collectives(nn.Module):
         import torch.distributed._functional_collectives as funcol
 
         group = dist.group.WORLD
-        # The *_tensor names: torch 2.11 (the GPU machine's) has no all_gather_single; both lower alike.
-        gathered = funcol.all_gather_tensor(x.t(), 0, group)  # a strided input: opgen gathers a dense copy
-        scattered = funcol.reduce_scatter_tensor(x * 2, "sum", 0, group)
+        if hasattr(funcol, "all_gather_single"):
+            gathered = funcol.all_gather_single(x.t(), 0, group)  # a strided input: opgen gathers a dense copy
+        else:  # torch 2.11 (the GPU machine's): all_gather_tensor, which takes contiguous tensors only
+            gathered = funcol.all_gather_tensor(x.t().contiguous(), 0, group)
+        scattered = funcol.reduce_scatter_tensor(x * 2, "sum", 0, group)  # as reduce_scatter_single, in both
         exchanged = funcol.all_to_all_single(x + 1, None, None, group)
         broadcast = funcol.broadcast(x - 1, 1, group)
         c1, c2 = funcol.all_reduce_coalesced([x, x * 3], "max", group)
