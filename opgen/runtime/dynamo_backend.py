@@ -9,6 +9,11 @@ for the sizes Dynamo's guards admit. Inference only: a graph input that
 requires grad while grad mode is on raises `RequiresGradError`, or with `options={"fallback": True}`
 runs the graph eagerly with a warning.
 
+Writes to graph inputs (a module's buffers, such as a static KV cache; in-place updates of the
+caller's tensors; writes through views of them) stay in the graph, as Inductor keeps them: AOT hands
+them over as `copy_` into the input, and opgen's passes write the input in place. Nothing is copied
+back per call.
+
 Freezing (`options={"freezing": True}`, the default; Inductor's `freezing` for this backend): a
 graph compiled with grad off binds the module parameters and buffers Dynamo passes as inputs, and
 that it neither writes nor returns a view of, as constants, so the constant passes (batch-norm
@@ -227,4 +232,9 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
 
     start_jit_workers(passes, example_inputs)  # during aot_autograd's trace
     decompositions = aot_decompositions(default_registry())
-    return aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions)(gm, example_inputs)  # type: ignore[no-any-return]
+    # Input mutations stay in the graph (`copy_` into the input, as Inductor keeps them): opgen's passes
+    # write the buffer in place (reinplace), and AOT's runtime wrapper copies nothing back. Without it the
+    # graph returned each written buffer anew and the wrapper copied it into the module on every call:
+    # a decode step copied its whole KV cache twice a token.
+    aot = aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions, keep_inference_input_mutations=True)
+    return aot(gm, example_inputs)  # type: ignore[no-any-return]
