@@ -8,6 +8,7 @@ matmul/softmax, an MLP with gelu.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,4 +133,23 @@ def cases() -> tuple[Case, ...]:
         Case("resnet18_b1", resnet18, lambda: (torch.randn(1, 3, 224, 224),), heavy=True),
         Case("resnet18_b10", resnet18, lambda: (torch.randn(10, 3, 224, 224),), heavy=True),
         Case("gpt_block", gpt_block, lambda: (torch.randn(1, 16, 256),)),
+        *decode_cases(),
     )
+
+
+def decode_step() -> nn.Module:
+    """One decode step of a tiny Llama in transformers' static-cache export wrapper: every call writes
+    the key/value cache buffers in place (the graph case that writes state)."""
+    from opgen.bench import decode_models
+
+    return decode_models.hf_llama(decode_models.SHAPES["tiny"], DECODE_CACHE, torch.device("cpu"))
+
+
+DECODE_CACHE = 64  # cache positions; each call writes position 32 (the same work every call)
+
+
+def decode_cases() -> tuple[Case, ...]:
+    """The decode step, where transformers is installed (the zoo extra)."""
+    if importlib.util.find_spec("transformers") is None:
+        return ()
+    return (Case("decode_step", decode_step, lambda: (torch.tensor([[7]]), torch.tensor([DECODE_CACHE // 2]))),)
