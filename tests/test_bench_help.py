@@ -15,7 +15,7 @@ import pytest
 from opgen.bench.__main__ import COMMANDS
 from opgen.bench.__main__ import main as bench_main
 
-CHECKED = ("ops", "graphs", "jit", "dynamic", "gpu_work", "gpu_models", "zoo")
+CHECKED = ("ops", "graphs", "backend_cost", "jit", "dynamic", "gpu_work", "gpu_models", "zoo")
 
 
 def options_of(module_name: str) -> set[str]:
@@ -51,3 +51,11 @@ def test_graphs_refuses_an_unknown_device(capsys: pytest.CaptureFixture[str]) ->
         bench_main(["graphs", "--device=gpu"])
     assert done.value.code == 2
     assert "invalid choice: 'gpu' (choose from 'cpu', 'cuda')" in capsys.readouterr().err
+
+
+def test_backend_cost_breaks_a_call_down(capsys: pytest.CaptureFixture[str]) -> None:
+    """The parts come from one case's callables, timed once each: every column is filled in."""
+    assert bench_main(["backend_cost", "--cases", "single_add", "--repeats", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| single_add"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert len(cells) == 9 and all(float(cell) > 0 for cell in cells[1:6]), row

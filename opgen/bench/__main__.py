@@ -1,4 +1,4 @@
-"""`python -m opgen.bench {ops,graphs,jit,dynamic,gpu_work,gpu_models,zoo,decode,tp} [options]`: the
+"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,tp} [options]`: the
 project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "ops": ("opgen.bench.ops", "each op through kernel_ops vs the eager torch call"),
     "graphs": ("opgen.bench.graphs", "the BENCH.md graph cases: eager, inductor, AOTInductor, opgen"),
+    "backend_cost": ("opgen.bench.backend_cost", 'where a torch.compile(backend="opgen") call spends its time'),
     "jit": ("opgen.bench.jit", "host time per Triton launch: opgen, Triton, Inductor's launcher, bare (GPU)"),
     "dynamic": ("opgen.bench.dynamic", "a 4-layer decoder at 20 lengths: dynamic vs static vs eager vs inductor"),
     "gpu_work": ("opgen.bench.gpu_work", "GPU kernel time, launches and sync time per call, with and without fusion"),
@@ -23,7 +24,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print("usage: python -m opgen.bench {" + ",".join(COMMANDS) + "} [options]  (--help for each)")
         for name, (_, what) in COMMANDS.items():
-            print(f"  {name:8s} {what}")
+            print(f"  {name:12s} {what}")
         return 2
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)
