@@ -137,15 +137,15 @@ def cases() -> tuple[Case, ...]:
     )
 
 
+DECODE_CACHE = 64  # cache positions; each call writes position 32 (the same work every call)
+
+
 def decode_step() -> nn.Module:
     """One decode step of a tiny Llama in transformers' static-cache export wrapper: every call writes
     the key/value cache buffers in place (the graph case that writes state)."""
     from opgen.bench import decode_models
 
     return decode_models.hf_llama(decode_models.SHAPES["tiny"], DECODE_CACHE, torch.device("cpu"))
-
-
-DECODE_CACHE = 64  # cache positions; each call writes position 32 (the same work every call)
 
 
 def decode_cases() -> tuple[Case, ...]:

@@ -3,8 +3,9 @@
 What is captured is the plain generated function (`executor.bind`). The function handed out is an
 `opgen._C.GraphRunner`, a C++ callable. Its first call with inputs it was compiled for runs the plain
 function and returns that result; then the function is warmed up once on a side stream, captured
-into a CUDA graph from the memory pool all graphs of the compiled model share, and the runner is
-armed with it. From the second call on, the runner checks the inputs in C++ (inputs it was not
+into a CUDA graph from the memory pool all graphs of the compiled model share (cuBLAS's workspace
+drawn from that pool too, `owned_workspaces`, so nothing else in the process can free it), and the
+runner is armed with it. From the second call on, the runner checks the inputs in C++ (inputs it was not
 captured for go to the plain function and its slow path), copies them into the static input
 buffers (copy nodes of the graph itself, switched off for a tensor that already is its static
 buffer: `compiled.static_inputs`), launches the graph on the caller's current stream and returns
