@@ -159,10 +159,15 @@ class _Lowering:
             self.constants.append(TensorConstant(name, spec.key or node.name, meta, mutated))
 
     def size_input(self, node: torch.fx.Node) -> None:
-        """A SymInt placeholder (torch.compile): a Python int argument named after its symbol where it is one."""
+        """A SymInt placeholder (torch.compile): a Python int argument named after its symbol where it is one.
+
+        Dynamo may pass one symbol twice (the prompt's length as `input_ids`'s size and as
+        `cache_position`'s, in transformers' generate()): the first names it, later ones keep their node's
+        name, as two arguments of one name would not compile."""
         size = size_of(node.meta["val"], f"input '{node.name}'")
         plain = isinstance(size, SizeExpr) and size.symbols == (size.text,)
-        name = size.text if plain and isinstance(size, SizeExpr) else self.local(node.name)
+        first = plain and isinstance(size, SizeExpr) and all(i.name != size.text for i in self.inputs)
+        name = size.text if first and isinstance(size, SizeExpr) else self.local(node.name)
         self.names[node.name] = size if plain else Ref(name)
         expr = size if isinstance(size, SizeExpr) else SizeExpr(str(size), ())
         self.inputs.append(Input(name, TensorMeta((), (), "int64", "cpu"), expr))
