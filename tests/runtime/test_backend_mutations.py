@@ -115,12 +115,11 @@ def test_in_cuda_graph_mode_a_written_buffer_is_not_copied() -> None:
 def test_generate_through_the_backend_copies_no_cache_buffer_per_token(device: str) -> None:
     """transformers' generate() with a static cache, `model.forward` compiled by the backend: the tokens are
     eager's, and no step copies a cache buffer (before: every layer's keys and values, every token)."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                      max_position_embeddings=64)  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval().to(device)
+    pytest.importorskip("transformers")
+    from opgen.bench.llm_families import causal_lm
+
+    model = causal_lm("llama", "tiny", device=device)
+    config = model.config
     ids = torch.tensor([[1, 5, 7, 9]], device=device)
     settings = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static", "disable_compile": True}
     torch._dynamo.reset()
@@ -129,7 +128,8 @@ def test_generate_through_the_backend_copies_no_cache_buffer_per_token(device: s
         model.forward = torch.compile(model.forward, backend="opgen")
         assert model.generate(ids, **settings).tolist() == expected.tolist()  # compiles prefill and decode
         length = ids.shape[1] + settings["max_new_tokens"] - 1  # the last token is never fed back
-        cache_shape = (1, 2, length, 16)  # batch, key/value heads, positions, head size
+        heads, head = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+        cache_shape = (1, heads, length, head)  # batch, key/value heads, positions, head size
         with profile(record_shapes=True) as prof:
             assert model.generate(ids, **settings).tolist() == expected.tolist()
     copies = [e for e in prof.events() if e.name == "aten::copy_" and list(cache_shape) in e.input_shapes]
