@@ -230,6 +230,8 @@ class _Capture:
         ]
         caller = torch.cuda.current_stream(self.pool.device)
         written = [self.constants[key] for key in self.graph.written_constants]
+        # Module buffers torch.compile passes at a fixed address are written in place by the warm-up too.
+        written += [a for i, a in enumerate(args) if i in self.fixed and i in self.graph.written_inputs]
         generator = torch.cuda.default_generators[self.pool.device.index]
         with torch.cuda.device(self.pool.device):
             self.pool.stream.wait_stream(caller)
