@@ -69,14 +69,15 @@ ROOM_IMPORTS: dict[str, set[str]] = {
     "opgen.runtime.registry": {"opgen.runtime.ir"},
     "opgen.runtime.passes": {"opgen.runtime.ir", "opgen.runtime.registry"},
     "opgen.runtime.codegen": {"opgen.runtime.ir"},
+    "opgen.runtime.torch_symbols": {"opgen.runtime.ir"},
     "opgen.runtime.lowering": {
-        "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors", "opgen.runtime.codegen", "opgen.jit",
+        "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors", "opgen.runtime.torch_symbols", "opgen.jit",
     },
-    "opgen.runtime.capture": {"opgen.runtime.lowering", "opgen.runtime.registry", "opgen.runtime.errors"},
+    "opgen.runtime.capture": {"opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors"},
     "opgen.runtime.artifact": {"opgen.runtime.ir", "opgen.runtime.codegen", "opgen.disk"},
     "opgen.runtime.execution": {
         "opgen", "opgen.jit", "opgen.disk", "opgen.runtime.errors", "opgen.runtime.ir", "opgen.runtime.registry",
-        "opgen.runtime.lowering", "opgen.runtime.artifact",
+        "opgen.runtime.torch_symbols", "opgen.runtime.artifact",
     },
 }  # fmt: skip
 ENTRY_POINTS = {

@@ -43,7 +43,7 @@ from opgen.runtime.execution.cpp_executor import bind_cpp, check_backend, with_b
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions
 from opgen.runtime.execution.frozen import frozen_function
 from opgen.runtime.execution.guards import PROCEED
-from opgen.runtime.lowering.signature import GraphSignature, OutputSpec, PlaceholderSpec
+from opgen.runtime.ir.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.lowering.symbolic import graph_symbols, shape_env_ranges
 from opgen.runtime.pipeline import (
     CompileOptions,

@@ -32,8 +32,8 @@ from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
 from opgen.runtime.capture.export import as_module, constants_of, export_program, model_name, signature_of
 from opgen.runtime.errors import InputMismatchError, InputTypeError, PackageError
 from opgen.runtime.execution.guards import PROCEED, diagnose, shape_mismatch_message
-from opgen.runtime.lowering.fx_values import dtype_name
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry
+from opgen.runtime.torch_symbols import dtype_name
 
 
 def package(

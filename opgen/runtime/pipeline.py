@@ -21,10 +21,10 @@ from opgen.runtime.codegen import cpp
 from opgen.runtime.codegen.python import emit
 from opgen.runtime.execution.device_facts import device_facts
 from opgen.runtime.ir import Program
+from opgen.runtime.ir.signature import GraphSignature
 from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.lowering.collectives import group_sizes
 from opgen.runtime.lowering.lower import LowerOptions, lower
-from opgen.runtime.lowering.signature import GraphSignature
 from opgen.runtime.passes import DEFAULT_PIPELINE, JIT_PASSES, run_passes
 from opgen.runtime.passes.analysis import written_names
 from opgen.runtime.registry import KernelRegistry, load_registry

@@ -31,7 +31,7 @@ from opgen.runtime.capture.lifted import buffers_for_written_constants, shared_m
 from opgen.runtime.capture.one_trace import export_decomposed
 from opgen.runtime.capture.torch_noise import torch_noise_silenced
 from opgen.runtime.errors import OpgenError
-from opgen.runtime.lowering.signature import GraphSignature, OutputSpec, PlaceholderSpec
+from opgen.runtime.ir.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.registry import KernelRegistry
 
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)

@@ -41,7 +41,6 @@ from opgen.runtime.codegen.cpp_literals import CppUnsupported, escape, literal_t
 from opgen.runtime.codegen.cpp_recycle import recyclable
 from opgen.runtime.codegen.cpp_sizes import SizeTextError, input_shape_text, postfix
 from opgen.runtime.codegen.manifest import manifest
-from opgen.runtime.codegen.names import fallback_local
 from opgen.runtime.codegen.registry_view import KernelRegistry
 from opgen.runtime.ir import (
     Alloc,
@@ -65,6 +64,7 @@ from opgen.runtime.ir import (
     defs,
     meta_table,
 )
+from opgen.runtime.ir.names import fallback_local
 
 
 def _has_ref(arg: Arg) -> bool:

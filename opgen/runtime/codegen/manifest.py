@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from opgen.runtime.codegen.names import sym_local
 from opgen.runtime.ir import Alloc, Arg, Constant, Guard, KernelCall, Program, Return, Sym, View, program_lines
+from opgen.runtime.ir.names import sym_local
 
 
 @dataclass(frozen=True, slots=True)

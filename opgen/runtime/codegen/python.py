@@ -16,7 +16,6 @@ from dataclasses import replace
 from opgen.runtime.codegen import profiled as prof
 from opgen.runtime.codegen.backend import Backend, Source
 from opgen.runtime.codegen.manifest import manifest
-from opgen.runtime.codegen.names import fallback_local, sym_local
 from opgen.runtime.ir import (
     Alloc,
     Arg,
@@ -38,6 +37,7 @@ from opgen.runtime.ir import (
     defs,
     memo_key,
 )
+from opgen.runtime.ir.names import fallback_local, sym_local
 
 
 def literal(arg: Arg) -> str:

@@ -31,7 +31,7 @@ from opgen.runtime.errors import OpgenError
 from opgen.runtime.execution import source_lines
 from opgen.runtime.execution.guards import PROCEED, Check, never
 from opgen.runtime.ir import Sym
-from opgen.runtime.lowering.fx_values import from_sym
+from opgen.runtime.torch_symbols import from_sym
 
 # The slow path: `handler(set_check, *args)` returns a result, raises, or returns PROCEED to run this
 # specialization; `set_check` replaces the function's input check.

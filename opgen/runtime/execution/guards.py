@@ -21,7 +21,7 @@ import torch
 from opgen._C import InputCheck
 from opgen.runtime.artifact.compiled import InputSpec
 from opgen.runtime.errors import InputMismatchError, InputTypeError, RequiresGradError
-from opgen.runtime.lowering.fx_values import dtype_name
+from opgen.runtime.torch_symbols import dtype_name
 
 
 class _Proceed:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from opgen.runtime.errors import OpgenError
-from opgen.runtime.ir import Arg, Ref, Sym, TensorMeta
+from opgen.runtime.ir import Arg, Ref, TensorMeta
 from opgen.runtime.lowering.symbolic import DynamicShapeError, size_of
+from opgen.runtime.torch_symbols import dtype_name, sym_of
 
-__all__ = ["DynamicShapeError", "dtype_name", "from_sym", "is_ref", "sym_of", "tensor_meta", "to_arg"]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+__all__ = ["DynamicShapeError", "is_ref", "tensor_meta", "to_arg"]
 
 
 def tensor_meta(value: Any, where: str) -> TensorMeta:
@@ -24,21 +20,6 @@ def tensor_meta(value: Any, where: str) -> TensorMeta:
     stride = tuple(size_of(s, where) for s in value.stride())
     offset = size_of(value.storage_offset(), where)
     return TensorMeta(shape, stride, dtype_name(value.dtype), str(value.device), offset)
-
-
-def sym_of(value: Any) -> Sym | None:
-    """The IR symbol for a torch enum value, or None if `value` is not one."""
-    if isinstance(value, torch.dtype):
-        return Sym("dtype", dtype_name(value))
-    if isinstance(value, torch.device):
-        return Sym("device", str(value))
-    if isinstance(value, torch.layout):
-        return Sym("layout", str(value).removeprefix("torch."))
-    if isinstance(value, torch.memory_format):
-        return Sym("memory_format", str(value).removeprefix("torch."))
-    if isinstance(value, float) and not math.isfinite(value):
-        return Sym("float", repr(value))
-    return None
 
 
 def to_arg(value: Any, names: dict[str, Arg], where: str) -> Arg:
@@ -57,20 +38,6 @@ def to_arg(value: Any, names: dict[str, Arg], where: str) -> Arg:
     if isinstance(value, torch.SymFloat | torch.SymBool):
         raise DynamicShapeError(f"{where}: symbolic {type(value).__name__} {value} (opgen computes integer sizes only)")
     raise OpgenError(f"{where}: cannot pass an argument of type {type(value).__name__} ({value!r})")
-
-
-def from_sym(sym: Sym) -> Any:
-    """The torch object an IR symbol stands for."""
-    match sym.kind:
-        case "dtype":
-            return getattr(torch, sym.value)
-        case "device":
-            return torch.device(sym.value)
-        case "layout" | "memory_format":
-            return getattr(torch, sym.value)
-        case "float":
-            return float(sym.value)
-    raise ValueError(f"unknown symbol kind {sym.kind!r}")
 
 
 def is_ref(arg: Arg) -> bool:

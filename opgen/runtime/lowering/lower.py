@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from opgen.runtime import registry as reg
-from opgen.runtime.codegen.names import RESERVED, RESERVED_PREFIXES
 from opgen.runtime.errors import UnsupportedOpError
 from opgen.runtime.ir import (
     Arg,
@@ -37,11 +36,13 @@ from opgen.runtime.ir import (
     defs,
     uses,
 )
+from opgen.runtime.ir.names import RESERVED, RESERVED_PREFIXES
+from opgen.runtime.ir.signature import GraphSignature, PlaceholderSpec
 from opgen.runtime.lowering.collectives import CollectiveLowering, is_collective_node, is_opaque
-from opgen.runtime.lowering.fx_values import sym_of, tensor_meta, to_arg
-from opgen.runtime.lowering.signature import GraphSignature, PlaceholderSpec
+from opgen.runtime.lowering.fx_values import tensor_meta, to_arg
 from opgen.runtime.lowering.symbolic import ASSERT_TARGETS, bindings, check_bound, graph_symbols, is_size_node, size_of
 from opgen.runtime.lowering.triton import is_triton_node, lower_triton
+from opgen.runtime.torch_symbols import sym_of
 
 
 @dataclass(frozen=True, slots=True)
