@@ -4,7 +4,7 @@
 #   list(APPEND CMAKE_MODULE_PATH "<output of: python -m opgen cmake-dir>")
 #   include(opgen)                  # or: find_package(opgen REQUIRED PATHS "<that folder>")
 #   opgen_add_extension(my_ops SPEC ${CMAKE_CURRENT_SOURCE_DIR}/my_ops.yaml MODULE _C)
-#   opgen_add_runtime(opgen_runtime)                # opgen/package.h, for programs with no Python
+#   opgen_add_runtime(opgen_runtime)                # opgen/package/package.h, for programs with no Python
 #   target_link_libraries(my_app PRIVATE opgen_runtime)
 #
 # The generator runs as a build step: editing the spec (or opgen itself) regenerates the bindings,
@@ -13,11 +13,20 @@
 
 set(_OPGEN_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")            # the opgen Python package
 get_filename_component(_OPGEN_PYTHONPATH "${_OPGEN_ROOT}/.." ABSOLUTE)
-if(EXISTS "${_OPGEN_ROOT}/csrc/opgen/binding.h")           # installed: opgen/csrc
+if(EXISTS "${_OPGEN_ROOT}/csrc/opgen/bind/binding.h")      # installed: opgen/csrc
   set(_OPGEN_CSRC "${_OPGEN_ROOT}/csrc")
 else()                                                     # source tree: <repo>/csrc
   get_filename_component(_OPGEN_CSRC "${_OPGEN_ROOT}/../csrc" ABSOLUTE)
 endif()
+
+# The hand-written sources, by room of csrc/opgen (docs/development.md). The runtime's rooms have no
+# Python: they make the standalone runtime (opgen_add_runtime) and are part of every extension.
+set(_OPGEN_RUNTIME_SOURCES kernels/kernels.cpp exec/executor.cpp exec/executor_parse.cpp exec/executor_print.cpp
+    package/package.cpp)
+list(TRANSFORM _OPGEN_RUNTIME_SOURCES PREPEND "${_OPGEN_CSRC}/opgen/")
+set(_OPGEN_PYTHON_SOURCES py/python_errors.cpp py/input_check.cpp py/ranged_check.cpp bind/binding.cpp bind/checks.cpp
+    jit/jit_binding.cpp module/module.cpp module/executor_py.cpp module/executor_externs.cpp)
+list(TRANSFORM _OPGEN_PYTHON_SOURCES PREPEND "${_OPGEN_CSRC}/opgen/")
 
 # Finds torch through the interpreter's torch.utils.cmake_prefix_path, and libtorch_python.
 macro(opgen_find_torch)
@@ -76,17 +85,12 @@ function(opgen_add_extension target)
     COMMENT "opgen: generating kernel_ops bindings from ${ARG_SPEC}"
     VERBATIM)
 
-  set(helpers "${_OPGEN_CSRC}/opgen/binding.cpp" "${_OPGEN_CSRC}/opgen/module.cpp"
-      "${_OPGEN_CSRC}/opgen/input_check.cpp" "${_OPGEN_CSRC}/opgen/jit_binding.cpp"
-      "${_OPGEN_CSRC}/opgen/ranged_check.cpp" "${_OPGEN_CSRC}/opgen/checks.cpp"
-      "${_OPGEN_CSRC}/opgen/kernels.cpp" "${_OPGEN_CSRC}/opgen/executor.cpp" "${_OPGEN_CSRC}/opgen/executor_parse.cpp"
-      "${_OPGEN_CSRC}/opgen/executor_py.cpp" "${_OPGEN_CSRC}/opgen/executor_externs.cpp"
-      "${_OPGEN_CSRC}/opgen/package.cpp")
+  set(helpers ${_OPGEN_PYTHON_SOURCES} ${_OPGEN_RUNTIME_SOURCES})
   # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
-  set(jit_impl "${_OPGEN_CSRC}/opgen/jit_stub.cpp")
+  set(jit_impl "${_OPGEN_CSRC}/opgen/jit/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)
-    list(APPEND helpers "${_OPGEN_CSRC}/opgen/cuda_graph.cpp")  # the CUDA-graph runner
-    set(jit_impl "${_OPGEN_CSRC}/opgen/jit_launcher.cpp")             # the Triton kernel launcher
+    list(APPEND helpers "${_OPGEN_CSRC}/opgen/graphs/cuda_graph.cpp")  # the CUDA-graph runner
+    set(jit_impl "${_OPGEN_CSRC}/opgen/jit/jit_launcher.cpp")          # the Triton kernel launcher
   endif()
   list(APPEND helpers "${jit_impl}")
   Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers})
@@ -102,7 +106,7 @@ endfunction()
 
 # opgen_add_runtime(<target> [SPEC <yaml>])
 # A static library <target> with the C++ executor, its thunks and the package reader
-# (csrc/opgen/package.h: `opgen::Package pkg(path); pkg.run(inputs)`), linked against libtorch only:
+# (csrc/opgen/package/package.h: `opgen::Package pkg(path); pkg.run(inputs)`), linked against libtorch only:
 # a program linking it runs opgen packages with no Python in the process. Python runs at build time
 # only, to generate the thunks from SPEC: by default the spec the installed opgen was built from, so
 # that the thunks are the ones packages record (a package made for other thunks is refused at load,
@@ -139,9 +143,7 @@ function(opgen_add_runtime target)
     DEPENDS "${ARG_SPEC}" ${generator_sources}
     COMMENT "opgen: generating the executor's thunks from ${ARG_SPEC}"
     VERBATIM)
-  add_library(${target} STATIC ${gen_cpp}
-              "${_OPGEN_CSRC}/opgen/executor.cpp" "${_OPGEN_CSRC}/opgen/executor_parse.cpp"
-              "${_OPGEN_CSRC}/opgen/kernels.cpp" "${_OPGEN_CSRC}/opgen/package.cpp")
+  add_library(${target} STATIC ${gen_cpp} ${_OPGEN_RUNTIME_SOURCES})
   set_target_properties(${target} PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON
                         POSITION_INDEPENDENT_CODE ON)
   target_include_directories(${target} PUBLIC "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})

@@ -72,7 +72,7 @@ def check_lines(spec: OpSpec) -> list[str]:
 
 
 def out_overlap_lines(spec: OpSpec) -> list[str]:
-    """Out variants refuse an out argument that shares memory with an input (csrc/opgen/checks.h)."""
+    """Out variants refuse an out argument that shares memory with an input (csrc/opgen/bind/checks.h)."""
     if spec.variant is not Variant.OUT:
         return []
     args = spec.schema.args
@@ -173,6 +173,6 @@ def method_def(spec: OpSpec) -> str:
 def headers(specs: list[OpSpec]) -> tuple[list[str], list[str]]:
     """The kernel headers a shard needs: (always, CUDA builds only), sorted and unique."""
     common = sorted({k.header for s in specs for k in s.kernels if k.backend != "cuda"})
-    common += ["opgen/jit_binding.h"] if any(s.triton is not None for s in specs) else []
+    common += ["opgen/jit/jit_binding.h"] if any(s.triton is not None for s in specs) else []
     cuda = sorted({k.header for s in specs for k in s.kernels if k.backend == "cuda"} - set(common))
     return common, cuda

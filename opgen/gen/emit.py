@@ -85,7 +85,8 @@ def _thunk_files(ops: tuple[OpSpec, ...], spec_name: str, shards: int) -> dict[s
 
 def thunk_digest(ops: tuple[OpSpec, ...]) -> str:
     """The identity of the thunks of `ops`: a digest of every thunk and table entry in spec order, whatever the
-    shards or the spec's file name. A package (csrc/opgen/package.h) records it and runs only where it matches."""
+    shards or the spec's file name. A package (csrc/opgen/package/package.h) records it and runs only where it
+    matches."""
     digest = hashlib.sha256()
     for spec in ops:
         for kernel in thunks.thunk_kernels(spec):

@@ -1,9 +1,9 @@
 """Emit the C++ executor's thunks: per kernel_ops function and backend, `thunk_<fn>_<backend>(Frame&, const Instr&)`.
 
 A thunk is the binding without Python: it unboxes its arguments from the executor's registers
-(`c10::IValue`s, csrc/opgen/thunk.h) into the locals `cpp_types.cpp_arg` declares, calls the kernel
+(`c10::IValue`s, csrc/opgen/exec/thunk.h) into the locals `cpp_types.cpp_arg` declares, calls the kernel
 through `cpp_types.kernel_call_expr` (the call the binding makes), and stores the results. The
-executor (csrc/opgen/executor.cpp) finds a thunk by (function, backend) in the tables emitted here.
+executor (csrc/opgen/exec/executor.cpp) finds a thunk by (function, backend) in the tables emitted here.
 Triton ops have no thunk (the C++ backend leaves programs that call them to the Python one).
 """
 

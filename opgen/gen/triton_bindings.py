@@ -3,7 +3,7 @@
 The arguments have been bound and converted as for any op (`bindings.arg_lines`) and their devices
 collected (`bindings.device_lines`). A Triton kernel gets raw pointers, so every tensor must be on
 a CUDA device (a CPU tensor is refused, even a 0-dim one), then `opgen::jit::launch` packs the
-kernel's runtime parameters in order. The launcher (csrc/opgen/jit.h) gets the op's registry JSON,
+kernel's runtime parameters in order. The launcher (csrc/opgen/jit/jit.h) gets the op's registry JSON,
 which holds the kernel's name, grid and configs, on its first call.
 """
 

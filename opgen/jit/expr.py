@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Union
 
-# Opcodes of a program (mirrored in csrc/opgen/jit_launcher.cpp).
+# Opcodes of a program (mirrored in csrc/opgen/jit/jit_launcher.cpp).
 CONST, ARG, NUMEL, SIZE, STRIDE, ADD, SUB, MUL, FLOORDIV, MAX, MIN, NEG = range(12)
 _BINARY = {"+": ADD, "-": SUB, "*": MUL, "//": FLOORDIV, "max": MAX, "min": MIN}
 _AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}
@@ -178,7 +178,7 @@ def _emit(expr: Expr, params: Mapping[str, int], meta: Mapping[str, int], out: l
 def to_cpp(expr: Expr, resolve: Callable[[str], str]) -> str:
     """The expression as C++ computing an `int64_t`; `resolve` gives the C++ of a name (an int
     local, or a tensor for numel/size/stride). `//` keeps Python's rounding through
-    `opgen::jit::floordiv` (csrc/opgen/jit_binding.h), which raises on a zero divisor."""
+    `opgen::jit::floordiv` (csrc/opgen/jit/jit_binding.h), which raises on a zero divisor."""
     match expr:
         case Const(value=value):
             return f"int64_t({value})"

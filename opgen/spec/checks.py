@@ -1,5 +1,5 @@
 """Argument checks a spec entry can ask for (`checks: [name, ...]`): hand-written C++ helpers in
-`csrc/opgen/checks.h`, called by the binding after its arguments are converted and before the kernel.
+`csrc/opgen/bind/checks.h`, called by the binding after its arguments are converted and before the kernel.
 
 They exist for kernels that trust their caller: torch's public entry points check these things
 before they reach the kernel, but `torch.ops.aten.*` and a direct kernel call do not, and the kernel

@@ -6,7 +6,7 @@ binding passes them all in schema order; otherwise the spec would give C++ that 
 compiler, far from the YAML line at fault. The headers are found without importing torch (the
 generator must not): through the import system's spec of the `torch` package. Where no torch is
 installed, nothing is checked. opgen's own kernels (`opgen::kernels::<function>`) are checked the
-same way against opgen's own header, `csrc/opgen/kernels.h`, whose declarations start `OPGEN_KERNEL`.
+same way against opgen's own header, `csrc/opgen/kernels/kernels.h`, whose declarations start `OPGEN_KERNEL`.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ KERNEL_NAMESPACES = {
     "compositeexplicitautogradnonfunctional": BACKENDS,
     "compositeimplicitautograd": BACKENDS,
 }
-# opgen's own kernels: hand-written C++ in `opgen::kernels` (csrc/opgen/kernels.h) that call torch
+# opgen's own kernels: hand-written C++ in `opgen::kernels` (csrc/opgen/kernels/kernels.h) that call torch
 # functions no dispatch header declares (oneDNN's fused kernels); CPU only.
 OWN_NAMESPACE = "opgen::kernels"
-OWN_HEADER = "opgen/kernels.h"
+OWN_HEADER = "opgen/kernels/kernels.h"
 KERNEL_NAMESPACES[OWN_NAMESPACE] = ("cpu",)
 
 
@@ -165,7 +165,7 @@ class Kernel:
 
     @property
     def own(self) -> bool:
-        """One of opgen's own kernels (csrc/opgen/kernels.h), not an ATen one."""
+        """One of opgen's own kernels (csrc/opgen/kernels/kernels.h), not an ATen one."""
         return self.namespace == OWN_NAMESPACE
 
 

@@ -81,8 +81,8 @@ def test_binding_embeds_the_registry_entry() -> None:
     in_registry = re.search(r'\{"triton_add", R"opgen\((.*)\)opgen"\}', files["module.cpp"])
     assert in_registry is not None
     assert json.loads(json.loads(embedded.group(1))) == json.loads(in_registry.group(1))
-    assert "#include <opgen/jit_binding.h>" in shard
-    assert sum("opgen/jit_binding.h" in t for t in files.values()) == 1  # only the shard with a Triton op
+    assert "#include <opgen/jit/jit_binding.h>" in shard
+    assert sum("opgen/jit/jit_binding.h" in t for t in files.values()) == 1  # only the shard with a Triton op
 
 
 def test_functional_binding(ops: tuple[OpSpec, ...]) -> None:

@@ -99,14 +99,14 @@ def test_kernel_not_declared_in_its_header(tmp_path: Path) -> None:
     ]
 
 
-# opgen's own kernels are checked against csrc/opgen/kernels.h the same way.
+# opgen's own kernels are checked against csrc/opgen/kernels/kernels.h the same way.
 @pytest.mark.skipif(KernelIndex.find() is None, reason="needs torch's headers")
 @pytest.mark.parametrize(
     ("kernel", "problem"),
     [
         (
             "opgen::kernels::relu",
-            "cpu kernel 'opgen::kernels::relu' is not declared in opgen/kernels.h (it declares: mkl_linear, "
+            "cpu kernel 'opgen::kernels::relu' is not declared in opgen/kernels/kernels.h (it declares: mkl_linear, "
             "mkldnn_convolution_pointwise, mkldnn_convolution_pointwise_binary, mkldnn_linear_pointwise, "
             "mkldnn_linear_pointwise_binary)",
         ),

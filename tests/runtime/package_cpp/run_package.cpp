@@ -5,7 +5,7 @@
 // package N more times after the first and prints the mean time per run (a C++ caller's per-call
 // time, for `python -m opgen.bench graphs`' hand-written loop to compare with).
 #include <ATen/ops/empty_strided.h>
-#include <opgen/package.h>
+#include <opgen/package/package.h>
 
 #include <chrono>
 #include <cstring>
