@@ -57,8 +57,8 @@ def test_runtime_reads_ops_only_through_the_registry() -> None:
 
 RUNTIME = ROOT / "runtime"
 # The rooms of the runtime, in data-flow order, and the rooms each may import (besides itself, torch and
-# the standard library). Entry points (api, dynamo_backend, pipeline) tie the rooms together and may
-# import any of them; no room imports an entry point.
+# the standard library). `pipeline` takes one graph through the rooms; the `frontend` (opgen.compile,
+# the torch.compile backend, packages) sits on top and nothing imports it but the package itself.
 ROOM_IMPORTS: dict[str, set[str]] = {
     "opgen.errors": set(),
     "opgen.disk": set(),
@@ -71,7 +71,8 @@ ROOM_IMPORTS: dict[str, set[str]] = {
     "opgen.runtime.codegen": {"opgen.runtime.ir"},
     "opgen.runtime.torch_symbols": {"opgen.runtime.ir"},
     "opgen.runtime.lowering": {
-        "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors", "opgen.runtime.torch_symbols", "opgen.jit",
+        "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors", "opgen.runtime.torch_symbols",
+        "opgen.jit",
     },
     "opgen.runtime.capture": {"opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.errors"},
     "opgen.runtime.artifact": {"opgen.runtime.ir", "opgen.runtime.codegen", "opgen.disk"},
@@ -79,11 +80,22 @@ ROOM_IMPORTS: dict[str, set[str]] = {
         "opgen", "opgen.jit", "opgen.disk", "opgen.runtime.errors", "opgen.runtime.ir", "opgen.runtime.registry",
         "opgen.runtime.torch_symbols", "opgen.runtime.artifact",
     },
+    "opgen.runtime.backends": {
+        "opgen", "opgen.runtime.errors", "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.codegen",
+        "opgen.runtime.artifact", "opgen.runtime.execution",
+    },
+    "opgen.runtime.pipeline": {
+        "opgen", "opgen.jit", "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.passes",
+        "opgen.runtime.codegen", "opgen.runtime.lowering", "opgen.runtime.capture", "opgen.runtime.artifact",
+        "opgen.runtime.execution", "opgen.runtime.backends",
+    },
+    "opgen.runtime.frontend": {
+        "opgen", "opgen.runtime.errors", "opgen.runtime.report", "opgen.runtime.ir", "opgen.runtime.registry",
+        "opgen.runtime.torch_symbols", "opgen.runtime.lowering", "opgen.runtime.capture", "opgen.runtime.artifact",
+        "opgen.runtime.execution", "opgen.runtime.backends", "opgen.runtime.pipeline",
+    },
 }  # fmt: skip
-ENTRY_POINTS = {
-    "opgen.runtime", "opgen.runtime.api", "opgen.runtime.dynamo_backend", "opgen.runtime.pipeline",
-    "opgen.runtime.packaging",
-}  # fmt: skip
+ENTRY_POINTS = {"opgen.runtime"}  # the package: re-exports the frontend's entry points
 TORCH_FREE = (
     *("opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.report", "opgen.runtime.passes"),
     *("opgen.runtime.codegen", "opgen.runtime.artifact", "opgen.jit.errors", "opgen.errors", "opgen.disk"),
@@ -99,18 +111,12 @@ MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
 
 
 def runtime_imports(path: Path) -> set[str]:
-    """The opgen modules `path` imports when it runs (lazy imports too; `if TYPE_CHECKING:` ones not):
-    `from opgen.runtime import executor` counts as importing the submodule, not the package."""
+    """The opgen modules `path` imports (lazy imports and `if TYPE_CHECKING:` ones too: a module that names
+    another's types depends on it): `from opgen.runtime import executor` counts as importing the submodule,
+    not the package."""
     name = module_name(path)
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.dump(block.test)
-        for n in ast.walk(block)
-    }  # fmt: skip
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -192,13 +198,24 @@ def test_ir_passes_and_backends_do_not_import_torch() -> None:
 
 
 def test_backends_implement_every_line_kind() -> None:
-    """Each backend is a sibling implementing the whole `Backend` interface, never a subclass of another."""
-    from opgen.runtime.codegen.backend import Backend
-    from opgen.runtime.codegen.python import PythonBackend
+    """Each printer is a sibling implementing the whole `Backend` interface, never a subclass of another;
+    each registered execution backend prints through one of them."""
+    import importlib
 
-    for backend in (PythonBackend,):
-        assert backend.__bases__ == (Backend,), backend
-        assert not backend.__abstractmethods__, backend.__abstractmethods__
+    from opgen.runtime.backends import TARGETS
+    from opgen.runtime.codegen.backend import Backend
+
+    for name in MODULES:
+        if name.startswith("opgen.runtime.codegen."):
+            importlib.import_module(name)
+    printers = Backend.__subclasses__()
+    assert {p.__name__ for p in printers} >= {"PythonBackend", "CppBackend"}, printers
+    for printer in printers:
+        assert printer.__bases__ == (Backend,), printer
+        assert not printer.__abstractmethods__, (printer, printer.__abstractmethods__)
+        assert not printer.__subclasses__(), f"{printer.__name__} is subclassed: a backend is a sibling"
+    for name, target in TARGETS.items():
+        assert target.name == name and callable(target.print) and callable(target.bind), target
 
 
 def test_modules_stay_small() -> None:
@@ -212,3 +229,107 @@ def test_package_exports_resolve_lazily() -> None:
 
     assert opgen.UnsupportedOpError is UnsupportedOpError
     assert callable(opgen.compile)
+
+
+# -- csrc/opgen: the C++ mirrors the rooms, with the same kind of rules on its includes ---------------------------
+
+CSRC = ROOT.parent / "csrc"
+# The rooms of csrc/opgen, bottom up, and the rooms each may include (besides itself, torch and the standard
+# library); docs/development.md says what each holds. kernels, exec and package are the runtime a C++ program
+# links with no Python (opgen_add_runtime); module ties the Python-facing rooms into the `_C` extension.
+CPP_ROOM_INCLUDES: dict[str, set[str]] = {
+    "kernels": set(),
+    "exec": {"kernels"},
+    "package": {"exec", "kernels"},
+    "py": set(),
+    "bind": {"py", "kernels"},
+    "jit": {"bind", "py", "kernels"},
+    "graphs": {"py"},
+    "module": {"exec", "package", "py", "jit", "graphs"},
+}
+PYTHON_FREE_ROOMS = ("kernels", "exec", "package")
+# What only builds against an interpreter: CPython's headers, pybind11, torch's Python bindings.
+PYTHON_HEADER_PREFIXES = (
+    "Python.h", "structmember.h", "pybind11/", "torch/csrc/autograd/python_", "torch/csrc/utils/python",
+    "torch/csrc/utils/pybind", "torch/csrc/utils/tensor_", "torch/csrc/Device.h", "torch/csrc/Dtype.h",
+    "torch/csrc/Layout.h", "torch/csrc/MemoryFormat.h", "torch/csrc/Exceptions.h", "torch/csrc/DynamicTypes.h",
+)  # fmt: skip
+
+
+def cpp_sources() -> list[Path]:
+    return sorted(p for p in CSRC.rglob("*") if p.is_file())
+
+
+def cpp_includes(text: str) -> list[str]:
+    """The headers a C++ file's `#include <...>` and `#include "..."` lines name, in order."""
+    names = []
+    for line in text.splitlines():
+        directive = line.strip()
+        if not directive.startswith("#") or not directive[1:].lstrip().startswith("include"):
+            continue
+        target = directive[1:].lstrip().removeprefix("include").strip()
+        if target[:1] in ('"', "<"):
+            names.append(target[1:].split('"' if target[0] == '"' else ">")[0])
+    return names
+
+
+def cpp_room(header: str) -> str:
+    """`opgen/exec/executor.h` -> `exec`."""
+    return header.split("/")[1]
+
+
+def test_every_csrc_file_lies_in_a_room() -> None:
+    for path in cpp_sources():
+        parts = path.relative_to(CSRC).parts
+        assert len(parts) == 3 and parts[0] == "opgen", f"{path}: not in a room (csrc/opgen/<room>/<file>)"
+        assert parts[1] in CPP_ROOM_INCLUDES, f"{path}: {parts[1]} is no room of CPP_ROOM_INCLUDES"
+
+
+def test_csrc_includes_resolve_and_keep_to_the_room_rules() -> None:
+    for path in cpp_sources():
+        here = path.relative_to(CSRC).parts[1]
+        for name in cpp_includes(path.read_text()):
+            if not name.startswith("opgen/"):
+                continue
+            assert (CSRC / name).is_file(), f"{path.name} includes {name}, which csrc does not have"
+            there = cpp_room(name)
+            assert there == here or there in CPP_ROOM_INCLUDES[here], f"{path.name} ({here}) includes {name}"
+
+
+def test_the_runtime_rooms_reach_no_python_header() -> None:
+    """kernels, exec and package build without Python (a C++ program runs packages with libtorch only): no file of
+    theirs includes a Python header or a header of py/, however deep through opgen's own headers."""
+    for path in cpp_sources():
+        room_of_path = path.relative_to(CSRC).parts[1]
+        if room_of_path not in PYTHON_FREE_ROOMS:
+            continue
+        seen: set[str] = set()
+        todo = [(name, path.name) for name in cpp_includes(path.read_text())]
+        while todo:
+            name, via = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            assert not name.startswith(PYTHON_HEADER_PREFIXES), f"{path.name} reaches {name} (via {via})"
+            if name.startswith("opgen/"):
+                assert cpp_room(name) != "py", f"{path.name} reaches {name} (via {via})"
+                todo += [(n, name) for n in cpp_includes((CSRC / name).read_text())]
+
+
+def test_every_csrc_source_is_compiled() -> None:
+    """opgen.cmake names every .cpp of csrc (by room): a file moved or added is built, not left out."""
+    cmake = (ROOT / "cmake" / "opgen.cmake").read_text()
+    for path in cpp_sources():
+        if path.suffix == ".cpp":
+            assert path.relative_to(CSRC / "opgen").as_posix() in cmake, f"opgen.cmake does not build {path.name}"
+
+
+def test_generated_code_includes_existing_helpers() -> None:
+    """What the generator writes (its templates and emitters, and the generated/ snapshot) includes opgen's headers
+    where they are."""
+    texts = [p.read_text() for p in (*(ROOT / "templates").glob("*.j2"), *(ROOT.parent / "generated").glob("*"))]
+    from opgen.spec.model import OWN_HEADER  # the header of opgen's own kernels, which spec entries name
+
+    names = {OWN_HEADER} | {name for text in texts for name in cpp_includes(text) if name.startswith("opgen/")}
+    for name in sorted(names):
+        assert (CSRC / name).is_file(), f"generated code includes {name}, which csrc does not have"

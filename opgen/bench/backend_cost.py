@@ -41,7 +41,7 @@ DEFAULT_CASES = ("gpt_block", "decode_step")
 
 def _caught(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     """The callables inside a torch.compile(backend="opgen") call, with the arguments each got."""
-    from opgen.runtime import dynamo_backend
+    from opgen.runtime.frontend import dynamo as dynamo_backend
 
     caught: dict[str, Any] = {}
 

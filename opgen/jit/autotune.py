@@ -13,7 +13,7 @@ import concurrent.futures
 import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,8 +21,16 @@ from opgen.jit import cache, compiler, env
 from opgen.jit.binary import KernelBinary
 from opgen.jit.specialize import Specialization
 
-if TYPE_CHECKING:
-    from opgen.jit.kernels import JitKernel
+
+class Tunable(Protocol):
+    """What autotuning needs of a kernel (`opgen.jit.kernels.JitKernel`, which calls `pick`)."""
+
+    fn: Any
+    name: str
+    configs: tuple[Any, ...]
+    mutates: tuple[int, ...] | None
+
+    def add_variant(self, binary: KernelBinary, config: Any, args: Sequence[Any], *, into: Any = None) -> None: ...
 
 
 def size_key(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -33,7 +41,7 @@ def size_key(args: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def pick(
-    kernel: JitKernel,
+    kernel: Tunable,
     args: Sequence[Any],
     specs: Sequence[Specialization],
     futures: Sequence[concurrent.futures.Future[KernelBinary]],
@@ -57,7 +65,7 @@ def pick(
     return index, f"autotuned on the first call (us per launch: {shown})"
 
 
-def _config_call(kernel: JitKernel, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:
+def _config_call(kernel: Tunable, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:
     """A launch of one config on copies of what the kernel writes, through a launcher of its own."""
     native = env.native()
     scratch = native.JitLauncher(kernel.name, len(args), None)

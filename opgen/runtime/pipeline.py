@@ -1,6 +1,7 @@
-"""One FX graph -> one `CompiledGraph`: cache lookup, lowering, passes, Python backend.
+"""One FX graph -> one `CompiledGraph`: cache lookup, lowering, passes, the generated Python, and
+the programs of the other backends the compile may run on (`opgen.runtime.backends`).
 
-Shared by `opgen.compile` (export graphs) and the torch.compile backend (AOT graphs).
+Shared by `opgen.compile` (export graphs), the torch.compile backend (AOT graphs) and packages.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 
 from opgen.runtime.artifact import cache
 from opgen.runtime.artifact.compiled import CompiledGraph, compiled_graph
+from opgen.runtime.backends import print_programs
 from opgen.runtime.capture.export import graph_fingerprint
-from opgen.runtime.codegen import cpp
 from opgen.runtime.codegen.python import emit
+from opgen.runtime.codegen.triton.kernels import print_kernels
 from opgen.runtime.execution.device_facts import device_facts
-from opgen.runtime.ir import Program
 from opgen.runtime.ir.signature import GraphSignature
 from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.lowering.collectives import group_sizes
@@ -72,7 +73,7 @@ class CompileOptions:
     cache: bool = True
     guard: bool = True  # check inputs at the top (off under torch.compile: Dynamo guards already)
     grad_mode: bool = False  # the check also refuses grad mode (bound constants require grad)
-    backend: str = "python"  # "cpp" / "auto": also print the C++ executor's program (codegen.cpp)
+    backend: str = "python"  # also print the programs of the backends it may run on (`opgen.runtime.backends`)
 
 
 @functools.cache
@@ -112,8 +113,9 @@ def compile_graph(
     lowered = lower(gm, signature, registry, LowerOptions(options.fallback, options.guard, options.grad_mode))
     size_ranges = tuple((r.symbol, r.low, r.high) for r in ranges)
     program = run_passes(dataclasses.replace(lowered.program, ranges=size_ranges), registry, options.passes)
+    program = print_kernels(program)  # the Triton source of each kernel the passes planned
     source = emit(program, header=f"{name}, graph {key[:16]}")
-    cpp_program, cpp_error = cpp_text(program, registry, f"{name}, graph {key[:16]}", options.backend)
+    printed = print_programs(program, registry, f"{name}, graph {key[:16]}", options.backend)
     graph = compiled_graph(
         key,
         program,
@@ -124,18 +126,7 @@ def compile_graph(
         passes=options.passes,
         codegen_seconds=time.perf_counter() - start,
         ranges=size_ranges,
-        cpp_program=cpp_program,
-        cpp_error=cpp_error,
+        printed=printed,
     )
     path = cache.store(graph) if options.cache and graph.cacheable else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"
-
-
-def cpp_text(program: Program, registry: KernelRegistry, header: str, backend: str) -> tuple[str, str]:
-    """(the C++ executor's program, "") or ("", what it does not support); nothing for the python backend."""
-    if backend == "python":
-        return "", ""
-    try:
-        return cpp.emit(program, registry, header).text, ""
-    except cpp.CppUnsupported as exc:
-        return "", exc.what

@@ -26,8 +26,8 @@ from torch.nn.attention import SDPBackend
 
 import opgen
 from opgen import kernel_ops
-from opgen.runtime import dynamo_backend
 from opgen.runtime.capture.decompositions import KEEP_FUSED, kept_ops
+from opgen.runtime.frontend import dynamo as dynamo_backend
 from opgen.runtime.ir.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry
 from opgen.spec.schema import parse_schema

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import opgen
+from opgen.runtime.codegen.triton.kernels import print_kernels
 from opgen.runtime.ir import FusedKernel, Program, TensorMeta, Value
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.pipeline import default_pipeline
@@ -91,7 +92,8 @@ def ran_in_fresh_interpreter(request: pytest.FixtureRequest) -> bool:
 
 
 def fuse_as_if_cuda(program: Program, registry: KernelRegistry) -> Program:
-    return _relabel(fuse(_relabel(program, "cuda:0"), registry), "cpu")
+    """The fusion pass as if on CUDA, its kernels printed (as the pipeline prints them after the passes)."""
+    return print_kernels(_relabel(fuse(_relabel(program, "cuda:0"), registry), "cpu"))
 
 
 class InterpretedBinding:
@@ -204,7 +206,7 @@ def compile_with_pass(
     specs: list[FusedKernel] = []
 
     def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        out = _relabel(run(_relabel(program, "cuda:0"), registry), "cpu")
+        out = print_kernels(_relabel(run(_relabel(program, "cuda:0"), registry), "cpu"))  # the kernels' sources
         specs.extend(out.fused)
         return out
 

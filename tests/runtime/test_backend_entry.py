@@ -7,13 +7,13 @@ from importlib.metadata import entry_points
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from opgen.runtime.dynamo_backend import compile_aten_graph, opgen_backend
+from opgen.runtime.frontend.dynamo import compile_aten_graph, opgen_backend
 from opgen.runtime.pipeline import CompileOptions
 
 
 def test_entry_point_names_the_backend() -> None:
     points = {p.name: p for p in entry_points(group="torch_dynamo_backends")}
-    assert points["opgen"].value == "opgen.runtime.dynamo_backend:opgen_backend"
+    assert points["opgen"].value == "opgen.runtime.frontend.dynamo:opgen_backend"
     assert points["opgen"].load() is opgen_backend
     assert "opgen" in torch._dynamo.list_backends()
 

@@ -1,6 +1,6 @@
-"""The dependent-launch pass: where the device facts allow it, every generated kernel waits for the one
-before it at its top (or, a matrix-vector kernel, after reading its first weights) and is marked to
-launch dependently; elsewhere nothing changes. On a GPU of compute capability 9.0 or newer, the
+"""The dependent-launch pass: where the device facts allow it, every generated kernel is marked to launch
+dependently, and its printed source waits for the one before it at its top (or, a matrix-vector
+kernel, after reading its first weights); elsewhere nothing changes. On a GPU of compute capability 9.0 or newer, the
 fusion, gemv, attention and cache-write GPU tests run every kernel that way; here the end-to-end
 test checks results and the marks."""
 
@@ -15,12 +15,14 @@ from test_gemv import Block, compile_gemv
 
 import opgen
 from opgen.runtime import passes
+from opgen.runtime.codegen.triton import gemv as gemv_triton
+from opgen.runtime.codegen.triton.dependent_launch import SIGNAL, WAIT
+from opgen.runtime.codegen.triton.kernels import print_kernels
+from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.execution import fused as fused_module
 from opgen.runtime.ir import FusedKernel, Program, TensorMeta, Value
-from opgen.runtime.passes.dependent_launch import SIGNAL, WAIT, launch_dependently
-from opgen.runtime.passes.fusion import gemv_triton
+from opgen.runtime.passes.dependent_launch import launch_dependently
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
-from opgen.runtime.passes.fusion.source import jit_module
 from opgen.runtime.pipeline import default_pipeline, default_registry
 from opgen.runtime.registry import DeviceFacts
 
@@ -34,18 +36,20 @@ def pointwise() -> FusedKernel:
         "fused", ["in0", "out0"], "XBLOCK: tl.constexpr", "    # a kernel\n    pid = tl.program_id(0)"
     )
     meta = TensorMeta((4,), (1,), "float32", "cuda:0")
-    return FusedKernel("fused0", name, source, ("a",), ("float32",), (Value("b", meta),), (), ("n",), "pointwise")
+    spec = FusedKernel.make("fused0", None, inputs=(("a", "float32"),), outputs=(Value("b", meta),), nodes=("n",),
+                            describe="pointwise")  # fmt: skip
+    return spec.printed(name, source, ())
 
 
 def test_each_kernel_waits_at_its_top_where_the_device_allows() -> None:
     program = Program("forward", (), (), (), (), fused=(pointwise(),))
     assert launch_dependently(program, registry(False)) is program  # no facts, no change
-    (spec,) = launch_dependently(program, registry(True)).fused
+    (spec,) = print_kernels(launch_dependently(program, registry(True))).fused
     assert spec.dependent_launch and spec.name == pointwise().name
     body = spec.source.split(f"def {spec.name}(in0, out0, XBLOCK: tl.constexpr):\n")[1].splitlines()
     assert body[0].strip().startswith(SIGNAL) and body[1].strip().startswith(WAIT) and body[2] == "    # a kernel"
     ast.parse(spec.source)
-    (again,) = launch_dependently(dataclasses.replace(program, fused=(spec,)), registry(True)).fused
+    (again,) = print_kernels(launch_dependently(dataclasses.replace(program, fused=(spec,)), registry(True))).fused
     assert again == spec  # once
 
 
@@ -70,7 +74,7 @@ def test_the_gemv_pass_writes_the_wait_where_the_facts_say(monkeypatch: pytest.M
 
     def gemv_dependent(program: Program, _: object) -> Program:
         on = registry(True)
-        out = _relabel(launch_dependently(fuse_gemv(_relabel(program, "cuda:0"), on), on), "cpu")
+        out = print_kernels(_relabel(launch_dependently(fuse_gemv(_relabel(program, "cuda:0"), on), on), "cpu"))
         specs.extend(out.fused)
         return out
 

@@ -13,8 +13,8 @@ from torch.export import Dim
 
 import opgen
 from opgen.bench.models import GPTBlock
-from opgen.runtime.dynamo_backend import opgen_backend
 from opgen.runtime.errors import InputMismatchError, OpgenWarning
+from opgen.runtime.frontend.dynamo import opgen_backend
 
 
 class MLP(nn.Module):

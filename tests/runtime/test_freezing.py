@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from opgen.runtime import dynamo_backend
 from opgen.runtime.execution.frozen import KEEP, frozen_function
+from opgen.runtime.frontend import dynamo as dynamo_backend
 from opgen.runtime.pipeline import default_pipeline
 
 CHANNELS, FEATURES = 256, 512  # a linear weight of 8 rows: mkl_linear packs it

@@ -23,12 +23,12 @@ from torch.nn import functional as F
 import opgen
 from opgen.jit.choice import Choice
 from opgen.runtime.artifact.compiled import CompiledGraph
+from opgen.runtime.codegen.triton.groups import kernel
+from opgen.runtime.codegen.triton.ops import Operand as Op
+from opgen.runtime.codegen.triton.ops import common_type, literal, pointwise
 from opgen.runtime.errors import OpgenWarning
 from opgen.runtime.ir import KernelCall, Program
 from opgen.runtime.passes.fusion.groups import find_groups
-from opgen.runtime.passes.fusion.ops import Operand as Op
-from opgen.runtime.passes.fusion.ops import common_type, literal, pointwise
-from opgen.runtime.passes.fusion.triton import kernel
 from opgen.runtime.pipeline import default_pipeline
 
 torch.manual_seed(0)
@@ -582,9 +582,7 @@ def test_a_failing_candidate_falls_back_to_the_reliable_one_with_a_warning() -> 
 
 
 def test_kernel_source_for_a_hand_built_group() -> None:
-    from opgen.runtime.ir import Ref, TensorMeta
-    from opgen.runtime.passes.fusion.groups import FusedGroup
-    from opgen.runtime.passes.fusion.steps import Step, Tensor
+    from opgen.runtime.ir import FusedGroup, Ref, Step, Tensor, TensorMeta
 
     x = Tensor("x", TensorMeta((2, 3), (1, 2), "float16", "cuda:0"))  # column-major input
     out = Tensor("y", TensorMeta((2, 3), (3, 1), "float16", "cuda:0"))

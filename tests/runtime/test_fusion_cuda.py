@@ -118,7 +118,7 @@ def test_graph_mode_replays_fused_kernels(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_a_kernel_that_fails_to_compile_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opgen.runtime.passes.fusion import triton as backend
+    from opgen.runtime.codegen.triton import groups as backend
 
     original = backend._prologue
 

@@ -17,6 +17,7 @@ from torch import nn
 
 import opgen
 from opgen.runtime import passes
+from opgen.runtime.codegen.triton.kernels import print_kernels
 from opgen.runtime.execution import fused as fused_module
 from opgen.runtime.ir import (
     FusedKernel,
@@ -61,7 +62,7 @@ def compile_gemv(
     specs: list[FusedKernel] = []
 
     def gemv_on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        out = _relabel(fuse_gemv(_relabel(program, "cuda:0"), registry), "cpu")
+        out = print_kernels(_relabel(fuse_gemv(_relabel(program, "cuda:0"), registry), "cpu"))  # with their sources
         specs.extend(out.fused)
         return out
 

@@ -1,6 +1,6 @@
 """opgen.package / opgen.load_package: round trips against eager PyTorch, and every error a package can give.
 
-The file is read by the C++ reader (csrc/opgen/package.cpp) that a C++ program uses too;
+The file is read by the C++ reader (csrc/opgen/package/package.cpp) that a C++ program uses too;
 test_package_cpp.py builds such a program with CMake and runs packages with no Python in it.
 """
 
@@ -17,10 +17,11 @@ import torch
 
 import opgen
 from opgen import _C
-from opgen.runtime import packaging as package_module
 from opgen.runtime.artifact import setup_folding
 from opgen.runtime.artifact.package_file import FORMAT, replace_header
+from opgen.runtime.codegen.backend import Printed
 from opgen.runtime.errors import InputMismatchError, InputTypeError, PackageError
+from opgen.runtime.frontend import packaging as package_module
 
 
 class MLP(torch.nn.Module):
@@ -149,7 +150,8 @@ def test_a_graph_the_executor_cannot_run_is_refused_naming_what(tmp_path: Path, 
 
     def without_cpp(*args, **kwargs):
         graph, filename = real(*args, **kwargs)
-        return dataclasses.replace(graph, cpp_program="", cpp_error="the Python function py:f (node f_1)"), filename
+        refused = (("cpp", Printed(error="the Python function py:f (node f_1)")),)
+        return dataclasses.replace(graph, printed=refused), filename
 
     monkeypatch.setattr(package_module, "compile_graph", without_cpp)
     model, x = model_and_input("mlp")

@@ -17,9 +17,8 @@ from fusion_interp import compile_as_on_cuda, needs_triton, ran_in_fresh_interpr
 from torch import nn
 
 import opgen
-from opgen.runtime.ir import FusedKernel
-from opgen.runtime.passes.fusion.placement import Index, placed_address
-from opgen.runtime.passes.fusion.steps import Placement
+from opgen.runtime.codegen.triton.placement import Index, placed_address
+from opgen.runtime.ir import FusedKernel, Placement
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from opgen.runtime.codegen.backend import Source
+from opgen.runtime.codegen.backend import Printed, Source
 from opgen.runtime.ir import (
     Arg,
     Collective,
@@ -29,7 +29,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.ir.sizes import SizeRange
 
-FORMAT = 6
+FORMAT = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +73,17 @@ class CompiledGraph:
     splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): worth compiling below n and from n apart
     random_calls: tuple[tuple[str, str], ...] = ()  # (node, ATen op) of each call drawing random numbers
     collectives: tuple[Collective, ...] = ()  # torch.distributed collectives, bound to their groups at load
-    cpp_program: str = ""  # the C++ executor's program (codegen.cpp), where a backend other than python asked
-    cpp_error: str = ""  # what the C++ backend does not support in this graph yet (then no cpp_program)
+    printed: tuple[tuple[str, Printed], ...] = ()  # other backends' programs by name (`opgen.runtime.backends`)
     from_cache: bool = field(default=False, compare=False)
+
+    def printed_by(self, backend: str) -> Printed:
+        """The program `backend` printed for this graph (empty where it printed none)."""
+        return next((p for name, p in self.printed if name == backend), Printed())
+
+    @property
+    def cpp_program(self) -> str:
+        """The C++ executor's program (`printed_by("cpp").text`; empty where it has none)."""
+        return self.printed_by("cpp").text
 
     @property
     def size_ranges(self) -> tuple[SizeRange, ...]:
@@ -108,6 +116,7 @@ class CompiledGraph:
         )
         data["fused"] = tuple(_fused(f) for f in data.get("fused", ()))
         data["collectives"] = tuple(Collective(**c) for c in data.get("collectives", ()))
+        data["printed"] = tuple((name, Printed(**p)) for name, p in data.get("printed", ()))
         return cls(**data, from_cache=True)
 
     @property
@@ -219,16 +228,13 @@ def _fused(data: dict[str, Any]) -> FusedKernel:
         meta = TensorMeta(tuple(m["shape"]), tuple(m["stride"]), m["dtype"], m["device"], m["offset"])
         return Value(v["name"], meta)
 
-    return FusedKernel(
-        local=data["local"],
-        name=data["name"],
-        source=data["source"],
-        inputs=tuple(data["inputs"]),
-        input_dtypes=tuple(data["input_dtypes"]),
-        outputs=tuple(value(v) for v in data["outputs"]),
-        configs=_configs(data["configs"]),
-        nodes=tuple(data["nodes"]),
+    return FusedKernel.make(
+        data["local"],
+        None,
+        inputs=zip(data["inputs"], data["input_dtypes"], strict=True),
+        outputs=(value(v) for v in data["outputs"]),
+        nodes=data["nodes"],
         describe=data["describe"],
-        writes=tuple(value(v) for v in data.get("writes", ())),
+        writes=(value(v) for v in data.get("writes", ())),
         dependent_launch=data.get("dependent_launch", False),
-    )
+    ).printed(data["name"], data["source"], _configs(data["configs"]))

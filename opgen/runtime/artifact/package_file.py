@@ -1,15 +1,15 @@
-"""The bytes of an opgen package file: what `opgen.package` writes and csrc/opgen/package.cpp reads.
+"""The bytes of an opgen package file: what `opgen.package` writes and csrc/opgen/package/package.cpp reads.
 
 A package is one file: a first line (`opgen-package <format> <header bytes> <header crc32c>`), a
 header of text lines (versions, the model's name and output form, where the program and each
 constant lie, with their sizes, strides and checksums) and, from the next 64-byte boundary, the
 data: the executor program's text and the constants' raw bytes, each at a 64-byte aligned offset
 from the data's start (the reader maps the file and uses the constants where they lie). C++ reads
-it with libtorch only (no pickle, no JSON parser); csrc/opgen/package.h documents the lines.
+it with libtorch only (no pickle, no JSON parser); csrc/opgen/package/package.h documents the lines.
 Strings are %-escaped as in executor programs (`codegen.cpp_literals.escape`), so every line splits on spaces.
 Checksums are CRC-32C: the caller passes the function (`_C.crc32c`, the reader's own).
 
-Plain data and bytes, no torch: the tensors come in as `ConstantBytes` (packaging.py makes them).
+Plain data and bytes, no torch: the tensors come in as `ConstantBytes` (frontend/packaging.py makes them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from opgen.runtime.codegen.cpp_literals import escape
 
-FORMAT = 2  # csrc/opgen/package.h: kPackageFormat
+FORMAT = 2  # csrc/opgen/package/package.h: kPackageFormat
 MAGIC = "opgen-package"
 ALIGN = 64  # kPackageAlign
 

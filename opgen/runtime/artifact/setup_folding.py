@@ -12,7 +12,7 @@ the package), as do buffers.
 A result that shares storage with a constant (a view of a weight) is not folded: the body may write
 the constant (a buffer), and the view must see it. A setup that writes in place (a call with no
 results) is left as it is. Plain text and values: the caller
-(`packaging.py`) runs the setup (`_C.setup_values`) and says which values can be stored.
+(`frontend/packaging.py`) runs the setup (`_C.setup_values`) and says which values can be stored.
 """
 
 from __future__ import annotations

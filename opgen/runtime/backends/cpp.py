@@ -1,6 +1,7 @@
-"""Binding a compiled graph's C++ program (codegen.cpp) to opgen's prebuilt C++ executor, and the tiering.
+"""The C++ backend: the graph's program printed for opgen's prebuilt C++ executor (`codegen.cpp`),
+and bound to it.
 
-`bind_cpp` parses the program (`_C.cpp_function`), binds its constants and externs and runs its
+`bind` parses the program (`_C.cpp_function`), binds its constants and externs and runs its
 setup, less what the Python function's setup made already (its packed and folded weights, taken
 from its closure by name: the program's `shared` lines); the result is a `CppFunction`, called
 like the generated Python function: the same input check (its mismatches go to the same slow
@@ -12,10 +13,6 @@ each fused kernel's launcher. A fused kernel's call is settled after the first c
 executor then runs the picked alternative, the Triton launch or the ATen calls, in place of the
 call. While a profiler is on, the executor runs each kernel call in a range named after its node,
 as the Python function's profiled twin does. OPGEN_DEBUG=1 prints the program.
-
-`with_backend` is the tiering the entry points share: `backend="cpp"` and `"auto"` return the C++
-function where the program binds, else the Python one, with (for "cpp") one OpgenWarning; either
-way `backend_note` says which runs, for `report()`.
 """
 
 from __future__ import annotations
@@ -25,35 +22,32 @@ import inspect
 import os
 import re
 import sys
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from opgen.runtime.artifact.compiled import CompiledGraph
-from opgen.runtime.errors import OpgenError, OpgenWarning
+from opgen.runtime.backends.target import Target, Unavailable
+from opgen.runtime.codegen import cpp
+from opgen.runtime.codegen.backend import Printed
+from opgen.runtime.errors import OpgenError
 from opgen.runtime.execution.dynamic_guards import input_check, is_dynamic
 from opgen.runtime.execution.guards import PROCEED
+from opgen.runtime.ir import Program
+from opgen.runtime.registry import KernelRegistry
 
-BACKENDS = ("python", "cpp", "auto")
+NAME = "cpp"
 
 
-class CppUnavailable(OpgenError):
+class CppUnavailable(Unavailable):
     """The graph has no C++ program: what the C++ backend does not support in it yet."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"not supported by the cpp backend yet: {what}")
-        self.what = what
+        super().__init__(NAME, what)
 
 
-def check_backend(backend: str, where: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"{where}: backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
-    return backend
-
-
-def bind_cpp(
+def bind(
     graph: CompiledGraph,
     constants: Mapping[str, torch.Tensor],
     handler: Callable[..., Any],
@@ -65,25 +59,54 @@ def bind_cpp(
     """The graph's C++ program, bound; `handler(*args)` is the input check's slow path, `python_fn`
     the generated Python function of the same graph (whose callables the program's externs are),
     `jit` the runtime's bindings of its kernels (`Runtime.jit`: fused kernels' launchers, choices)."""
-    if graph.cpp_error:
-        raise CppUnavailable(graph.cpp_error)
-    if not graph.cpp_program:
+    printed = graph.printed_by(NAME)
+    if printed.error:
+        raise CppUnavailable(printed.error)
+    if not printed.text:
         raise CppUnavailable("a graph compiled without its C++ program (backend='python')")
+    program = printed.text
     if os.environ.get("OPGEN_DEBUG", "") not in ("", "0"):
-        print(f"# opgen: C++ executor program for graph {graph.key[:16]}\n{graph.cpp_program}", file=sys.stderr)
-    from opgen import _C
-
+        print(f"# opgen: C++ executor program for graph {graph.key[:16]}\n{program}", file=sys.stderr)
     tensors = [constants[key] for _, key in graph.constants]
     jit = jit or {}
-    fused = {name: jit.get(name) for name in re.findall(r"^alternative (\S+) triton$", graph.cpp_program, re.M)}
+    fused = {name: jit.get(name) for name in re.findall(r"^alternative (\S+) triton$", program, re.M)}
     externs = dict(inspect.getclosurevars(python_fn).nonlocals)
     externs.update({f"{name}.launcher": _launcher(name, binding) for name, binding in fused.items()})
     resolver = functools.partial(picks, fused) if fused else None
     check = input_check(graph.inputs, graph.size_ranges) if is_dynamic(graph.inputs) else None
-    fn: Callable[..., Any] = _C.cpp_function(
-        graph.cpp_program, tensors, externs, handler, PROCEED, unflatten, resolver, check
-    )
+    return bind_program(program, tensors, externs, handler, unflatten, resolver, check)
+
+
+def bind_program(
+    program: str,
+    constants: Sequence[torch.Tensor],
+    externs: Mapping[str, Any],
+    handler: Callable[..., Any],
+    unflatten: Callable[[tuple[Any, ...]], Any] | None = None,
+    resolver: Callable[[], Any] | None = None,
+    check: Any = None,
+) -> Callable[..., Any]:
+    """A program text bound to the C++ executor (a compiled graph's, or a package's, which has no externs)."""
+    from opgen import _C
+
+    fn: Callable[..., Any] = _C.cpp_function(program, constants, externs, handler, PROCEED, unflatten, resolver, check)
     return fn
+
+
+def print_program(program: Program, registry: KernelRegistry, header: str) -> Printed:
+    try:
+        return Printed(cpp.emit(program, registry, header).text)
+    except cpp.CppUnsupported as exc:
+        return Printed(error=exc.what)
+
+
+TARGET = Target(
+    NAME,
+    print_program,
+    bind,
+    note="opgen's C++ executor runs the program; backend='python' for the generated Python",
+    refusals=(ValueError, RuntimeError, TypeError),  # what _C.cpp_function raises for a program it rejects
+)
 
 
 def _launcher(name: str, binding: Any) -> Any:
@@ -117,31 +140,3 @@ def picks(fused: Mapping[str, Any]) -> dict[str, str] | None:
         ((pick, _),) = binding.choice.picks.values()
         out[name] = pick
     return out
-
-
-def backend_note(backend: str, ran: str, reason: str = "") -> str:
-    if ran == "cpp":
-        return "backend: cpp (opgen's C++ executor runs the program; backend='python' for the generated Python)"
-    if backend == "python":
-        return ""
-    return f"backend: python ({backend!r} asked; {reason})"
-
-
-def with_backend(
-    backend: str,
-    graph: CompiledGraph,
-    python_fn: Callable[..., Any],
-    bind: Callable[..., Callable[..., Any]],
-) -> tuple[Callable[..., Any], str]:
-    """The function to run for `backend` and the note for `report()`. `bind(python_fn=...)` makes the
-    C++ function."""
-    if backend == "python":
-        return python_fn, ""
-    try:
-        fn = bind(python_fn=python_fn)
-    except (CppUnavailable, ValueError, RuntimeError, TypeError) as exc:
-        reason = str(exc) if isinstance(exc, CppUnavailable) else f"{type(exc).__name__}: {exc}"
-        if backend == "cpp":
-            warnings.warn(f"opgen: graph {graph.name} runs on the Python backend: {reason}", OpgenWarning, stacklevel=4)
-        return python_fn, backend_note(backend, "python", reason)
-    return fn, backend_note(backend, "cpp")

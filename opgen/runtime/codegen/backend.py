@@ -24,6 +24,15 @@ class Source:
     manifest: Manifest
 
 
+@dataclass(frozen=True, slots=True)
+class Printed:
+    """What one execution backend printed for a graph (`opgen.runtime.backends`): its program's text,
+    or, where the backend cannot run the graph yet, why (then no text)."""
+
+    text: str = ""
+    error: str = ""
+
+
 class Backend(ABC):
     """One target language. Each line method returns the line's statements, unindented."""
 

@@ -1,10 +1,15 @@
 """The C++ backend: a `Program` -> the text of a program for opgen's prebuilt C++ executor.
 
-The executor (csrc/opgen/executor.h documents the text) is compiled once, with the extension: it
-runs a program's instructions over a file of registers, calling a generated thunk per kernel
-(opgen/gen/thunks.py), the same kernel the binding calls. So nothing is compiled per graph: this
-backend prints plain text, one instruction per kernel call with the graph node's name, which the
-executor parses when the program is bound (`execution.cpp_executor`).
+The text's grammar is docs/cpp-program.md: this module prints it (with cpp_literals, cpp_sizes and
+cpp_recycle), the executor's parser (csrc/opgen/exec/executor_parse.cpp) reads it, and its printer
+(`_C.reprint_program`) writes a parsed program back; tests/runtime/test_cpp_program_roundtrip.py
+holds the three to one form. A change to what is printed here is a change to that page.
+
+The executor is compiled once, with the extension: it runs a program's instructions over a file of
+registers, calling a generated thunk per kernel (opgen/gen/thunks.py), the same kernel the binding
+calls. So nothing is compiled per graph: this backend prints plain text, one instruction per kernel
+call with the graph node's name, which the executor parses when the program is bound
+(`backends.cpp`).
 
 Registers: inputs are r0..r<n-1>, every other value of the body its own register; constants are
 s0..s<k-1> and values the setup lines make are the statics after them. A list argument that holds
@@ -14,7 +19,7 @@ ATen fallbacks (and oneDNN's prepacking ops) go through the dispatcher, boxed (`
 
 Externs: what the generated Python calls through a callable bound at load time (Triton and fused
 kernels, kernel choices, collectives, `py:` functions) is an `extern` of the program, called by a
-`call` line and bound by the same local name (`execution.cpp_executor`): a Triton launcher is
+`call` line and bound by the same local name (`backends.cpp`): a Triton launcher is
 launched from C++, anything else called with the GIL (a dtype, layout or memory format literal
 reaches it as torch's object, as from the Python function). A fused kernel's call also gets two
 `alternative` sections after the body, one pair per call (a kernel may serve several): its Triton

@@ -1,6 +1,6 @@
 """How the C++ executor's programs print literal operands (`None`, ints, `'%-escaped strings'`,
 `[lists]`, `torch.float32`, `device(cpu)`), and the error the backend raises for what it cannot
-print. The executor's parser (csrc/opgen/executor_parse.cpp) reads the same forms back.
+print. The executor's parser (csrc/opgen/exec/executor_parse.cpp) reads the same forms back.
 """
 
 from __future__ import annotations

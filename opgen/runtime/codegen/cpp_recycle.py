@@ -2,7 +2,7 @@
 
 A returned value made by a functional CPU kernel with a plain out= variant (`add` -> `add_out`,
 the same arguments and `out`) gets that out= form after its line in the program text. The C++
-function (csrc/opgen/executor_py.cpp) keeps each such result it returned; when the next call
+function (csrc/opgen/module/executor_py.cpp) keeps each such result it returned; when the next call
 finds that nothing but the function reaches it any more (no other reference to the object, no
 weak reference, no attribute, no view or other tensor on its storage, no grad, the same dtype,
 sizes and strides), the program writes the new value into it with the out= form instead of

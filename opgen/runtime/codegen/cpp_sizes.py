@@ -3,7 +3,7 @@ program of a `sym` line, and a tensor's shape with `?` for what the runtime's in
 
 The IR's size expressions are Python text over size symbols with `+ - * ** // %`, `min` and `max`
 (`opgen.runtime.ir.sizes`); a `sym` line evaluates the same operators, in postfix order, over the
-registers of the symbols (`csrc/opgen/executor.cpp`, Python's floor division and modulo).
+registers of the symbols (`csrc/opgen/exec/executor.cpp`, Python's floor division and modulo).
 """
 
 from __future__ import annotations

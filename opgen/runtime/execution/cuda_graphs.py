@@ -322,7 +322,7 @@ def output_plans(
     ranges: Sequence[tuple[int, int]],
     static_outputs: bool,
 ) -> list[tuple[Any, ...]]:
-    """How the runner produces each output leaf (see GraphRunner in csrc/opgen/cuda_graph.cpp)."""
+    """How the runner produces each output leaf (see GraphRunner in csrc/opgen/graphs/cuda_graph.cpp)."""
     by_storage = {s.untyped_storage().data_ptr(): i for i, s in enumerate(statics) if i not in fixed}
     in_pool = [
         isinstance(x, torch.Tensor) and any(lo <= x.untyped_storage().data_ptr() < hi for lo, hi in ranges)

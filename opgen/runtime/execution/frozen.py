@@ -1,7 +1,7 @@
 """Frozen weights: a function compiled with some of its inputs bound as constants, checked by identity.
 
 Under `torch.compile(backend="opgen")` Dynamo passes a module's parameters and buffers as graph
-inputs on every call. Freezing (`opgen.runtime.dynamo_backend`) compiles the graph with the ones
+inputs on every call. Freezing (`opgen.runtime.frontend.dynamo`) compiles the graph with the ones
 it does not write bound as constants, so batch-norm folding, weight prepacking and constant
 folding run once, when the function is bound, instead of never. Dynamo does not guard the
 identity of those tensors: a module whose parameter was replaced by a new tensor, or another

@@ -23,7 +23,6 @@ their identity; the function checks it on each call (`opgen.runtime.execution.fr
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,14 +34,14 @@ from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from opgen.runtime.backends import check_backend
 from opgen.runtime.capture.decompositions import aot_decompositions
 from opgen.runtime.capture.export import attr_constants, decompose_uncovered
 from opgen.runtime.errors import OpgenWarning, RequiresGradError
-from opgen.runtime.execution import executor
-from opgen.runtime.execution.cpp_executor import bind_cpp, check_backend, with_backend
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions
 from opgen.runtime.execution.frozen import frozen_function
 from opgen.runtime.execution.guards import PROCEED
+from opgen.runtime.frontend.bind import bind
 from opgen.runtime.ir.signature import GraphSignature, OutputSpec, PlaceholderSpec
 from opgen.runtime.lowering.symbolic import graph_symbols, shape_env_ranges
 from opgen.runtime.pipeline import (
@@ -50,7 +49,6 @@ from opgen.runtime.pipeline import (
     compile_graph,
     default_pipeline,
     default_registry,
-    kernel_ops_module,
     start_jit_workers,
 )
 from opgen.runtime.report import Report
@@ -104,12 +102,9 @@ def compile_aten_graph(
     def make(tensors: Sequence[torch.Tensor]) -> Callable[..., Any]:
         bound = {**constants, **{keys[i]: t for i, t in zip(frozen.positions, tensors, strict=True)}}
         with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
-            rt = executor.Runtime(_no_mismatch)
-            fn = executor.bind(graph, bound, rt, kernel_ops_module(), filename)
-            cpp = functools.partial(bind_cpp, graph, bound, functools.partial(_no_mismatch, None), jit=rt.jit)
-            fn, line = with_backend(options.backend, graph, fn, cpp)
-        backend_lines[:] = [line] if line else []
-        return graphs.wrap(fn, graph, bound, fixed=fixed) if graphs is not None else fn
+            b = bind(graph, bound, _no_mismatch, filename, backend=options.backend, graphs=graphs, fixed=fixed)
+        backend_lines[:] = [b.backend_line] if b.backend_line else []
+        return b.fn
 
     if frozen.positions:
         fn = frozen_function(make, frozen.positions, kept, frozen.tensors)

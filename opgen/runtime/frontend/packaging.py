@@ -6,7 +6,7 @@ shapes) and writes the executor program, the constant tensors, the input and out
 the versions it was made with (`artifact.package_file`). A graph the executor cannot run (what the
 C++ backend falls back on) is a `PackageError` naming what.
 
-`load_package` reads the file with the same C++ reader a C++ program uses (csrc/opgen/package.h,
+`load_package` reads the file with the same C++ reader a C++ program uses (csrc/opgen/package/package.h,
 through `_C.read_package`), which checks it (format, torch version, the op spec's thunks,
 checksums), and binds the program to the executor as `backend="cpp"` does: a `CppFunction` that
 checks its inputs on every call. Inputs of another count, dtype, device or shape are errors naming
@@ -29,9 +29,11 @@ from torch.utils import _pytree as pytree
 from opgen import _C
 from opgen.runtime.artifact import package_file, setup_folding
 from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
+from opgen.runtime.backends import cpp
 from opgen.runtime.capture.export import as_module, constants_of, export_program, model_name, signature_of
-from opgen.runtime.errors import InputMismatchError, InputTypeError, PackageError
+from opgen.runtime.errors import InputMismatchError, PackageError
 from opgen.runtime.execution.guards import PROCEED, diagnose, shape_mismatch_message
+from opgen.runtime.frontend.inputs import example_tensors, unflattener
 from opgen.runtime.pipeline import CompileOptions, compile_graph, default_pipeline, default_registry
 from opgen.runtime.torch_symbols import dtype_name
 
@@ -80,10 +82,8 @@ def package(
 
 
 def _example_inputs(example_inputs: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    inputs = example_tensors(example_inputs, "opgen.package", "a package takes tensors")
     for i, value in enumerate(inputs, start=1):
-        if not isinstance(value, torch.Tensor):
-            raise InputTypeError(f"opgen.package: example input {i} is {type(value).__name__}; a package takes tensors")
         if value.device.type != "cpu":
             raise PackageError(f"opgen.package: example input {i} is on {value.device}; packages run on CPU only")
     return inputs
@@ -100,12 +100,13 @@ def _compile(
         fallback, tuple(passes) if passes is not None else default_pipeline(), cache, backend="cpp"
     )
     graph, _ = compile_graph(ep.graph_module, sig, options, model_name(module), str(ep.call_spec.out_spec))
-    if graph.cpp_error:
+    printed = graph.printed_by(cpp.NAME)
+    if printed.error:
         raise PackageError(
-            f"opgen.package: {model_name(module)} cannot run on the C++ executor: {graph.cpp_error} "
+            f"opgen.package: {model_name(module)} cannot run on the C++ executor: {printed.error} "
             "(opgen.compile(model, inputs) runs it on the Python backend)"
         )
-    if externs := _externs(graph.cpp_program):
+    if externs := _externs(printed.text):
         raise PackageError(
             f"opgen.package: {model_name(module)} calls functions bound in the running process "
             f"({', '.join(externs)}: Python functions, Triton kernels or collectives), and a package runs "
@@ -119,11 +120,11 @@ def _compile(
 
 def _externs(program: str) -> list[str]:
     """The functions a program calls that the process binds (its `extern` lines): none in a package
-    (the reader refuses a file whose program names any: csrc/opgen/package.cpp)."""
+    (the reader refuses a file whose program names any: csrc/opgen/package/package.cpp)."""
     return [line.split()[1] for line in program.splitlines() if line.startswith("extern ")]
 
 
-# The dtypes the package reader knows (csrc/opgen/executor_parse.cpp: dtypes_by_name).
+# The dtypes the package reader knows (csrc/opgen/exec/executor_parse.cpp: dtypes_by_name).
 READABLE_DTYPES = frozenset(
     ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64",
      "complex128")
@@ -132,8 +133,9 @@ READABLE_DTYPES = frozenset(
 
 def _fold_setup(graph: CompiledGraph, constants: dict[str, torch.Tensor]) -> setup_folding.Folded:
     """The program with its constant-only setup calls run now (`artifact.setup_folding`)."""
-    values = _C.setup_values(graph.cpp_program, [constants[key] for _, key in graph.constants])
-    return setup_folding.fold(graph.cpp_program, values, _storable, _shares_storage)
+    program = graph.printed_by(cpp.NAME).text
+    values = _C.setup_values(program, [constants[key] for _, key in graph.constants])
+    return setup_folding.fold(program, values, _storable, _shares_storage)
 
 
 def _storable(value: Any) -> bool:
@@ -155,7 +157,7 @@ def _shares_storage(a: Any, b: Any) -> bool:
 
 def _form(graph: CompiledGraph) -> str:
     """The return line's form; PackageError where it returns something other than tensors."""
-    line = next(t for t in graph.cpp_program.splitlines() if t.strip().startswith("return "))
+    line = next(t for t in graph.printed_by(cpp.NAME).text.splitlines() if t.strip().startswith("return "))
     _, form, *values = line.split()
     literals = [v for v in values if not (v[0] in "rs" and v[1:].isdigit())]
     if literals:
@@ -198,12 +200,10 @@ def load_package(path: str | Path) -> Callable[..., Any]:
     contents = _C.read_package(str(path))
     specs = program_inputs(contents["program"])
     tree = contents["output_tree"]
-    unflatten = _unflatten(pytree.treespec_loads(tree)) if contents["output_form"] == "pytree" else None
+    unflatten = unflattener(pytree.treespec_loads(tree)) if contents["output_form"] == "pytree" else None
     handler = _slow_path(specs, str(path))
     try:
-        fn: Callable[..., Any] = _C.cpp_function(
-            contents["program"], contents["constants"], {}, handler, PROCEED, unflatten
-        )
+        fn = cpp.bind_program(contents["program"], contents["constants"], {}, handler, unflatten)
     except (ValueError, RuntimeError, TypeError) as exc:
         raise PackageError(f"opgen package {path}: its program does not run here: {exc}") from exc
     fn.package = PackageInfo(  # type: ignore[attr-defined]
@@ -249,7 +249,3 @@ def _slow_path(specs: tuple[InputSpec, ...], where: str) -> Callable[..., Any]:
         return PROCEED
 
     return on_mismatch
-
-
-def _unflatten(spec: pytree.TreeSpec) -> Callable[[tuple[Any, ...]], Any]:
-    return lambda flat: pytree.tree_unflatten(list(flat), spec)

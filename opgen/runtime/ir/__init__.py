@@ -1,5 +1,7 @@
-"""The wrapper IR: a compiled graph as small frozen lines of plain data (`lines`), the records of the
-kernels it launches beyond kernel_ops (`kernels`), and arithmetic on symbolic sizes (`sizes`).
+"""The wrapper IR: a compiled graph (`program`) as small frozen lines of plain data (`lines`), the records of
+the kernels it launches beyond kernel_ops (`kernels`) with what a generated kernel computes (`plans`),
+and arithmetic on symbolic sizes (`sizes`). `fusible` holds which ATen overloads a generated kernel
+can compute, for the passes that decide and the Triton printer alike.
 
 `opgen.runtime.ir` is the IR's one import surface for the lines, values and kernel records.
 """
@@ -7,7 +9,7 @@ kernels it launches beyond kernel_ops (`kernels`), and arithmetic on symbolic si
 from __future__ import annotations
 
 from opgen.runtime.ir.collectives import Collective
-from opgen.runtime.ir.kernels import FusedKernel, JitKernelSpec, KernelChoice
+from opgen.runtime.ir.kernels import Config, FusedKernel, JitKernelSpec, KernelChoice
 from opgen.runtime.ir.lines import (
     ITEMSIZE,
     Alloc,
@@ -19,7 +21,6 @@ from opgen.runtime.ir.lines import (
     Input,
     KernelCall,
     Line,
-    Program,
     Ref,
     Return,
     SizeLet,
@@ -30,50 +31,75 @@ from opgen.runtime.ir.lines import (
     View,
     contiguous_strides,
     defs,
-    map_body,
-    memo_key,
-    meta_table,
     producers,
-    program_lines,
     refs,
     size_symbols,
     substitute,
     substitute_all,
     substitute_line,
-    symbol_names,
     uses,
     writing_into,
 )
+from opgen.runtime.ir.plans import (
+    AttentionPlan,
+    CacheWritePlan,
+    FusedGroup,
+    GemvPlan,
+    GemvRows,
+    KernelPlan,
+    Move,
+    Placement,
+    RegionWrite,
+    SpatialMeanPlan,
+    Step,
+    Tensor,
+    flat_steps,
+)
+from opgen.runtime.ir.program import Program, map_body, memo_key, meta_table, program_lines, symbol_names
 from opgen.runtime.ir.sizes import Size, SizeExpr
 
 __all__ = [
     "ITEMSIZE",
     "Alloc",
     "Arg",
+    "AttentionPlan",
+    "CacheWritePlan",
     "Collective",
     "Comment",
+    "Config",
     "Constant",
     "Free",
+    "FusedGroup",
     "FusedKernel",
+    "GemvPlan",
+    "GemvRows",
     "Guard",
     "Input",
     "JitKernelSpec",
     "KernelCall",
     "KernelChoice",
+    "KernelPlan",
     "Line",
+    "Move",
+    "Placement",
     "Program",
     "Ref",
+    "RegionWrite",
     "Return",
     "Size",
     "SizeExpr",
     "SizeLet",
+    "SpatialMeanPlan",
+    "Step",
     "Sym",
+    "Tensor",
     "TensorConstant",
     "TensorMeta",
     "Value",
     "View",
     "contiguous_strides",
     "defs",
+    "flat_steps",
     "map_body",
     "memo_key",
     "meta_table",

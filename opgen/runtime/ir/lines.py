@@ -1,10 +1,8 @@
 """The wrapper IR: a compiled graph as a list of small frozen lines of plain data.
 
-A `Program` is a function's inputs, the tensor constants it binds, `setup` lines that run once when
-the executor binds the program (allocations of persistent buffers, folded constants, hoisted
-views), `memo` lines that run in the call only when the size symbols they read change (dynamic
-shapes: views and constant-only calls whose sizes are symbolic) and `body` lines that run on every
-call. Lines refer to values by name (`Ref`); every value a
+A `Program` (`opgen.runtime.ir.program`) holds these lines: `setup` lines that run once when the
+executor binds the program, `memo` lines that run when the size symbols they read change and `body`
+lines that run on every call. Lines refer to values by name (`Ref`); every value a
 line defines is a `Value` carrying its `TensorMeta` where known. Nothing here imports torch or
 refers to a graph, so programs can be built by hand, transformed by passes and printed by a
 backend in tests.
@@ -17,12 +15,10 @@ Metas hold ints or `SizeExpr`s; `opgen.runtime.ir.sizes` does arithmetic on them
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
-from opgen.runtime.ir.collectives import Collective
-from opgen.runtime.ir.kernels import FusedKernel, JitKernelSpec, KernelChoice
 from opgen.runtime.ir.sizes import Size, SizeExpr
 from opgen.runtime.ir.sizes import contiguous_strides as symbolic_strides
 
@@ -226,40 +222,6 @@ class Return:
 Line = Union[KernelCall, Alloc, View, Free, Constant, SizeLet, Comment, Guard, Return]  # noqa: UP007
 
 
-@dataclass(frozen=True, slots=True)
-class Program:
-    name: str
-    inputs: tuple[Input, ...]
-    constants: tuple[TensorConstant, ...]
-    setup: tuple[Line, ...]
-    body: tuple[Line, ...]
-    notes: tuple[str, ...] = ()  # what passes did or skipped that `report()` should say (symbolic sizes)
-    ranges: tuple[tuple[str, int, int | None], ...] = ()  # size symbols: (name, low, high or None)
-    jit_kernels: tuple[JitKernelSpec, ...] = ()
-    choices: tuple[KernelChoice, ...] = ()
-    memo: tuple[Line, ...] = ()  # run in the call only when the size symbols they read change (passes.memo)
-    splits: tuple[tuple[str, int], ...] = ()  # (symbol, n): a pass chose per call by `symbol < n` (size_classes)
-    fused: tuple[FusedKernel, ...] = ()  # Triton kernels of fused node groups (passes.fusion)
-    collectives: tuple[Collective, ...] = ()  # torch.distributed collectives it issues and waits for
-
-
-def program_lines(program: Program) -> tuple[Line, ...]:
-    """Every line of a program: setup, the size memo, body."""
-    return (*program.setup, *program.memo, *program.body)
-
-
-def symbol_names(program: Program) -> set[str]:
-    """Names bound to a size per call: the body's `SizeLet`s and torch.compile's size inputs."""
-    lets = {line.name for line in program.body if isinstance(line, SizeLet)}
-    return lets | {i.name for i in program.inputs if i.size is not None}
-
-
-def memo_key(program: Program) -> tuple[str, ...]:
-    """The size symbols the memo lines read, sorted: the memo is recomputed when one of them changes."""
-    symbols = symbol_names(program)
-    return tuple(sorted({n for line in program.memo for n in uses(line) if n in symbols}))
-
-
 def refs(arg: Arg) -> Iterator[str]:
     """Names an argument refers to, in order."""
     if isinstance(arg, Ref):
@@ -352,16 +314,3 @@ def substitute_line(line: Line, mapping: Mapping[str, Arg]) -> Line:
         case Constant(value=value):
             return replace(line, value=substitute(value, mapping))
     return line
-
-
-def meta_table(program: Program) -> dict[str, TensorMeta]:
-    """The meta of every named tensor value of a program."""
-    table = {i.name: i.meta for i in program.inputs if i.size is None and not i.opaque}
-    table.update((c.name, c.meta) for c in program.constants)
-    for line in program_lines(program):
-        table.update((v.name, v.meta) for v in defs(line) if v.meta is not None)
-    return table
-
-
-def map_body(program: Program, fn: Callable[[Line], Line]) -> Program:
-    return replace(program, body=tuple(fn(line) for line in program.body))

@@ -32,9 +32,11 @@ readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves
 reshape above the pointwise node it reads, so that the nodes on both sides share one iteration
 space, and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels
 once the graph is simplified, before memo and memory planning see the calls; `dependent_launch`
-then lets each generated kernel start while the one before it finishes (Hopper and newer);
-`sizes` binds the size arithmetic of dynamic shapes once per call, after every pass that rewrites
-calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
+then lets each generated kernel start while the one before it finishes (Hopper and newer). The passes
+that make Triton kernels only decide: each kernel is a `FusedKernel` holding its plan
+(`opgen.runtime.ir.plans`), whose source `opgen.runtime.codegen.triton` prints after the last pass;
+no pass imports a printer. `sizes` binds the size arithmetic of dynamic shapes once per call, after
+every pass that rewrites calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
 oneDNN, `mkl_linear` MKL, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
 so `opgen.runtime.pipeline.default_pipeline()` leaves each out where it is missing. `kernel_choice`
 is not in the default pipeline (it benchmarks on the first call); add it before `memory`, which

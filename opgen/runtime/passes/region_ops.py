@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Ref, Sym, TensorMeta, contiguous_strides
-from opgen.runtime.passes.fusion.ops import PERMUTE, POINTWISE
+from opgen.runtime.ir.fusible import PERMUTE, POINTWISE
 from opgen.runtime.passes.layout import channels_last_strides
 
 MEAN, NORM = "aten.mean.dim", "aten.native_layer_norm.default"

@@ -1,4 +1,4 @@
-"""The Triton source of a decode-attention kernel (`opgen.runtime.passes.fusion.attention`).
+"""The Triton source of a decode-attention kernel (an `AttentionPlan` of `opgen.runtime.passes.fusion.attention`).
 
 One program per (batch, query head): it loads the query row, walks the keys in blocks of BLOCK_S
 with an online softmax in float32 (running maximum and sum, as flash attention does), and
@@ -10,14 +10,10 @@ model's layers share one kernel.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
-from opgen.runtime.passes.fusion.source import jit_module
+from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.ir import AttentionPlan, Config, TensorMeta
 
-if TYPE_CHECKING:
-    from opgen.runtime.passes.fusion.attention import DecodeAttention
-
-Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
 # (keys per step, warps): the first call's autotuning keeps the fastest. A short cache fits in one step:
 # no loop-carried latency, more loads in flight.
 BLOCKS = ((32, 4), (64, 4), (128, 4), (128, 8), (256, 8))
@@ -40,22 +36,20 @@ _LOOP = """\
 """
 
 
-def _stride(meta: Any, dim: int) -> int:
+def _stride(meta: TensorMeta, dim: int) -> int:
     """The stride to step along `dim`: 0 where the tensor broadcasts there (size 1)."""
-    return 0 if meta.shape[dim] == 1 else int(meta.stride[dim])
+    return 0 if meta.shape[dim] == 1 else int(meta.stride[dim])  # type: ignore[arg-type]  # static
 
 
-def kernel(match: DecodeAttention) -> tuple[str, str]:
+def kernel(plan: AttentionPlan) -> tuple[str, str]:
     """(name, source): parameters q, k, v, (mask,) out, then BLOCK_S."""
-    q, key, value, mask, out = match.query.meta, match.key.meta, match.value.meta, match.mask, match.line.outputs[0]
-    assert out is not None and out.meta is not None
+    q, key, value, m, out = plan.query, plan.key, plan.value, plan.mask, plan.out
     batch, heads, _, dim = q.shape
     length = key.shape[2]
-    scale = match.scale if match.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
-    kind = "no mask" if mask is None else ("a boolean mask" if mask.meta.dtype == "bool" else "an additive mask")
+    scale = plan.scale if plan.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
+    kind = "no mask" if m is None else ("a boolean mask" if m.dtype == "bool" else "an additive mask")
     mask_lines = ""
-    if mask is not None:
-        m = mask.meta
+    if m is not None:
         at = f"mask + b * {_stride(m, 0)} + h * {_stride(m, 1)} + s * {_stride(m, 3)}"
         if m.dtype == "bool":
             mask_lines = f'        scores = tl.where(tl.load({at}, mask=s_ok, other=0) != 0, scores, float("-inf"))\n'
@@ -63,11 +57,11 @@ def kernel(match: DecodeAttention) -> tuple[str, str]:
             mask_lines = f"        scores += tl.load({at}, mask=s_ok, other=0.0).to(tl.float32)\n"
     body = [
         f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
-        f"{match.group} per key/value head, {kind}",
+        f"{plan.group} per key/value head, {kind}",
         "    pid = tl.program_id(0)",
         f"    b = pid // {heads}",
         f"    h = pid % {heads}",
-        f"    g = h // {match.group}",
+        f"    g = h // {plan.group}",
         f"    d = tl.arange(0, {dim})",
         f"    qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32) * {scale!r}",
         "    m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
@@ -78,17 +72,17 @@ def kernel(match: DecodeAttention) -> tuple[str, str]:
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
         ).rstrip("\n"),
-        f"    tl.store(out + b * {out.meta.stride[0]} + h * {out.meta.stride[1]} + d * {out.meta.stride[3]}, "
+        f"    tl.store(out + b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}, "
         "(acc / l_i).to(out.dtype.element_ty))",
     ]  # fmt: skip
-    params = ["q", "k", "v", *(["mask"] if mask is not None else []), "out"]
+    params = ["q", "k", "v", *(["mask"] if m is not None else []), "out"]
     return jit_module("attention", params, "BLOCK_S: tl.constexpr", "\n".join(body))
 
 
-def configs(match: DecodeAttention) -> tuple[Config, ...]:
-    length = int(match.key.meta.shape[2])  # type: ignore[arg-type]
+def configs(plan: AttentionPlan) -> tuple[Config, ...]:
+    length = int(plan.key.shape[2])  # type: ignore[arg-type]
     longest = 1 << max(4, math.ceil(math.log2(length)))  # the smallest power of two >= S (at least 16)
-    grid = (int(match.query.meta.shape[0]) * match.heads,)  # type: ignore[arg-type]
+    grid = (int(plan.query.shape[0]) * plan.heads,)  # type: ignore[arg-type]
     found: list[Config] = []
     for block, warps in BLOCKS:
         config: Config = ((("BLOCK_S", min(block, longest)),), warps, 1, grid)

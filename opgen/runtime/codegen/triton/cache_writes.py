@@ -1,4 +1,4 @@
-"""The Triton source of a cache-write kernel (`opgen.runtime.passes.fusion.cache_writes`).
+"""The Triton source of a cache-write kernel (a `CacheWritePlan` of `opgen.runtime.passes.fusion.cache_writes`).
 
 Programs are laid out write after write (the first write's blocks, then the second's, ...). A program
 takes BLOCK elements of the region its write fills (the values broadcast to it), splits each
@@ -10,28 +10,24 @@ Names of graph values never appear, so a model's layers share one kernel.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from opgen.runtime.passes.fusion.source import jit_module
+from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.ir import CacheWritePlan, Config, RegionWrite
 
-if TYPE_CHECKING:
-    from opgen.runtime.passes.fusion.cache_writes import Write, Writes
-
-Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
 BLOCKS = ((256, 2), (1024, 4))  # (elements per program, warps)
 INT32_MAX = 2**31 - 1
 
 
-def kernel(run: Writes) -> tuple[str, str]:
+def kernel(plan: CacheWritePlan) -> tuple[str, str]:
     """(name, source): parameters the positions' terms (`index0`, and `index1` where the kernel adds
     two), then each write's buffer and values (`dst0, values0, ...`)."""
-    writes, positions = run.writes, run.positions
-    terms = positions.terms if positions is not None else ()
+    writes, terms = plan.writes, plan.positions or ()
     params = [
         *(f"index{t}" for t in range(len(terms))),
         *(f"{p}{i}" for i in range(len(writes)) for p in ("dst", "values")),
     ]
-    body = [f"    # {run.what}", "    pid = tl.program_id(0)"]
+    body = [f"    # {plan.what}", "    pid = tl.program_id(0)"]
     start = ""
     for i, write in enumerate(writes):
         blocks = f"({_numel(write.region)} + BLOCK - 1) // BLOCK"
@@ -46,9 +42,10 @@ def kernel(run: Writes) -> tuple[str, str]:
     return jit_module("cache_write", params, "BLOCK: tl.constexpr", "\n".join(body))
 
 
-def _write_lines(write: Write, i: int, block: str, terms: tuple[tuple[str, Any, int], ...]) -> list[str]:
-    """One program's share of write `i`: the element's coordinates, its position, the store."""
-    shape, dst = write.region, write.dst_meta
+def _write_lines(write: RegionWrite, i: int, block: str, terms: tuple[int, ...]) -> list[str]:
+    """One program's share of write `i`: the element's coordinates, its position, the store; `terms`:
+    the positions' terms' strides."""
+    shape, dst = write.region, write.dst
     wide = _numel(dst.shape) + dst.offset > INT32_MAX or _numel(shape) > INT32_MAX
     along = f" along dim {write.dim}" if write.dim is not None else ""
     lines = [
@@ -74,7 +71,7 @@ def _write_lines(write: Write, i: int, block: str, terms: tuple[tuple[str, Any, 
         at = coords.get(write.dim, "e * 0")  # one position: every element reads it
         size = dst.shape[write.dim]
         loads = [f"tl.load(index{t} + {at} * {stride}, mask=ok, other=0)" if stride else
-                 f"tl.load(index{t} + e * 0, mask=ok, other=0)" for t, (_, _, stride) in enumerate(terms)]  # fmt: skip
+                 f"tl.load(index{t} + e * 0, mask=ok, other=0)" for t, stride in enumerate(terms)]  # fmt: skip
         lines += [
             f"p = {' + '.join(loads)}",
             f"p = tl.where(p < 0, p + {size}, p)",
@@ -97,13 +94,13 @@ def _numel(shape: tuple[Any, ...]) -> int:
     return math.prod(int(n) for n in shape)
 
 
-def configs(run: Writes) -> tuple[Config, ...]:
-    largest = max(_numel(w.region) for w in run.writes)
+def configs(plan: CacheWritePlan) -> tuple[Config, ...]:
+    largest = max(_numel(w.region) for w in plan.writes)
     fits = 1 << max(5, math.ceil(math.log2(max(largest, 1))))  # the smallest power of two >= it (at least 32)
     found: list[Config] = []
     for block, warps in BLOCKS:
         block = min(block, fits)
-        grid = (sum(-(-_numel(w.region) // block) for w in run.writes),)
+        grid = (sum(-(-_numel(w.region) // block) for w in plan.writes),)
         config: Config = ((("BLOCK", block),), warps, 1, grid)
         if config not in found:
             found.append(config)

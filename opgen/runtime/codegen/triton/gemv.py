@@ -1,4 +1,4 @@
-"""The Triton source of a matrix-vector kernel (`opgen.runtime.passes.fusion.gemv`).
+"""The Triton source of a matrix-vector kernel (a `GemvPlan` of `opgen.runtime.passes.fusion.gemv`).
 
 One program computes BLOCK_N rows of one product: it walks K in blocks of BLOCK_K, multiplying a
 [BLOCK_N, BLOCK_K] tile of the weight by the input's block in float32, and sums the tile's rows at
@@ -11,14 +11,10 @@ the input, read by every program, stays in cache. Sizes and strides are literals
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
-from opgen.runtime.passes.fusion.source import jit_module
+from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.ir import Config, GemvPlan
 
-if TYPE_CHECKING:
-    from opgen.runtime.passes.fusion.gemv import Siblings
-
-Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
 # (BLOCK_N, BLOCK_K, warps, stages): three shapes of tile (each one compile); the first call's autotuning
 # keeps the fastest. Narrow and long wins: on an H100 (bf16, weights streamed from memory) two rows
 # by 1024 columns with 4 warps was the fastest of 48 tiles on every Llama-3.2-1B product (K 2048-8192,
@@ -95,25 +91,25 @@ def _helper(template: str, dependent: bool) -> str:
     return template.format(signal=signal if dependent else "", wait=wait if dependent else "")
 
 
-def kernel(group: Siblings, gated: bool = False, dependent: bool = False) -> tuple[str, str]:
-    """(name, source) of the group's kernel. Both depend only on the sizes, strides and whether each
+def kernel(plan: GemvPlan) -> tuple[str, str]:
+    """(name, source) of the plan's kernel. Both depend only on the sizes, strides and whether each
     product has a bias, never on value names: the layers of a model share one kernel, compiled and tuned
     once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`.
-    `gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
-    `dependent`: the weights' first tile is read before waiting for the kernel before (see `_helper`)."""
-    products = group.products
-    if gated:
+    `plan.gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
+    `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`_helper`)."""
+    products, dependent = plan.products, plan.dependent
+    if plan.gated:
         gate, up = products
-        args = ["x", "w0", "w1", "out0", "pid", gate.n, group.k, group.x_meta.stride[1], gate.row_stride]
+        args = ["x", "w0", "w1", "out0", "pid", gate.n, plan.k, plan.x_stride, gate.row_stride]
         args += [up.row_stride, "BLOCK_N", "BLOCK_K"]
-        body = [f"    # silu(gate) * up of one row of {group.k}: {gate.n} rows", "    pid = tl.program_id(0)"]
+        body = [f"    # silu(gate) * up of one row of {plan.k}: {gate.n} rows", "    pid = tl.program_id(0)"]
         body.append(f"    _gated({', '.join(map(str, args))})")
         return jit_module("gemv", ["x", "w0", "w1", "out0"], META, "\n".join(body), _helper(_GATED, dependent))
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
     params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
     rows = " + ".join(str(p.n) for p in products)
     body = [
-        f"    # {len(products)} product(s) of one row of {group.k}: {rows} rows",
+        f"    # {len(products)} product(s) of one row of {plan.k}: {rows} rows",
         "    pid = tl.program_id(0)",
     ]
     start = ""
@@ -123,8 +119,8 @@ def kernel(group: Siblings, gated: bool = False, dependent: bool = False) -> tup
         end = f"{start} + {blocks}" if start else blocks
         block = f"pid - ({start})" if start else "pid"
         bias = f"b{i}" if product.bias else f"out{i}"
-        args = ["x", f"w{i}", bias, f"out{i}", block, product.n, group.k, group.x_meta.stride[1]]
-        args += [product.row_stride, product.bias is not None, "BLOCK_N", "BLOCK_K"]
+        args = ["x", f"w{i}", bias, f"out{i}", block, product.n, plan.k, plan.x_stride]
+        args += [product.row_stride, product.bias, "BLOCK_N", "BLOCK_K"]
         calls.append((end, f"_rows({', '.join(map(str, args))})"))
         start = end
     if len(calls) == 1:
@@ -136,10 +132,10 @@ def kernel(group: Siblings, gated: bool = False, dependent: bool = False) -> tup
     return jit_module("gemv", params, META, "\n".join(body), _helper(_ROWS, dependent))
 
 
-def configs(group: Siblings, gated: bool = False) -> tuple[Config, ...]:
+def configs(plan: GemvPlan) -> tuple[Config, ...]:
     """Per tile, the grid covers every product's rows (a gated pair's once: a program does both)."""
-    k_blocks = 1 << max(4, math.ceil(math.log2(group.k)))  # the smallest power of two >= K (at least 16)
-    products = group.products[:1] if gated else group.products
+    k_blocks = 1 << max(4, math.ceil(math.log2(plan.k)))  # the smallest power of two >= K (at least 16)
+    products = plan.products[:1] if plan.gated else plan.products
     found: list[Config] = []
     for block_n, block_k, warps, stages in TILES:
         block_k = min(block_k, k_blocks)

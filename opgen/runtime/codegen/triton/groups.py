@@ -1,4 +1,4 @@
-"""The Triton backend of fusion: one `FusedGroup` -> the source of one @triton.jit kernel.
+"""The Triton kernel of a fusion group: one `FusedGroup` (`passes.fusion.groups`) -> one @triton.jit kernel.
 
 Sizes and strides are fixed (fusion runs on static shapes), so they are literals in the source and
 Triton folds the index arithmetic; tensors are the only parameters, named after the graph's values.
@@ -23,26 +23,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from opgen.runtime.ir import Ref, contiguous_strides
-from opgen.runtime.passes.fusion.groups import FusedGroup
-from opgen.runtime.passes.fusion.ops import CAT, TL, Operand, cast, compute_type, pointwise
-from opgen.runtime.passes.fusion.order import in_memory_order
-from opgen.runtime.passes.fusion.placement import Index, placed_address
-from opgen.runtime.passes.fusion.source import jit_module
-from opgen.runtime.passes.fusion.steps import Step, Tensor, flat_steps
-
-Config = tuple[tuple[tuple[str, Any], ...], int, int, tuple[int, ...]]  # (meta, warps, stages, grid)
+from opgen.runtime.codegen.triton.module import Kernel, jit_module
+from opgen.runtime.codegen.triton.ops import TL, Operand, cast, compute_type, pointwise
+from opgen.runtime.codegen.triton.order import in_memory_order
+from opgen.runtime.codegen.triton.placement import Index, placed_address
+from opgen.runtime.ir import Config, FusedGroup, Ref, Step, Tensor, contiguous_strides, flat_steps
+from opgen.runtime.ir.fusible import CAT, row_fits
 
 
 class CodegenError(Exception):
-    """A node the Triton backend cannot express (the pass leaves its group to ATen)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Kernel:
-    name: str
-    source: str
-    configs: tuple[Config, ...]
+    """A node the printer cannot express. The fusion pass leaves such groups to ATen before they get
+    here (`passes.fusion.expressible`, by the same rules): one that does is a bug."""
 
 
 def kernel(group: FusedGroup) -> Kernel:
@@ -344,7 +335,7 @@ def _reduce(kind: str) -> Any:
         ctype = compute_type(out.meta.dtype)
         x = Operand(cast(values["self"], ctype), ctype)
         if kind in ("max", "min"):
-            if ctype not in ("float32", "float64"):
+            if not row_fits(step.target, ctype):
                 raise CodegenError(f"node '{step.node}': amax/amin of {out.meta.dtype} is left to ATen")
             identity = 'float("-inf")' if kind == "max" else 'float("inf")'
             return [body.let(f"tl.{kind}({_full(x, identity)}, axis=1, keep_dims=True)", ctype)]

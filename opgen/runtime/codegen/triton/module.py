@@ -1,4 +1,4 @@
-"""The text of a generated Triton module, as the fusion, gemv and decode-attention kernels share it.
+"""The text of a generated Triton module, as every printer of `opgen.runtime.codegen.triton` writes it.
 
 One `@triton.jit` function, after the helpers it calls. Its name is `<prefix>_<hash>`, the hash of its
 meta-parameters and body, which name no graph value: kernels that compute the same thing on the same
@@ -9,6 +9,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opgen.runtime.ir import Config
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A printed kernel: its function's name, the module's source, the configs its first call tunes over."""
+
+    name: str
+    source: str
+    configs: tuple[Config, ...]
 
 
 def jit_module(prefix: str, params: Sequence[str], meta: str, body: str, helpers: str = "") -> tuple[str, str]:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import TensorMeta
-from opgen.runtime.passes.fusion.groups import FusedGroup
-from opgen.runtime.passes.fusion.ops import CAT
-from opgen.runtime.passes.fusion.steps import Step, Tensor, flat_steps
+from opgen.runtime.ir import FusedGroup, Step, Tensor, TensorMeta, flat_steps
+from opgen.runtime.ir.fusible import CAT
 
 
 def in_memory_order(group: FusedGroup) -> FusedGroup:

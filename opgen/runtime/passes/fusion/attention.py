@@ -10,7 +10,8 @@ with one query row, no dropout and no causal flag (the mask, boolean or additive
 positions) becomes one kernel that maps each query head to its key/value head and reads the cache
 itself; the repeat's copies leave the program with it.
 
-The kernel is a `FusedKernel`, bound like the fusion pass's kernels: a multi-kernel choice between
+The kernel is a `FusedKernel` whose plan (`AttentionPlan`) `codegen.triton.attention` prints, bound like
+the fusion pass's kernels: a multi-kernel choice between
 it and the ATen calls it replaced (the repeat included), timed on the first call. CUDA, static
 sizes, float16/bfloat16/float32, head sizes that are powers of two up to 256.
 """
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from opgen.runtime.ir import (
+    AttentionPlan,
     FusedKernel,
     KernelCall,
     Line,
@@ -31,7 +33,6 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, writes_between, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
-from opgen.runtime.passes.fusion.attention_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.repeat_kv import Operand, unrepeat
 from opgen.runtime.registry import BindError, KernelRegistry, bind
@@ -145,20 +146,20 @@ def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int) -> bool:
 
 
 def fused_kernel(program: Program, match: DecodeAttention, local: str) -> FusedKernel:
-    name, source = kernel(match)
+    out = match.line.outputs[0]
+    assert out is not None and out.meta is not None
+    mask = match.mask.meta if match.mask is not None else None
+    plan = AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale)
     lines = tuple(program.body[i] for i in match.members)
     inputs = (match.query.name, match.key.name, match.value.name, *((match.mask.name,) if match.mask else ()))
     dtypes = (match.query.meta.dtype,) * 3 + ((match.mask.meta.dtype,) if match.mask else ())
     length = match.key.meta.shape[2]
-    return FusedKernel(
-        local=local,
-        name=name,
-        source=source,
-        inputs=inputs,
-        input_dtypes=dtypes,
+    return FusedKernel.make(
+        local,
+        plan,
+        inputs=zip(inputs, dtypes, strict=True),
         outputs=match.line.outputs,  # type: ignore[arg-type]
-        configs=configs(match),
-        nodes=tuple(line.node for line in lines if isinstance(line, KernelCall)),
+        nodes=(line.node for line in lines if isinstance(line, KernelCall)),
         describe=f"decode attention, {match.heads} heads of one query over {length} keys"
         + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else ""),
         lines=lines,  # type: ignore[arg-type]

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table
+from opgen.runtime.ir.fusible import PERMUTE, VIEW
 from opgen.runtime.passes.analysis import RESHAPES, arg_value, constant_names, fresh_namer, readers, with_arg
-from opgen.runtime.passes.fusion.ops import PERMUTE, VIEW
 from opgen.runtime.passes.fusion.steps import fusible
 from opgen.runtime.registry import KernelRegistry
 

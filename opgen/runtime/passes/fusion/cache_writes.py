@@ -17,7 +17,8 @@ place: the writes move up over the lines between, which must neither touch the b
 write what the writes read (the counter's own increment may sit there: the sum reads it before).
 
 A position out of the buffer's range writes nothing (eager stops with a device-side assertion
-instead). The kernel is a `FusedKernel` that writes its inputs in place and returns nothing, bound
+instead). The kernel is a `FusedKernel` that writes its inputs in place and returns nothing, its plan
+(`CacheWritePlan`) printed by `codegen.triton.cache_writes`, bound
 like the other generated kernels: a multi-kernel choice against the calls it replaced, timed on the
 first call (on copies of the buffers). CUDA, static sizes, one index tensor per write, values of the
 buffer's dtype (a copy may change one floating type to another) that broadcast to the written region.
@@ -28,9 +29,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table, uses
+from opgen.runtime.ir import (
+    CacheWritePlan,
+    FusedKernel,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    RegionWrite,
+    TensorMeta,
+    Value,
+    meta_table,
+    uses,
+)
 from opgen.runtime.passes.analysis import Groups, alias_groups, defined_at, fresh_namer, readers, writes_memory
-from opgen.runtime.passes.fusion.cache_writes_triton import configs, kernel
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.registry import KernelRegistry
 
@@ -74,13 +86,13 @@ class Writes:
     at: int
 
     @property
-    def what(self) -> str:
-        """ "2 write(s) at 1 position(s) of a sum", "16 copies into buffers"."""
-        n = len(self.writes)
+    def plan(self) -> CacheWritePlan:
+        """What the kernel computes: each write's region, and the strides of the positions' terms."""
+        writes = tuple(RegionWrite(w.region, w.dst_meta, w.dim, w.values_stride) for w in self.writes)
         if self.positions is None:
-            return f"{n} cop{'y' if n == 1 else 'ies'} into buffers"
-        summed = " of a sum" if self.positions.add is not None else ""
-        return f"{n} write(s) at {self.positions.length} position(s){summed}"
+            return CacheWritePlan(writes, None)
+        strides = tuple(stride for _, _, stride in self.positions.terms)
+        return CacheWritePlan(writes, strides, self.positions.length, self.positions.add is not None)
 
     @property
     def members(self) -> list[int]:
@@ -250,23 +262,19 @@ def _broadcast(values: TensorMeta, region: tuple[int, ...]) -> tuple[int, ...] |
 
 
 def fused_kernel(run: Writes, local: str, body: Sequence[Line]) -> FusedKernel:
-    writes = run.writes
-    name, source = kernel(run)
+    writes, plan = run.writes, run.plan
     terms = run.positions.terms if run.positions is not None else ()
     inputs = (*(t[0] for t in terms), *(n for w in writes for n in (w.dst, w.values)))
     dtypes = (*(t[1].dtype for t in terms), *(m.dtype for w in writes for m in (w.dst_meta, w.values_meta)))
     shapes = ", ".join("x".join(map(str, w.region)) for w in writes)
     lines = [body[i] for i in run.members]
-    return FusedKernel(
-        local=local,
-        name=name,
-        source=source,
-        inputs=inputs,
-        input_dtypes=dtypes,
+    return FusedKernel.make(
+        local,
+        plan,
+        inputs=zip(inputs, dtypes, strict=True),
         outputs=(),
-        configs=configs(run),
-        nodes=tuple(line.node for line in lines),  # type: ignore[union-attr]
-        describe=f"cache write kernel, {run.what}: {shapes}",
-        lines=tuple(lines),  # type: ignore[arg-type]
-        writes=tuple(Value(w.dst, w.dst_meta) for w in writes),
+        nodes=(line.node for line in lines),  # type: ignore[union-attr]
+        describe=f"cache write kernel, {plan.what}: {shapes}",
+        lines=lines,  # type: ignore[arg-type]
+        writes=(Value(w.dst, w.dst_meta) for w in writes),
     )

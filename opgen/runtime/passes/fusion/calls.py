@@ -17,7 +17,7 @@ def fused_call(spec: FusedKernel) -> KernelCall:
         (),
         spec.outputs,
         node=", ".join(spec.nodes),
-        target=f"fused Triton kernel {spec.name}",
+        target=spec.target,  # named after the kernel once it is printed (`codegen.triton.kernels`)
         unpack=len(spec.outputs) > 1,
         mutates=tuple(v.name for v in spec.writes),
         jit=True,

@@ -9,7 +9,8 @@ each product to its own output, and a lone one-row product becomes a kernel of i
 must be constants (or computed from them in setup: `permute(W, (1, 0))`), their rows contiguous
 along K, as a linear layer's are.
 
-Each kernel is a `FusedKernel`, so it is bound like the fusion pass's kernels: a multi-kernel choice
+Each kernel is a `FusedKernel` whose plan (`GemvPlan`) `codegen.triton.gemv` prints, bound like the
+fusion pass's kernels: a multi-kernel choice
 between the Triton kernel and the `mm`/`addmm` calls it replaced, timed on the first call, so this
 pass never makes a product slower than cuBLAS. CUDA, static sizes, float16/bfloat16/float32 only.
 """
@@ -21,6 +22,8 @@ from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import (
     FusedKernel,
+    GemvPlan,
+    GemvRows,
     KernelCall,
     Program,
     Ref,
@@ -33,7 +36,6 @@ from opgen.runtime.passes.analysis import fresh_namer, readers, view_roots, writ
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.gemv_gated import Gated, gated
-from opgen.runtime.passes.fusion.gemv_triton import configs, kernel
 from opgen.runtime.registry import KernelRegistry
 
 PRODUCTS = ("aten.mm.default", "aten.addmm.default")
@@ -143,7 +145,9 @@ def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, depende
     if gate is not None:  # the gate's weight first: the kernel's `w0`
         products = (products[gate.gate], products[1 - gate.gate])
         group = replace(group, products=products)
-    name, source = kernel(group, gated=gate is not None, dependent=dependent)
+    weights = tuple(GemvRows(p.n, p.row_stride, p.bias is not None) for p in products)
+    x_stride = int(group.x_meta.stride[1])  # type: ignore[arg-type]  # static: checked
+    plan = GemvPlan(group.k, x_stride, weights, gated=gate is not None, dependent=dependent)
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
     lines = [substitute_line(p.line, same_x) for p in products]
@@ -157,15 +161,12 @@ def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, depende
         lines += gate.lines
         nodes = tuple(line.node for line in lines)
         describe = f"matrix-vector kernel, silu(gate) * up of one row of {group.k}: {products[0].n} rows"
-    return FusedKernel(
-        local=local,
-        name=name,
-        source=source,
-        inputs=inputs,
-        input_dtypes=(products[0].dtype,) * len(inputs),
+    return FusedKernel.make(
+        local,
+        plan,
+        inputs=((name, products[0].dtype) for name in inputs),  # x, the weights and biases: one dtype
         outputs=outputs,  # type: ignore[arg-type]
-        configs=configs(group, gated=gate is not None),
         nodes=nodes,
         describe=describe,
-        lines=tuple(lines),  # type: ignore[arg-type]
+        lines=lines,  # type: ignore[arg-type]
     )

@@ -11,17 +11,32 @@ since those are never members.
 Shapes: a pointwise group iterates over one shape `S` (its members' output shape; operands
 broadcast to it). A row group also holds reductions over the last dimension of `S`: its values
 are full (`S`) or reduced (`S[:-1] + (1,)`, broadcast back along the row); a reduction without
-keepdim is an output only.
+keepdim is an output only. Each group is a `FusedGroup` (`opgen.runtime.ir.plans`): the plan of its
+kernel, which `opgen.runtime.codegen.triton.groups` prints.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from opgen.runtime.ir import KernelCall, Line, Program, Ref, Return, TensorMeta, meta_table, refs, uses
+from opgen.runtime.ir import (
+    FusedGroup,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    Return,
+    Step,
+    Tensor,
+    TensorMeta,
+    flat_steps,
+    meta_table,
+    refs,
+    uses,
+)
+from opgen.runtime.ir.fusible import CAT, ROW_OPS
 from opgen.runtime.passes.analysis import alias_groups, readers, writes_memory
-from opgen.runtime.passes.fusion.ops import CAT, ROW_OPS
-from opgen.runtime.passes.fusion.steps import Step, Tensor, device_of, flat_steps, out_shape, reduced_input, step_of
+from opgen.runtime.passes.fusion.steps import device_of, out_shape, reduced_input, step_of
 from opgen.runtime.registry import KernelRegistry
 
 # Row reductions whose ATen kernel copies a strided input to a contiguous one before it runs.
@@ -49,29 +64,6 @@ def runtime_layout(program: Program, registry: KernelRegistry) -> set[str]:
         if value is not None
     }
     return {name for name in list(groups.parent) if groups.find(name) in roots} if roots else set()
-
-
-@dataclass(frozen=True, slots=True)
-class FusedGroup:
-    kind: str  # "pointwise" | "row"
-    shape: tuple[int, ...]  # the iteration space S
-    inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...]  # the values read after the kernel, in definition order
-    steps: tuple[Step, ...]
-    moved: tuple[str, ...] = ()  # nodes of the data movements its outputs are stored through (`placement`)
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return (*(s.node for s in flat_steps(self.steps)), *self.moved)
-
-    def describe(self) -> str:
-        dims = "x".join(map(str, self.shape))
-        if self.kind == "row":
-            rows = 1
-            for n in self.shape[:-1]:
-                rows *= n
-            return f"row kernel, {rows} rows of {self.shape[-1]} ({dims})"
-        return f"pointwise kernel over {dims}"
 
 
 @dataclass(frozen=True, slots=True)

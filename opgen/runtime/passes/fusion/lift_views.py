@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, contiguous_strides, meta_table
+from opgen.runtime.ir.fusible import PERMUTE, POINTWISE, VIEW
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers
-from opgen.runtime.passes.fusion.ops import PERMUTE, POINTWISE, VIEW
 from opgen.runtime.passes.fusion.steps import fusible, step_of
 from opgen.runtime.passes.regions import dense
 from opgen.runtime.registry import KernelRegistry

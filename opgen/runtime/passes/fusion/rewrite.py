@@ -2,8 +2,9 @@
 generated Triton kernel each.
 
 `opgen.runtime.passes.fusion.groups` decides the groups, `opgen.runtime.passes.fusion.placement` carries
-their outputs through the copies that move them, `opgen.runtime.passes.fusion.triton` writes each
-kernel. Here each group's calls leave the body and one call of a `FusedKernel` takes the place of
+their outputs through the copies that move them, `opgen.runtime.passes.fusion.expressible` checks that
+the Triton printer can write each (`opgen.runtime.codegen.triton.groups` writes it once the passes have
+run). Here each group's calls leave the body and one call of a `FusedKernel` takes the place of
 the last: it reads the group's inputs and returns the values anything after it reads; values only
 the group reads are never written to memory. At load time the call is bound to a choice between
 the Triton kernel and the ATen calls it replaced, timed on the first call (`opgen.runtime.execution.fused`), so
@@ -21,9 +22,9 @@ from dataclasses import replace
 from opgen.runtime.ir import Comment, FusedKernel, KernelCall, Line, Program, Value
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.fusion.expressible import unwritable
 from opgen.runtime.passes.fusion.groups import find_groups
 from opgen.runtime.passes.fusion.placement import place_outputs
-from opgen.runtime.passes.fusion.triton import CodegenError, kernel
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -35,21 +36,16 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
     placed: list[tuple[FusedKernel, tuple[int, ...], int]] = []
     unfused: list[tuple[KernelCall, str]] = []  # a group the backend cannot write: its first line, and why
     for item in found:
-        local = next(locals_)
-        try:
-            generated = kernel(item.group)
-        except CodegenError as exc:
-            unfused.append((item.lines[0], f"not fused ({', '.join(item.group.nodes)}): {exc}"))
+        local, group = next(locals_), item.group
+        problem = unwritable(group)
+        if problem is not None:
+            unfused.append((item.lines[0], f"not fused ({', '.join(group.nodes)}): {problem}"))
             continue
-        group = item.group
-        spec = FusedKernel(
-            local=local,
-            name=generated.name,
-            source=generated.source,
-            inputs=tuple(t.name for t in group.inputs),
-            input_dtypes=tuple(t.meta.dtype for t in group.inputs),
-            outputs=tuple(Value(t.name, t.meta) for t in group.outputs),
-            configs=generated.configs,
+        spec = FusedKernel.make(
+            local,
+            group,
+            inputs=((t.name, t.meta.dtype) for t in group.inputs),
+            outputs=(Value(t.name, t.meta) for t in group.outputs),
             nodes=group.nodes,
             describe=group.describe(),
             lines=item.lines,

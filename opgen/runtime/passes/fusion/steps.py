@@ -1,62 +1,16 @@
 """Which graph nodes fusion can take, one at a time: the `Step` a fusible call becomes (a pointwise
-node, a row reduction over the last dimension, a concatenation), and the tensors steps read and
-write. `opgen.runtime.passes.fusion.groups` then decides which steps run together.
+node, a row reduction over the last dimension, a concatenation; `opgen.runtime.ir.plans`), by the
+rules of `opgen.runtime.ir.fusible`. `opgen.runtime.passes.fusion.groups` then decides which steps run
+together.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from opgen.runtime.ir import Arg, KernelCall, Line, Ref, TensorMeta, refs
-from opgen.runtime.passes.fusion.ops import CAT, DTYPES, POINTWISE, ROW_OPS
+from opgen.runtime.ir import KernelCall, Line, Ref, Step, Tensor, TensorMeta, refs
+from opgen.runtime.ir.fusible import CAT, DTYPES, POINTWISE, ROW_OPS
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
 MAX_ROW = 8192  # longest row a row kernel holds in registers (float32)
-
-
-# A data movement from a group's value to where an output holds it (`fusion.placement`):
-# ("reshape", shape, ()), ("permute", dims, ()) or ("roll", shifts, dims).
-Move = tuple[str, tuple[int, ...], tuple[int, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """An output that holds the group's value `source` moved by `moves` (`fusion.placement`)."""
-
-    source: str
-    moves: tuple[Move, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """A tensor a fused kernel reads or writes; `name` is its IR value and the kernel's parameter."""
-
-    name: str
-    meta: TensorMeta
-    placement: Placement | None = None  # an output: stored where these moves put the group's value
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One graph node inside a fused kernel."""
-
-    node: str
-    target: str  # "aten.mul.Tensor"
-    values: tuple[tuple[str, Arg], ...]  # its arguments by schema name; tensors as `Ref`s
-    outputs: tuple[Tensor | None, ...]  # the values it defines (None: unused)
-    # A cat: per operand, the absorbed steps that compute it in its range (none: the operand is loaded).
-    branches: tuple[tuple[Step, ...], ...] = ()
-
-
-def flat_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
-    """Every step, those inside a cat's branches first (they ran earlier), each once."""
-    seen: dict[str, Step] = {}
-    for step in steps:
-        for branch in step.branches:
-            for inner in flat_steps(branch):
-                seen.setdefault(inner.node, inner)
-        seen.setdefault(step.node, step)
-    return tuple(seen.values())
 
 
 def device_of(step: Step) -> str:

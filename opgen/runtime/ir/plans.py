@@ -1,0 +1,165 @@
+"""What a generated Triton kernel computes, as a pass decides it: plain data that `opgen.runtime.codegen.triton`
+prints into the kernel's source (a `FusedKernel`'s `plan`).
+
+- `FusedGroup` (`passes.fusion.groups`): pointwise nodes and the row reductions that end or join them,
+  as `Step`s over `Tensor`s; an output may be stored through data movements (`Placement`).
+- `GemvPlan` (`passes.fusion.gemv`): one-row matrix products over one input, or a gated pair.
+- `AttentionPlan` (`passes.fusion.attention`): one query row attending over a key/value cache.
+- `CacheWritePlan` (`passes.fusion.cache_writes`): writes into buffers at positions, or copies.
+- `SpatialMeanPlan` (`passes.fusion.spatial_mean`): a mean over H and W of a channels-last tensor.
+
+A plan holds sizes, strides and dtypes, never where its nodes were in the body: the pass keeps that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from opgen.runtime.ir.lines import Arg, TensorMeta
+
+# A data movement from a group's value to where an output holds it (`passes.fusion.placement`):
+# ("reshape", shape, ()), ("permute", dims, ()) or ("roll", shifts, dims).
+Move = tuple[str, tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """An output that holds the group's value `source` moved by `moves` (`passes.fusion.placement`)."""
+
+    source: str
+    moves: tuple[Move, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor a fused kernel reads or writes; `name` is its IR value and the kernel's parameter."""
+
+    name: str
+    meta: TensorMeta
+    placement: Placement | None = None  # an output: stored where these moves put the group's value
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One graph node inside a fused kernel."""
+
+    node: str
+    target: str  # "aten.mul.Tensor"
+    values: tuple[tuple[str, Arg], ...]  # its arguments by schema name; tensors as `Ref`s
+    outputs: tuple[Tensor | None, ...]  # the values it defines (None: unused)
+    # A cat: per operand, the absorbed steps that compute it in its range (none: the operand is loaded).
+    branches: tuple[tuple[Step, ...], ...] = ()
+
+
+def flat_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Every step, those inside a cat's branches first (they ran earlier), each once."""
+    seen: dict[str, Step] = {}
+    for step in steps:
+        for branch in step.branches:
+            for inner in flat_steps(branch):
+                seen.setdefault(inner.node, inner)
+        seen.setdefault(step.node, step)
+    return tuple(seen.values())
+
+
+@dataclass(frozen=True, slots=True)
+class FusedGroup:
+    kind: str  # "pointwise" | "row"
+    shape: tuple[int, ...]  # the iteration space S
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]  # the values read after the kernel, in definition order
+    steps: tuple[Step, ...]
+    moved: tuple[str, ...] = ()  # nodes of the data movements its outputs are stored through (`placement`)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (*(s.node for s in flat_steps(self.steps)), *self.moved)
+
+    def describe(self) -> str:
+        dims = "x".join(map(str, self.shape))
+        if self.kind == "row":
+            rows = 1
+            for n in self.shape[:-1]:
+                rows *= n
+            return f"row kernel, {rows} rows of {self.shape[-1]} ({dims})"
+        return f"pointwise kernel over {dims}"
+
+
+@dataclass(frozen=True, slots=True)
+class GemvRows:
+    """One product of a matrix-vector kernel: `n` rows of a weight whose rows are `row_stride` apart."""
+
+    n: int
+    row_stride: int
+    bias: bool  # a bias vector is added (the kernel takes it after the weights)
+
+
+@dataclass(frozen=True, slots=True)
+class GemvPlan:
+    """Products of one input row of `k` elements (`x_stride` apart), in the kernel's parameter order."""
+
+    k: int
+    x_stride: int
+    products: tuple[GemvRows, ...]
+    gated: bool = False  # a gate and an up product (the gate first) writing `silu(gate) * up` alone
+    dependent: bool = False  # its first weights are read before it waits for the kernel before it
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPlan:
+    """One query row per (batch, head) over `key`/`value` [B, H / group, S, D], where they are."""
+
+    query: TensorMeta  # [B, H, 1, D]
+    key: TensorMeta
+    value: TensorMeta
+    mask: TensorMeta | None  # broadcast to [B, H, 1, S]: bool (keep where true) or additive
+    out: TensorMeta
+    group: int  # query heads per key/value head
+    scale: float | None  # None: 1 / sqrt(D)
+
+    @property
+    def heads(self) -> int:
+        return int(self.query.shape[1])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class RegionWrite:
+    """One write of a cache-write kernel: `region` of the buffer `dst` (its shape, with the positions'
+    count along `dim`; `dim` None: a copy into the whole buffer), from values `values_stride` apart."""
+
+    region: tuple[int, ...]
+    dst: TensorMeta
+    dim: int | None
+    values_stride: tuple[int, ...]  # the values' strides over the region (0 where they broadcast)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheWritePlan:
+    """Writes run as one kernel: through one index of `length` positions (the sum of its terms where
+    `summed`), or copies (`positions` None)."""
+
+    writes: tuple[RegionWrite, ...]
+    positions: tuple[int, ...] | None  # per term of the positions: its stride along them (0 broadcasts)
+    length: int = 0
+    summed: bool = False
+
+    @property
+    def what(self) -> str:
+        """ "2 write(s) at 1 position(s) of a sum", "16 copies into buffers"."""
+        n = len(self.writes)
+        if self.positions is None:
+            return f"{n} cop{'y' if n == 1 else 'ies'} into buffers"
+        summed = " of a sum" if self.summed else ""
+        return f"{n} write(s) at {self.length} position(s){summed}"
+
+
+@dataclass(frozen=True, slots=True)
+class SpatialMeanPlan:
+    """A keepdim mean over H and W of `x` (N, C, H, W), stored channels-last, into `out`."""
+
+    x: TensorMeta
+    out: TensorMeta
+
+
+KernelPlan = Union[FusedGroup, GemvPlan, AttentionPlan, CacheWritePlan, SpatialMeanPlan]  # noqa: UP007
