@@ -15,7 +15,7 @@ Metas hold ints or `SizeExpr`s; `opgen.runtime.ir.sizes` does arithmetic on them
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -270,13 +270,16 @@ def producers(lines: Iterable[Line]) -> dict[str, KernelCall]:
     return {v.name: line for line in lines if isinstance(line, KernelCall) for v in line.outputs if v}
 
 
+def map_leaves(arg: Arg, leaf: Callable[[Arg], Arg]) -> Arg:
+    """`arg` with `leaf` applied to every argument that is not a list of arguments."""
+    if isinstance(arg, tuple):
+        return tuple(map_leaves(a, leaf) for a in arg)
+    return leaf(arg)
+
+
 def substitute(arg: Arg, mapping: Mapping[str, Arg]) -> Arg:
     """Replace references by the mapping's arguments."""
-    if isinstance(arg, Ref):
-        return mapping.get(arg.name, arg)
-    if isinstance(arg, tuple):
-        return tuple(substitute(a, mapping) for a in arg)
-    return arg
+    return map_leaves(arg, lambda a: mapping.get(a.name, a) if isinstance(a, Ref) else a)
 
 
 def substitute_all(args: tuple[Arg, ...], mapping: Mapping[str, Arg]) -> tuple[Arg, ...]:

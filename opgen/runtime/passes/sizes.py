@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, Constant, KernelCall, Line, Program, SizeExpr, SizeLet
+from opgen.runtime.ir import Arg, Constant, KernelCall, Line, Program, SizeExpr, SizeLet, map_leaves
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.registry import KernelRegistry
 
@@ -25,11 +25,7 @@ def _compound(arg: Arg, found: dict[str, SizeExpr]) -> None:
 
 
 def _replace(arg: Arg, locals_: dict[str, SizeExpr]) -> Arg:
-    if isinstance(arg, SizeExpr):
-        return locals_.get(arg.text, arg)
-    if isinstance(arg, tuple):
-        return tuple(_replace(a, locals_) for a in arg)
-    return arg
+    return map_leaves(arg, lambda a: locals_.get(a.text, a) if isinstance(a, SizeExpr) else a)
 
 
 def _rewrite(line: Line, locals_: dict[str, SizeExpr]) -> Line:
