@@ -56,5 +56,7 @@ def literal_text(arg: Arg) -> str:
         case tuple():
             if any(isinstance(a, tuple) for a in arg):
                 raise CppUnsupported(f"a nested list argument {arg!r}")
+            if any(isinstance(a, float) for a in arg) and all(type(a) in (int, float) for a in arg):
+                arg = tuple(float(a) for a in arg)  # a float list: its ints as floats, as the parser reads them
             return "[" + ",".join(literal_text(a) for a in arg) + "]"
     raise CppUnsupported(f"the argument {arg!r}")
