@@ -29,6 +29,7 @@ import torch
 from opgen.bench import gpu_model_zoo as zoo
 from opgen.bench.gpu_work import kernel_table, totals
 from opgen.bench.graphs_cuda import build_candidate, ready
+from opgen.bench.plots import ratio_bars
 from opgen.bench.timing import format_table, interleaved, target_line
 
 CANDIDATES = ("eager", "inductor", "reduce_overhead", "opgen", "opgen_graphs")
@@ -169,30 +170,12 @@ def _pair(by: dict[tuple[str, str], Result], model: str, ours: str, theirs: str)
 
 
 def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"--png: matplotlib is not installed (pip install matplotlib); {path} not written"
     eager = {r.model: r.sync_us for r in results if r.candidate == "eager" and r.sync_us}
     models = [m for m in dict.fromkeys(r.model for r in results) if m in eager]
     ratio = {(r.model, r.candidate): r.sync_us / eager[r.model] for r in results if r.sync_us and r.model in eager}
-    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(models)), 4))
-    width = 0.8 / len(candidates)
-    for i, cand in enumerate(candidates):
-        xs = [j + i * width for j, m in enumerate(models) if (m, cand) in ratio]
-        ax.bar(xs, [ratio[m, cand] for m in models if (m, cand) in ratio], width, label=LABELS[cand])
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(models))], models, rotation=20)
-    ax.set_yscale("log")
-    ax.set_ylabel("sync time per call / eager (log; lower is faster)")
-    ax.set_title(f"opgen gpu_models, {torch.cuda.get_device_name()}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return f"wrote {path}"
+    title = f"opgen gpu_models, {torch.cuda.get_device_name()}"
+    ylabel = "sync time per call / eager (log; lower is faster)"
+    return ratio_bars(ratio, models, candidates, LABELS, path, ylabel=ylabel, title=title, rotation=20)
 
 
 def _parser() -> argparse.ArgumentParser:

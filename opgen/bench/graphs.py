@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from opgen.bench import cpp_loop, models
+from opgen.bench.plots import ratio_bars
 from opgen.bench.timing import Timing, format_table, interleaved, max_error
 
 CANDIDATES = ("eager", "inductor", "aoti", "opgen", "opgen_cpp", "opgen_package", "opgen_backend", "cpp_loop")
@@ -267,33 +268,11 @@ def target_lines(results: Sequence[Result]) -> list[str]:
 
 
 def save_png(results: Sequence[Result], candidates: Sequence[str], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"--png: matplotlib is not installed (pip install matplotlib); {path} not written"
-
-    def label(r: Result) -> str:
-        return f"{r.case} ({r.threads}t)"
-
-    cases = list(dict.fromkeys(label(r) for r in results))
-    by = {(label(r), r.candidate): r.ratio for r in results}
-    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(cases)), 4))
-    width = 0.8 / len(candidates)
-    for i, cand in enumerate(candidates):
-        xs = [j + i * width for j, case in enumerate(cases) if (case, cand) in by]
-        ax.bar(xs, [by[case, cand] for case in cases if (case, cand) in by], width, label=LABELS[cand])
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases)
-    ax.set_yscale("log")
-    ax.set_ylabel("time per call / eager (log scale; lower is faster)")
-    ax.set_title("opgen graph benchmark, CPU (threads per case in parentheses)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return f"wrote {path}"
+    by = {(f"{r.case} ({r.threads}t)", r.candidate): r.ratio for r in results}
+    cases = list(dict.fromkeys(case for case, _ in by))
+    title = "opgen graph benchmark, CPU (threads per case in parentheses)"
+    ylabel = "time per call / eager (log scale; lower is faster)"
+    return ratio_bars(by, cases, candidates, LABELS, path, ylabel=ylabel, title=title)
 
 
 def thread_counts(text: str) -> tuple[int, ...]:
