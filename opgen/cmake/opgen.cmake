@@ -49,10 +49,17 @@ macro(opgen_find_torch)
   find_library(OPGEN_TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED NO_DEFAULT_PATH)
 endmacro()
 
-# opgen_add_extension(<target> SPEC <yaml> [MODULE <name>] [SHARDS <n>])
+# opgen_add_extension(<target> SPEC <yaml> [MODULE <name>] [SHARDS <n>]
+#                     [SOURCES <files...>] [INCLUDE_DIRS <dirs...>] [LIBRARIES <libs...>])
 # Defines a Python extension target <target> whose module <name> (default _C) has `kernel_ops`.
+# Your own kernels (a spec entry with `kernels: {cpu: mylib::f}` and `includes: [mylib/f.h]`, docs/spec.md):
+#   SOURCES       your .cpp files (and .cu files: compiled as CUDA only where your project has enabled the
+#                 CUDA language, project(... LANGUAGES CXX CUDA) or enable_language(CUDA); opgen passes them on)
+#   INCLUDE_DIRS  folders the spec's `includes` are found in (a missing header fails the build with an
+#                 #error naming the spec line)
+#   LIBRARIES     targets or libraries to link (your kernels built as a library of their own, say)
 function(opgen_add_extension target)
-  cmake_parse_arguments(ARG "" "SPEC;MODULE;SHARDS" "" ${ARGN})
+  cmake_parse_arguments(ARG "" "SPEC;MODULE;SHARDS" "SOURCES;INCLUDE_DIRS;LIBRARIES" ${ARGN})
   if(NOT ARG_SPEC)
     message(FATAL_ERROR "opgen_add_extension(${target}): SPEC <yaml> is required")
   endif()
@@ -93,11 +100,11 @@ function(opgen_add_extension target)
     set(jit_impl "${_OPGEN_CSRC}/opgen/jit/jit_launcher.cpp")          # the Triton kernel launcher
   endif()
   list(APPEND helpers "${jit_impl}")
-  Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers})
+  Python_add_library(${target} MODULE WITH_SOABI ${gen_cpp} ${helpers} ${ARG_SOURCES})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${ARG_MODULE} CXX_STANDARD 20
                         CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)
-  target_include_directories(${target} PRIVATE "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})
-  target_link_libraries(${target} PRIVATE ${TORCH_LIBRARIES} "${OPGEN_TORCH_PYTHON_LIBRARY}")
+  target_include_directories(${target} PRIVATE "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS} ${ARG_INCLUDE_DIRS})
+  target_link_libraries(${target} PRIVATE ${TORCH_LIBRARIES} "${OPGEN_TORCH_PYTHON_LIBRARY}" ${ARG_LIBRARIES})
   if(OPGEN_TORCH_CUDA)
     target_compile_definitions(${target} PRIVATE OPGEN_WITH_CUDA)
   endif()

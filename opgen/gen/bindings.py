@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from opgen.gen import triton_bindings
+from opgen.gen import triton_bindings, user_kernels
 from opgen.gen.cpp_types import c_string, cpp_arg, kernel_call_expr
 from opgen.spec.checks import CHECKS
 from opgen.spec.defaults import parse_default
@@ -107,7 +107,9 @@ def return_lines(spec: OpSpec, call: str) -> list[str]:
 def dispatch_lines(spec: OpSpec) -> list[str]:
     lines = ["switch (devices.type()) {"]
     for kernel in sorted(spec.kernels, key=lambda k: k.backend == "default"):
-        body = [_DEVICE_CASE[kernel.backend], *("  " + x for x in return_lines(spec, kernel_call(spec, kernel)))]
+        call = return_lines(spec, kernel_call(spec, kernel))
+        call = user_kernels.at_spec_line(spec, call) if kernel.user else call  # errors in the call name the spec
+        body = [_DEVICE_CASE[kernel.backend], *(x if x.startswith("#") else "  " + x for x in call)]
         if kernel.backend == "cuda":
             body = ["#ifdef OPGEN_WITH_CUDA", *body, "#endif"]
         lines += ["  " + x if not x.startswith("#") else x for x in body]
@@ -131,7 +133,8 @@ def emit_function(spec: OpSpec) -> str:
         "OPGEN_CATCH(sig)",
     ]
     indented = "\n".join(("  " + line) if not line.startswith("#") else line for line in body)
-    return (
+    checks = "".join(user_kernels.kernel_check(spec, k) for k in spec.kernels if k.user)
+    return checks + (
         f"// {spec.location}: {comment_text(str(spec.schema))}\n"
         f"PyObject* {c_function_name(spec)}(PyObject*, PyObject* const* args, Py_ssize_t nargs, "
         f"PyObject* kwnames) {{\n{indented}\n}}\n"
@@ -172,7 +175,8 @@ def method_def(spec: OpSpec) -> str:
 
 def headers(specs: list[OpSpec]) -> tuple[list[str], list[str]]:
     """The kernel headers a shard needs: (always, CUDA builds only), sorted and unique."""
-    common = sorted({k.header for s in specs for k in s.kernels if k.backend != "cuda"})
+    kernels = [k for s in specs for k in s.kernels if not k.user]  # user kernels: user_kernels.include_lines
+    common = sorted({k.header for k in kernels if k.backend != "cuda"})
     common += ["opgen/jit/jit_binding.h"] if any(s.triton is not None for s in specs) else []
-    cuda = sorted({k.header for s in specs for k in s.kernels if k.backend == "cuda"} - set(common))
+    cuda = sorted({k.header for k in kernels if k.backend == "cuda"} - set(common))
     return common, cuda

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jinja2
 
-from opgen.gen import bindings, registry, stub, thunks
+from opgen.gen import bindings, registry, stub, thunks, user_kernels
 from opgen.spec.model import OpSpec
 
 DEFAULT_SHARDS = 4
@@ -39,15 +39,18 @@ def emit(
     for shard in range(shards):
         members = [s for s in ops if shard_of(s, shards) == shard]
         common, cuda = bindings.headers(members)
-        files[f"kernel_ops_{shard}.cpp"] = _TEMPLATES.get_template("shard.cpp.j2").render(
+        name = f"kernel_ops_{shard}.cpp"
+        text = _TEMPLATES.get_template("shard.cpp.j2").render(
             spec_name=spec_name,
             shard=shard,
             shards=shards,
             headers=common,
             cuda_headers=cuda,
+            user_includes="\n".join(user_kernels.include_lines(members)),
             functions=[bindings.emit_function(s) for s in members],
             method_defs=[bindings.method_def(s) for s in members],
         )
+        files[name] = user_kernels.restore_lines(text, name)
     files.update(_thunk_files(ops, spec_name, shards))
     entries = [(info["name"], registry.to_json(info)) for info in registry.registry(ops)]
     digest = hashlib.sha256("".join(files[k] for k in sorted(files)).encode())
@@ -68,15 +71,18 @@ def _thunk_files(ops: tuple[OpSpec, ...], spec_name: str, shards: int) -> dict[s
         members = [s for s in ops if shard_of(s, shards) == shard]
         common, cuda = thunks.headers(members)
         pairs = [(s, k) for s in members for k in thunks.thunk_kernels(s)]
-        files[f"thunks_{shard}.cpp"] = _TEMPLATES.get_template("thunks.cpp.j2").render(
+        name = f"thunks_{shard}.cpp"
+        text = _TEMPLATES.get_template("thunks.cpp.j2").render(
             spec_name=spec_name,
             shard=shard,
             shards=shards,
             headers=common,
             cuda_headers=cuda,
+            user_includes="\n".join(user_kernels.include_lines([s for s, _ in pairs])),
             thunks=[thunks.emit_thunk(s, k) for s, k in pairs],
             entries=[thunks.table_entry(s, k) for s, k in pairs],
         )
+        files[name] = user_kernels.restore_lines(text, name)
     files["thunk_tables.cpp"] = _TEMPLATES.get_template("thunk_tables.cpp.j2").render(
         spec_name=spec_name, shards=shards, digest=thunk_digest(ops)
     )

@@ -40,10 +40,9 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
     schema = spec.schema
     returns = [return_info(r, schema.args) for r in schema.returns]
     siblings = variants.get(spec.group, {})
-    namespace = "opgen" if spec.triton is not None or any(k.own for k in spec.kernels) else "aten"
     info: dict[str, Any] = {
         "name": spec.python_name,
-        "aten": f"{namespace}::{schema.qualified_name}",
+        "aten": spec.registry_name,
         "schema": str(schema),
         "args": [arg_info(a) for a in schema.args],
         "returns": returns,
@@ -66,6 +65,8 @@ def op_info(spec: OpSpec, variants: dict[str, dict[Variant, str]]) -> dict[str, 
     }
     if spec.triton is not None:
         info["triton"] = triton_info(spec.triton)
+    if spec.torch_op is not None:  # only where given, so that other entries (and their BUILD_ID) stay as they were
+        info["torch_op"] = spec.torch_op.path
     return info
 
 

@@ -9,6 +9,7 @@ Triton ops have no thunk (the C++ backend leaves programs that call them to the 
 
 from __future__ import annotations
 
+from opgen.gen import user_kernels
 from opgen.gen.bindings import comment_text
 from opgen.gen.cpp_types import c_string, cpp_arg, decl_type, default_expr, kernel_call_expr, value_type
 from opgen.spec.model import Arg, Kernel, OpSpec
@@ -48,8 +49,9 @@ def arg_line(arg: Arg, index: int) -> str:
 def emit_thunk(spec: OpSpec, kernel: Kernel) -> str:
     call = kernel_call_expr(spec, kernel)
     body = [arg_line(a, i) for i, a in enumerate(spec.schema.args)]
-    body.append(f"f.result(in, {call});" if spec.schema.returns else f"{call};")
-    text = "\n".join("  " + line for line in body)
+    result = [f"f.result(in, {call});" if spec.schema.returns else f"{call};"]
+    body += user_kernels.at_spec_line(spec, result) if kernel.user else result  # errors in the call name the spec
+    text = "\n".join(line if line.startswith("#") else "  " + line for line in body)
     thunk = (
         f"// {spec.location}: {comment_text(str(spec.schema))}\n"
         f"void {thunk_name(spec, kernel)}(opgen::exec::Frame& f, const opgen::exec::Instr& in) {{\n{text}\n}}\n"
@@ -65,7 +67,7 @@ def table_entry(spec: OpSpec, kernel: Kernel) -> str:
 
 def headers(specs: list[OpSpec]) -> tuple[list[str], list[str]]:
     """The kernel headers a thunk shard needs: (always, CUDA builds only), sorted and unique."""
-    kernels = [k for s in specs for k in thunk_kernels(s)]
+    kernels = [k for s in specs for k in thunk_kernels(s) if not k.user]  # user kernels: user_kernels.include_lines
     common = sorted({k.header for k in kernels if k.backend != "cuda"})
     cuda = sorted({k.header for k in kernels if k.backend == "cuda"} - set(common))
     return common, cuda

@@ -147,18 +147,21 @@ class Variant(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Kernel:
     backend: str  # one of BACKENDS
-    namespace: str  # one of KERNEL_NAMESPACES
-    function: str  # C++ function name inside `at::<namespace>` (or OWN_NAMESPACE)
+    namespace: str  # one of KERNEL_NAMESPACES; for a user kernel its own C++ namespace (`mylib::ops`)
+    function: str  # C++ function name inside `at::<namespace>` (or OWN_NAMESPACE, or the user's namespace)
+    user: bool = False  # the user's own C++ function, declared by the headers of its entry's `includes:`
 
     @property
     def qualified_name(self) -> str:
-        if self.namespace == OWN_NAMESPACE:
-            return f"{OWN_NAMESPACE}::{self.function}"
+        if self.namespace == OWN_NAMESPACE or self.user:
+            return f"{self.namespace}::{self.function}"
         return f"at::{self.namespace}::{self.function}"
 
     @property
     def header(self) -> str:
-        """The header declaring this kernel: ATen's is named after the op, without `_`/`_out`/`_outf`."""
+        """The header declaring this kernel: ATen's is named after the op, without `_`/`_out`/`_outf`.
+        A user kernel's headers are its entry's `includes` (`OpSpec.includes`), not this."""
+        assert not self.user, "a user kernel's headers are OpSpec.includes"
         if self.namespace == OWN_NAMESPACE:
             return OWN_HEADER
         return f"ATen/ops/{kernel_op_name(self.function)}_{self.namespace}_dispatch.h"
@@ -232,6 +235,26 @@ class TritonKernel:
 
 
 @dataclass(frozen=True, slots=True)
+class TorchOp:
+    """`torch_op: mylib::scaled_add` (or `mylib::scaled_add.overload`): the torch.library op an entry implements."""
+
+    namespace: str
+    name: str
+    overload: str = "default"
+
+    @property
+    def path(self) -> str:
+        """`mylib.scaled_add.default`: where torch puts it (`torch.ops.mylib.scaled_add.default`)."""
+        return f"{self.namespace}.{self.name}.{self.overload}"
+
+    @property
+    def registry_name(self) -> str:
+        """`mylib::scaled_add` (`mylib::f.out`): the registry's `aten` name, as `OpOverload.name()` gives it."""
+        base = f"{self.namespace}::{self.name}"
+        return base if self.overload == "default" else f"{base}.{self.overload}"
+
+
+@dataclass(frozen=True, slots=True)
 class OpSpec:
     """One bound Python function: a schema, its kernels and where it came from."""
 
@@ -246,10 +269,21 @@ class OpSpec:
     triton: TritonKernel | None = None  # a Triton op: `kernels` is empty
     checks: tuple[str, ...] = ()  # argument checks the binding runs before the kernel (spec/checks.py)
     opaque: tuple[str, ...] = ()  # Tensor arguments that may be opaque oneDNN tensors (own kernels only)
+    includes: tuple[str, ...] = ()  # headers declaring the entry's user kernels (`mylib/scaled_add.h`)
+    torch_op: TorchOp | None = None  # the torch.library op the entry implements (functional op only)
 
     @property
     def backends(self) -> tuple[str, ...]:
         return ("triton",) if self.triton is not None else tuple(k.backend for k in self.kernels)
+
+    @property
+    def registry_name(self) -> str:
+        """The registry's `aten` name: `aten::add.Tensor`; `opgen::<schema name>` for an op that binds no ATen
+        overload (Triton, opgen's or the user's kernels); the `torch_op` (`mylib::scaled_add`) where one is given."""
+        if self.torch_op is not None:
+            return self.torch_op.registry_name
+        own = self.triton is not None or any(k.own or k.user for k in self.kernels)
+        return f"{'opgen' if own else 'aten'}::{self.schema.qualified_name}"
 
     @property
     def tensor_args(self) -> tuple[Arg, ...]:

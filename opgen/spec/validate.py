@@ -17,13 +17,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from opgen.spec import user_kernels
 from opgen.spec.checks import check_problems
 from opgen.spec.defaults import parse_default
 from opgen.spec.kernels import KernelIndex
 from opgen.spec.loader import RawEntry, SpecError, load_entries
 from opgen.spec.model import (
-    BACKENDS,
-    KERNEL_NAMESPACES,
     OWN_NAMESPACE,
     Alias,
     Arg,
@@ -40,13 +39,14 @@ from opgen.spec.problems import Problems, unknown_key
 from opgen.spec.schema import SchemaSyntaxError, parse_schema
 from opgen.spec.triton import triton_kernel
 
-ENTRY_KEYS = ("func", "python", "kernels", "triton", "inplace", "out", "release_gil", "checks", "opaque", "doc")
+ENTRY_KEYS = (
+    *("func", "python", "kernels", "triton", "inplace", "out", "release_gil", "checks", "opaque"),
+    *("includes", "torch_op", "doc"),
+)
 # Keys a Triton op cannot have: its variants are entries of their own, and its launch keeps the GIL.
 NOT_WITH_TRITON = ("kernels", "inplace", "out", "release_gil")
 VARIANT_KEYS = ("func", "python", "kernels", "checks")
 LIST_BASES = ("Tensor", "int", "SymInt", "float", "bool")
-# \Z, not $: `$` also matches before a trailing newline, so 'add\n' would pass as a name.
-_KERNEL = re.compile(r"^(?:at::(?P<ns>[a-z_]+)|(?P<own>opgen::kernels))::(?P<fn>[A-Za-z_][A-Za-z0-9_]*)\Z")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab and newline, and DEL
 
@@ -72,6 +72,7 @@ def load_spec(
     if not entries:
         problems.add(1, None, "the spec lists no ops")
     _check_unique(ops, problems)
+    user_kernels.check_registry_names(ops, problems)
     if not problems.items:
         _check_kernels(ops, kernels or KernelIndex.find(), problems)
     if problems.items:
@@ -95,7 +96,7 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
         kernels: tuple[Kernel, ...] | None = ()
         triton = _triton(entry, schema, op_name, problems)
     else:
-        kernels = _kernels(fields.get("kernels"), lines.get("kernels", entry.line), op_name, problems)
+        kernels = user_kernels.parse_kernels(fields.get("kernels"), lines.get("kernels", entry.line), op_name, problems)
         triton = None
     doc = fields.get("doc", "")
     if not isinstance(doc, str):
@@ -113,6 +114,8 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
         for message in messages:
             problems.add(lines["checks"], op_name, message)
     opaque = _opaque(fields, lines, schema, kernels, op_name, problems)
+    includes = user_kernels.includes(fields, lines, kernels, op_name, problems)
+    torch_op = user_kernels.torch_op(fields, lines, kernels, op_name, problems)
     if schema is None or kernels is None or len(problems.items) > count:
         return []
     python_name = python if python is not None else default_python_name(schema)
@@ -123,6 +126,7 @@ def _entry_ops(entry: RawEntry, problems: Problems) -> list[OpSpec]:
     base = OpSpec(
         schema, python_name, kernels, own, python_name, str(doc), release_gil, location, triton, checks, opaque
     )
+    base = dataclasses.replace(base, includes=includes, torch_op=torch_op)
     ops = [base]
     for kind in (Variant.INPLACE, Variant.OUT):
         if kind.value in fields:
@@ -239,36 +243,6 @@ def _is_int_return(ret: Return) -> bool:
     return ret.type.base in ("int", "SymInt") and not ret.type.optional and not ret.type.is_list and ret.alias is None
 
 
-def _kernels(raw: Any, line: int, op: str, problems: Problems) -> tuple[Kernel, ...] | None:
-    if not isinstance(raw, dict) or not raw:
-        problems.add(line, op, f"'kernels' must map a backend ({', '.join(BACKENDS)}) to a kernel like at::cpu::add")
-        return None
-    kernels = []
-    for backend, name in raw.items():
-        if backend not in BACKENDS:
-            problems.add(line, op, f"unknown backend '{backend}' (allowed: {', '.join(BACKENDS)})")
-            continue
-        match = _KERNEL.match(name) if isinstance(name, str) else None
-        if match is None:
-            problems.add(
-                line,
-                op,
-                f"{backend} kernel {name!r} is not of the form at::<namespace>::<function> or "
-                f"{OWN_NAMESPACE}::<function>",
-            )
-            continue
-        namespace = match["ns"] or match["own"]
-        spelled = namespace if match["own"] else f"at::{namespace}"
-        if namespace not in KERNEL_NAMESPACES:
-            allowed = ", ".join(ns if ns == OWN_NAMESPACE else f"at::{ns}" for ns in KERNEL_NAMESPACES)
-            problems.add(line, op, f"{backend} kernel '{name}': unknown namespace (allowed: {allowed})")
-        elif backend not in KERNEL_NAMESPACES[namespace]:
-            problems.add(line, op, f"{backend} kernel '{name}': {spelled} kernels cannot serve '{backend}'")
-        else:
-            kernels.append(Kernel(backend, namespace, match["fn"]))
-    return tuple(kernels) if len(kernels) == len(raw) else None
-
-
 def _opaque(
     fields: dict[str, Any],
     lines: dict[str, int],
@@ -327,7 +301,7 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: Pro
         problems.add(loc.line, op, f"'{kind.value}' schema '{schema.qualified_name}' is not an {kind.value} schema")
         return None
     if "kernels" in raw:
-        kernels = _kernels(raw["kernels"], loc.line, op, problems)
+        kernels = user_kernels.parse_kernels(raw["kernels"], loc.line, op, problems)
     else:
         suffix = "_" if kind is Variant.INPLACE else "_outf"
         kernels = tuple(dataclasses.replace(k, function=k.function + suffix) for k in base.kernels)
@@ -337,9 +311,15 @@ def _variant(base: OpSpec, kind: Variant, raw: Any, loc: Location, problems: Pro
     own, messages = check_problems(raw["checks"], schema) if "checks" in raw else ((), [])
     checks = base.checks + tuple(c for c in own if c not in base.checks)  # the entry's, then the variant's own
     messages += check_problems(list(base.checks), schema)[1]
+    if any(k.user for k in kernels) and not base.includes:
+        messages.append("user kernels need 'includes' on the entry, naming the headers that declare them")
     for message in messages:
         problems.add(loc.line, op, f"'{kind.value}': {message}")
-    return OpSpec(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc, checks=checks)
+    return OpSpec(
+        *(schema, python_name, kernels, kind, base.python_name, base.doc, base.release_gil, loc),
+        checks=checks,
+        includes=base.includes,
+    )
 
 
 def _derive(base: Schema, kind: Variant, name: str, line: int, problems: Problems) -> Schema | None:
@@ -399,7 +379,7 @@ def _check_kernels(ops: list[OpSpec], index: KernelIndex | None, problems: Probl
     if index is None:
         return
     for op in ops:
-        for kernel in op.kernels:
+        for kernel in (k for k in op.kernels if not k.user):  # user kernels: checked by the compiler
             problem = index.problem(kernel, len(op.schema.args))
             if problem:
                 problems.add(op.location.line, op.schema.qualified_name, problem)

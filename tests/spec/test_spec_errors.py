@@ -45,14 +45,14 @@ CASES = [
         "unknown_key",
         RELU + "  kernel: x\n",
         [
-            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, opaque, doc); did you mean 'kernels'?"
+            "ops.yaml:3: op 'relu': unknown key 'kernel' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, opaque, includes, torch_op, doc); did you mean 'kernels'?"
         ],
     ),
     (
         "null_key",
         RELU + "  null: x\n",
         [
-            "ops.yaml:1: op 'relu': unknown key 'None' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, opaque, doc)"
+            "ops.yaml:1: op 'relu': unknown key 'None' (allowed: func, python, kernels, triton, inplace, out, release_gil, checks, opaque, includes, torch_op, doc)"
         ],
     ),
     (
@@ -126,8 +126,79 @@ CASES = [
         "bad_kernel_form",
         "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: relu}\n",
         [
-            "ops.yaml:2: op 'relu': cpu kernel 'relu' is not of the form at::<namespace>::<function> "
-            "or opgen::kernels::<function>"
+            "ops.yaml:2: op 'relu': cpu kernel 'relu' is not of the form at::<namespace>::<function>, "
+            "opgen::kernels::<function> or <your namespace>::<function> (with 'includes')"
+        ],
+    ),
+    (
+        "user_kernel_malformed",
+        "- func: f(Tensor self) -> Tensor\n  kernels: {cpu: 'mylib::f()'}\n  includes: [mylib/f.h]\n",
+        [
+            "ops.yaml:2: op 'f': cpu kernel 'mylib::f()' is not of the form at::<namespace>::<function>, "
+            "opgen::kernels::<function> or <your namespace>::<function> (with 'includes')"
+        ],
+    ),
+    (
+        "user_kernel_without_includes",
+        "- func: f(Tensor self) -> Tensor\n  kernels: {cpu: mylib::f}\n",
+        [
+            "ops.yaml:2: op 'f': cpu kernel 'mylib::f' is a user kernel: name the headers that declare it in "
+            "'includes' (like includes: [mylib/ops.h])"
+        ],
+    ),
+    (
+        "includes_without_user_kernels",
+        RELU + "  includes: [mylib/relu.h]\n",
+        [
+            "ops.yaml:3: op 'relu': 'includes' is only for user kernels (ATen's and opgen's headers are included "
+            "already)"
+        ],
+    ),
+    (
+        "includes_not_a_list",
+        "- func: f(Tensor self) -> Tensor\n  kernels: {cpu: mylib::f}\n  includes: mylib/f.h\n",
+        ["ops.yaml:3: op 'f': 'includes' must be a list of header names (like [mylib/ops.h]), not 'mylib/f.h'"],
+    ),
+    (
+        "includes_bad_headers",
+        "- func: f(Tensor self) -> Tensor\n  kernels: {cpu: mylib::f}\n  includes: [../f.h, /usr/f.h, mylib/f.cpp, 'f.h>']\n",
+        [
+            f"ops.yaml:3: op 'f': 'includes': {h!r} is not a header name: a relative path ending in .h, .hpp, "
+            ".cuh or .hh, without '..'"
+            for h in ("../f.h", "/usr/f.h", "mylib/f.cpp", "f.h>")
+        ],
+    ),
+    (
+        "variant_user_kernel_without_includes",
+        RELU + "  out: {func: relu.out, kernels: {cpu: mylib::relu_out}}\n",
+        [
+            "ops.yaml:3: op 'relu': 'out': user kernels need 'includes' on the entry, naming the headers that declare them"
+        ],
+    ),
+    (
+        "torch_op_malformed",
+        "- func: f(Tensor self) -> Tensor\n  kernels: {cpu: mylib::f}\n  includes: [mylib/f.h]\n  torch_op: mylib.f\n",
+        [
+            "ops.yaml:4: op 'f': 'torch_op' must be ns::name or ns::name.overload (like mylib::scaled_add), not 'mylib.f'"
+        ],
+    ),
+    (
+        "torch_op_without_user_kernels",
+        RELU + "  torch_op: mylib::relu\n",
+        ["ops.yaml:3: op 'relu': 'torch_op' is only for entries with user kernels (an ATen op is named by its schema)"],
+    ),
+    (
+        "torch_op_clash",
+        "- func: f(Tensor self) -> Tensor\n  kernels: {cpu: mylib::f}\n  includes: [mylib/f.h]\n  torch_op: mylib::f\n"
+        "- func: g(Tensor self) -> Tensor\n  kernels: {cpu: mylib::g}\n  includes: [mylib/f.h]\n  torch_op: mylib::f.default\n",
+        ["ops.yaml:5: op 'g': op 'mylib::f' is already bound by 'f' (line 1); each torch_op names one entry"],
+    ),
+    (
+        "torch_op_clash_with_aten",
+        RELU + "- func: my_relu(Tensor self) -> Tensor\n  kernels: {cpu: mylib::relu}\n  includes: [mylib/relu.h]\n"
+        "  torch_op: aten::relu\n",
+        [
+            "ops.yaml:3: op 'my_relu': op 'aten::relu' is already bound by 'relu' (line 1); each torch_op names one entry"
         ],
     ),
     (
@@ -141,8 +212,8 @@ CASES = [
         "own_kernel_other_namespace",
         "- func: relu(Tensor self) -> Tensor\n  kernels: {cpu: opgen::checks::relu}\n",
         [
-            "ops.yaml:2: op 'relu': cpu kernel 'opgen::checks::relu' is not of the form at::<namespace>::<function> "
-            "or opgen::kernels::<function>"
+            "ops.yaml:2: op 'relu': cpu kernel 'opgen::checks::relu' is not of the form at::<namespace>::<function>, "
+            "opgen::kernels::<function> or <your namespace>::<function> (with 'includes')"
         ],
     ),
     (
