@@ -493,5 +493,5 @@ const opgen::RegistryEntry kRegistry[] = {
 
 PYBIND11_MODULE(_C, m) {
   opgen::init_kernel_ops(m, {opgen_methods_0, opgen_methods_1, opgen_methods_2, opgen_methods_3}, kRegistry,
-                         "ccad41979bd4312a");
+                         "0588a288538519a4");
 }

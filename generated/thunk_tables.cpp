@@ -8,7 +8,7 @@ extern const opgen::exec::ThunkEntry opgen_thunks_3[];
 
 namespace opgen::exec {
 
-// Every generated thunk table, null-terminated (csrc/opgen/exec/executor_parse.cpp searches them).
+// Every generated thunk table, null-terminated (csrc/opgen/exec/thunk_registry.cpp searches them).
 extern const ThunkEntry* const kThunkTables[] = {
 opgen_thunks_0,
 opgen_thunks_1,

@@ -22,10 +22,10 @@ endif()
 # The hand-written sources, by room of csrc/opgen (docs/development.md). The runtime's rooms have no
 # Python: they make the standalone runtime (opgen_add_runtime) and are part of every extension.
 set(_OPGEN_RUNTIME_SOURCES kernels/kernels.cpp exec/executor.cpp exec/executor_parse.cpp exec/executor_print.cpp
-    package/package.cpp)
+    exec/thunk_registry.cpp package/package.cpp)
 list(TRANSFORM _OPGEN_RUNTIME_SOURCES PREPEND "${_OPGEN_CSRC}/opgen/")
 set(_OPGEN_PYTHON_SOURCES py/python_errors.cpp py/input_check.cpp py/ranged_check.cpp bind/binding.cpp bind/checks.cpp
-    jit/jit_binding.cpp module/module.cpp module/executor_py.cpp module/executor_externs.cpp)
+    jit/jit_binding.cpp module/module.cpp module/executor_py.cpp module/executor_externs.cpp module/thunks_py.cpp)
 list(TRANSFORM _OPGEN_PYTHON_SOURCES PREPEND "${_OPGEN_CSRC}/opgen/")
 
 # Finds torch through the interpreter's torch.utils.cmake_prefix_path, and libtorch_python.
@@ -46,12 +46,34 @@ macro(opgen_find_torch)
   endif()
   list(APPEND CMAKE_PREFIX_PATH "${_opgen_torch_prefix}")
   find_package(Torch REQUIRED)
+  set(OPGEN_TORCH_VERSION "${Torch_VERSION}" CACHE INTERNAL "the torch version opgen_find_torch found")
   find_library(OPGEN_TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED NO_DEFAULT_PATH)
 endmacro()
 
+# Defines OPGEN_THUNK_ABI for <target>: "thunk.h:<first 16 hex digits of the SHA-256 of
+# csrc/opgen/exec/thunk.h>,torch:<torch's CMake version>". A module's executor calls another module's
+# thunks (its THUNKS capsule, exec::ThunkExport) only where the two are equal: thunk.h lays out all a
+# thunk touches (Frame, Instr, ThunkEntry), torch the IValues and tensors in them.
+function(_opgen_define_thunk_abi target)
+  set(version "${Torch_VERSION}")                          # find_package(Torch), here or by the caller
+  if(NOT version)
+    set(version "${OPGEN_TORCH_VERSION}")                  # an earlier opgen_find_torch
+  endif()
+  if(NOT version)
+    message(FATAL_ERROR "opgen: no torch version for ${target}'s thunk ABI (find_package(Torch) sets Torch_VERSION)")
+  endif()
+  set(header "${_OPGEN_CSRC}/opgen/exec/thunk.h")
+  file(SHA256 "${header}" hash)
+  string(SUBSTRING "${hash}" 0 16 hash)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")  # an edit re-hashes it
+  target_compile_definitions(${target} PRIVATE "OPGEN_THUNK_ABI=\"thunk.h:${hash},torch:${version}\"")
+endfunction()
+
 # opgen_add_extension(<target> SPEC <yaml> [MODULE <name>] [SHARDS <n>]
 #                     [SOURCES <files...>] [INCLUDE_DIRS <dirs...>] [LIBRARIES <libs...>])
-# Defines a Python extension target <target> whose module <name> (default _C) has `kernel_ops`.
+# Defines a Python extension target <target> whose module <name> (default _C) has `kernel_ops`, and
+# `THUNKS`, its C++ executor's thunks, which opgen._C.register_thunks(prefix, THUNKS) lets another
+# module's executor call (csrc/opgen/exec/thunk_registry.h).
 # Your own kernels (a spec entry with `kernels: {cpu: mylib::f}` and `includes: [mylib/f.h]`, docs/spec.md):
 #   SOURCES       your .cpp files (and .cu files: compiled as CUDA only where your project has enabled the
 #                 CUDA language, project(... LANGUAGES CXX CUDA) or enable_language(CUDA); opgen passes them on)
@@ -108,6 +130,7 @@ function(opgen_add_extension target)
   if(OPGEN_TORCH_CUDA)
     target_compile_definitions(${target} PRIVATE OPGEN_WITH_CUDA)
   endif()
+  _opgen_define_thunk_abi(${target})
   set_property(TARGET ${target} PROPERTY OPGEN_STUB "${gen_dir}/kernel_ops.pyi")
 endfunction()
 
@@ -155,4 +178,5 @@ function(opgen_add_runtime target)
                         POSITION_INDEPENDENT_CODE ON)
   target_include_directories(${target} PUBLIC "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
+  _opgen_define_thunk_abi(${target})
 endfunction()

@@ -1,7 +1,8 @@
 // The executor's parser: a program's text -> Program. The grammar is docs/cpp-program.md, which
 // opgen.runtime.codegen.cpp prints and executor_print.cpp prints back; a change to what this file
 // reads is a change to that page and to both printers. Every error names the line; kernels are
-// found in the generated thunk tables, torch ops in the dispatcher.
+// found in the thunk registry (thunk_registry.h: the generated tables and those of registered
+// extensions), torch ops in the dispatcher.
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -14,25 +15,11 @@
 #include <utility>
 
 #include "opgen/exec/executor.h"
+#include "opgen/exec/thunk_registry.h"
 
 namespace opgen::exec {
 
-extern const ThunkEntry* const kThunkTables[];  // generated: thunk_tables.cpp
-
 namespace {
-
-const ThunkEntry* find_thunk(const std::string& name, const std::string& backend) {
-  static const auto* table = [] {
-    auto* map = new std::unordered_map<std::string, const ThunkEntry*>();
-    for (const ThunkEntry* const* t = kThunkTables; *t != nullptr; ++t) {
-      for (const ThunkEntry* e = *t; e->name != nullptr; ++e)
-        (*map)[std::string(e->name) + "." + e->backend] = e;
-    }
-    return map;
-  }();
-  const auto it = table->find(name + "." + backend);
-  return it == table->end() ? nullptr : it->second;
-}
 
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> out;

@@ -229,5 +229,16 @@ struct ThunkEntry {
   bool release_gil;  // the binding releases the GIL around this kernel (`release_gil:` in the spec)
 };
 
+// A module's thunks as another module's executor sees them: what every extension's `THUNKS`
+// capsule ("opgen.thunks") points to, and what thunk_registry.h's register_thunks takes. The
+// executor calls a thunk of another module with its own Frame and Instr, so two modules may share
+// thunks only where this header (the layout of everything a thunk touches) and torch are the same:
+// `abi` says which (OPGEN_THUNK_ABI, opgen/cmake/opgen.cmake).
+struct ThunkExport {
+  const char* abi;                  // "thunk.h:<sha-256 prefix of this file>,torch:<version>"
+  const ThunkEntry* const* tables;  // the module's generated tables, null-terminated (kThunkTables)
+  const char* digest;               // the identity of its thunks (kThunkDigest)
+};
+
 }  // namespace exec
 }  // namespace opgen

@@ -2,6 +2,7 @@
 
 #include "opgen/jit/jit.h"
 #include "opgen/module/executor_py.h"
+#include "opgen/module/thunks_py.h"
 #include "opgen/py/input_check.h"
 #ifdef OPGEN_WITH_CUDA
 #include "opgen/graphs/cuda_graph.h"
@@ -47,6 +48,7 @@ void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> ta
   add_input_check(parent);
   add_ranged_input_check(parent);
   add_executor(parent);
+  add_thunks(parent);
   jit::add_jit(parent);
 #ifdef OPGEN_WITH_CUDA
   add_cuda_graph(parent);
@@ -67,6 +69,10 @@ void init_kernel_ops(py::module_& parent, std::initializer_list<PyMethodDef*> ta
     for (const RegistryEntry& entry : registry) names.append(entry.name);
     return names;
   }, "Return the Python names of all bound functions, in spec order.");
+  // A user's extension joins the runtime on import (opgen/extensions.py); opgen's own module is the base.
+  if (py::str(parent.attr("__name__")).cast<std::string>() != "opgen._C") {
+    py::module_::import("opgen.extensions").attr("register")(parent);
+  }
 }
 
 }  // namespace opgen
