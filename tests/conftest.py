@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+
+
+@pytest.fixture(scope="session")
+def user_kernels_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example project of your own kernels (opgen/examples/user_kernels), built once per test run:
+    under pytest-xdist the workers share one build (the run's temporary root, under a file lock)."""
+    from opgen.examples import build_user_kernels
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    with open(root / "user_kernels.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds; the others find it built (ninja: no work)
+        return build_user_kernels(root / "user_kernels_build")
 
 
 @pytest.fixture(scope="module")

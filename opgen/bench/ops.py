@@ -4,6 +4,12 @@ Interleaved in one process (../shared/BENCH.md), one thread, tensors of shape (s
 1 element, 16 elements and 256x256. Prints per op and size the medians and the ratio
 kernel_ops / torch, then the median ratio over tiny tensors. With `--device cuda` the tensors live
 on the GPU and the time is the enqueue time (host time of one call, the GPU idle at its start).
+
+One case binds a kernel of the user's own: `scaled_add (user)` builds the example project
+opgen/examples/user_kernels once into opgen's cache folder (a minute or two, progress on stderr) and
+times its direct binding, `my_ops.kernel_ops.scaled_add`, against the same kernel through the
+dispatcher, `torch.ops.mylib.scaled_add` (in the torch column). It has its own ratio line, outside
+the tiny-tensor median; without cmake and ninja it is left out, saying so.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +31,7 @@ from opgen.bench.timing import format_table, interleaved
 SIZES = {"1": 1, "16": 4, "64k": 256}  # label -> side of the (s, s) tensors
 TINY = ("1", "16")
 TARGET_ADD, TARGET_MEDIAN = 0.70, 0.75
+USER_CASE, TARGET_USER = "scaled_add (user)", 0.50  # the user's kernel: direct binding / dispatcher
 
 Call = Callable[[], object]
 
@@ -171,13 +179,39 @@ CASES = [
 ]
 
 
+def _user_case() -> Case:
+    """The user-kernel case, building the example project first where its build is not up to date.
+    Raises ExampleBuildError (a RuntimeError) when it cannot be built, ImportError when it cannot be loaded."""
+    from opgen.examples import build_user_kernels, default_build_dir
+
+    folder = build_user_kernels(default_build_dir(), progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    import my_ops  # registers torch.ops.mylib.scaled_add
+
+    def make(s: int) -> tuple[Call, Call]:
+        a, b = _t(s), _t(s)
+
+        def direct() -> object:
+            return my_ops.kernel_ops.scaled_add(a, b, alpha=2.0)
+
+        def dispatched() -> object:
+            return torch.ops.mylib.scaled_add(a, b, alpha=2.0)
+
+        return direct, dispatched
+
+    return Case(USER_CASE, make)
+
+
 def run(cases: list[Case], sizes: list[str], repeats: int, cuda: bool = False) -> list[dict[str, object]]:
     sync = torch.cuda.synchronize if cuda else None
+    device = torch.device("cuda" if cuda else "cpu")
     rows = []
     for case in cases:
         for label in sizes:
             torch.manual_seed(0)
-            ours, eager = case.make(SIZES[label])
+            with device:  # inputs made there; no default device while timing: its mode slows every torch call
+                ours, eager = case.make(SIZES[label])
             eager_t, ours_t = interleaved([eager, ours], repeats=repeats, sync=sync, enqueue=cuda)
             rows.append(
                 {
@@ -200,8 +234,9 @@ def run(cases: list[Case], sizes: list[str], repeats: int, cuda: bool = False) -
 
 def summary(rows: list[dict[str, object]], targets: bool = True) -> list[str]:
     """The ratios over tiny tensors; `targets`: against the CPU issue's targets (they are CPU figures)."""
-    tiny = [float(r["ratio"]) for r in rows if r["size"] in TINY]  # type: ignore[arg-type]
+    tiny = [float(r["ratio"]) for r in rows if r["size"] in TINY and r["op"] != USER_CASE]  # type: ignore[arg-type]
     add = [float(r["ratio"]) for r in rows if r["op"] == "add" and r["size"] in TINY]  # type: ignore[arg-type]
+    user = [float(r["ratio"]) for r in rows if r["op"] == USER_CASE and r["size"] in TINY]  # type: ignore[arg-type]
     lines = []
     if add:
         verdict = f" ({'meets' if max(add) <= TARGET_ADD else 'misses'} the {TARGET_ADD:.2f}x target)"
@@ -213,12 +248,18 @@ def summary(rows: list[dict[str, object]], targets: bool = True) -> list[str]:
         median = statistics.median(tiny)
         verdict = f" ({'meets' if median <= TARGET_MEDIAN else 'misses'} the {TARGET_MEDIAN:.2f}x target)"
         lines.append(f"median ratio over {len(tiny)} tiny-tensor cases: {median:.2f}x" + (verdict if targets else ""))
+    if user:
+        verdict = f" ({'meets' if max(user) <= TARGET_USER else 'misses'} the {TARGET_USER:.2f}x target)"
+        lines.append(
+            "your own kernel, my_ops.kernel_ops.scaled_add / torch.ops.mylib.scaled_add (the dispatcher) on tiny "
+            f"tensors: {', '.join(f'{r:.2f}x' for r in user)}" + (verdict if targets else "")
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opgen.bench ops", description=__doc__)
-    parser.add_argument("--ops", help="comma-separated case names (default: all)")
+    parser.add_argument("--ops", help="comma-separated case names (default: all; scaled_add: the user-kernel case)")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated of {', '.join(SIZES)}")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per candidate (median reported)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
@@ -227,15 +268,21 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
     wanted = set(args.ops.split(",")) if args.ops else None
+    names = [c.name.split()[0] for c in CASES] + [USER_CASE.split()[0]]
+    if unknown or (wanted and not wanted & set(names)):
+        parser.error(f"unknown size(s) {unknown} or op(s) {args.ops}; ops: {', '.join(names)}")
     cases = [c for c in CASES if wanted is None or c.name.split()[0] in wanted]
-    if unknown or (wanted and not cases):
-        parser.error(
-            f"unknown size(s) {unknown} or op(s) {args.ops}; ops: {', '.join(c.name.split()[0] for c in CASES)}"
-        )
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU")
     torch.set_num_threads(1)
-    torch.set_default_device(args.device)
+    if wanted is None or USER_CASE.split()[0] in wanted:
+        try:
+            cases.append(_user_case())
+        except (RuntimeError, ImportError) as e:
+            why = str(e).partition("\n")[0]  # the build's output tail stays out
+            print(f"{USER_CASE} left out: {why}", flush=True)
+    if not cases:
+        return 1
     where = f"{torch.cuda.get_device_name()}, enqueue time" if args.device == "cuda" else "CPU"
     print(
         f"opgen op benchmark: torch {torch.__version__}, {where}, 1 thread, {args.repeats} interleaved repeats, "
