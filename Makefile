@@ -39,6 +39,7 @@ test: build
 # opgen itself, built against the machine's CUDA torch (no registry is reached: set-up is the
 # machine's). pytest stops at GPU_TEST_SECONDS with SIGINT, so it still prints its summary; each
 # failure is appended to $(GPU_LOG)/failures.log as it happens, and junit.xml is written at the end.
+# Work stealing: an idle worker takes tests queued behind a long one (a build, a child process).
 GPU_WORKERS ?= 16
 GPU_TEST_SECONDS ?= 480
 GPU_LOG ?= build/test-gpu
@@ -46,7 +47,7 @@ test-gpu:
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	mkdir -p $(GPU_LOG) && rm -f $(GPU_LOG)/failures.log
 	OPGEN_FAILURE_LOG=$(abspath $(GPU_LOG))/failures.log timeout -s INT -k 60 $(GPU_TEST_SECONDS) \
-		$(PY) -m pytest -q -rfE -p no:cacheprovider -n $(GPU_WORKERS) --timeout 300 --durations 15 \
+		$(PY) -m pytest -q -rfE -p no:cacheprovider -n $(GPU_WORKERS) --dist worksteal --timeout 300 --durations 15 \
 		--junitxml=$(GPU_LOG)/junit.xml tests; status=$$?; \
 		if [ -s $(GPU_LOG)/failures.log ]; then echo "failures: $(GPU_LOG)/failures.log"; fi; exit $$status
 

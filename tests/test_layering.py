@@ -62,11 +62,13 @@ RUNTIME = ROOT / "runtime"
 ROOM_IMPORTS: dict[str, set[str]] = {
     "opgen.errors": set(),
     "opgen.disk": set(),
+    "opgen.extensions": set(),  # the imported user extensions (standard library only)
     "opgen.jit": {"opgen.errors", "opgen.disk"},
     "opgen.runtime.errors": {"opgen.errors"},
     "opgen.runtime.report": set(),
     "opgen.runtime.ir": set(),
     "opgen.runtime.registry": {"opgen.runtime.ir"},
+    "opgen.runtime.extension_registry": {"opgen.runtime.registry", "opgen.runtime.errors"},
     "opgen.runtime.passes": {"opgen.runtime.ir", "opgen.runtime.registry"},
     "opgen.runtime.codegen": {"opgen.runtime.ir"},
     "opgen.runtime.torch_symbols": {"opgen.runtime.ir"},
@@ -87,10 +89,11 @@ ROOM_IMPORTS: dict[str, set[str]] = {
     "opgen.runtime.pipeline": {
         "opgen", "opgen.jit", "opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.passes",
         "opgen.runtime.codegen", "opgen.runtime.lowering", "opgen.runtime.capture", "opgen.runtime.artifact",
-        "opgen.runtime.execution", "opgen.runtime.backends",
+        "opgen.runtime.execution", "opgen.runtime.backends", "opgen.extensions", "opgen.runtime.extension_registry",
     },
     "opgen.runtime.frontend": {
-        "opgen", "opgen.runtime.errors", "opgen.runtime.report", "opgen.runtime.ir", "opgen.runtime.registry",
+        "opgen", "opgen.extensions", "opgen.runtime.errors", "opgen.runtime.report", "opgen.runtime.ir",
+        "opgen.runtime.registry",
         "opgen.runtime.torch_symbols", "opgen.runtime.lowering", "opgen.runtime.capture", "opgen.runtime.artifact",
         "opgen.runtime.execution", "opgen.runtime.backends", "opgen.runtime.pipeline",
     },
@@ -98,6 +101,7 @@ ROOM_IMPORTS: dict[str, set[str]] = {
 ENTRY_POINTS = {"opgen.runtime"}  # the package: re-exports the frontend's entry points
 TORCH_FREE = (
     *("opgen.runtime.ir", "opgen.runtime.registry", "opgen.runtime.report", "opgen.runtime.passes"),
+    *("opgen.extensions", "opgen.runtime.extension_registry"),
     *("opgen.runtime.codegen", "opgen.runtime.artifact", "opgen.jit.errors", "opgen.errors", "opgen.disk"),
 )
 

@@ -14,10 +14,21 @@ class UnsupportedOpError(OpgenError):
         self.op = op
         self.node = node
         detail = f" ({reason})" if reason else ""
+        namespace, _, rest = op.partition(".")
+        if namespace in ("aten", "prims") or not rest or op.startswith("py:"):
+            advice = "Add it to ops.yaml (under '# --- ops the runtime needs ---') and rebuild"
+            what = "kernel_ops binding"
+        else:  # a torch.library custom op: the user's own extension binds it
+            qualified = f"{namespace}::{rest.removesuffix('.default')}"
+            advice = (
+                f"Bind it in your own extension: draft its entry with `python -m opgen.draft {namespace}` "
+                f"(it writes `torch_op: {qualified}`; fill in your kernel), build the spec with "
+                "opgen_add_extension (docs/spec.md: your own kernels) and import that module before compiling"
+            )
+            what = "binding in kernel_ops or an imported extension (opgen.extensions.registered())"
         super().__init__(
-            f"opgen cannot lower graph node '{node}': op {op} has no kernel_ops binding{detail}. "
-            f"Add it to ops.yaml (under '# --- ops the runtime needs ---') and rebuild, or pass "
-            f"fallback=True to call the ATen op for this node instead."
+            f"opgen cannot lower graph node '{node}': op {op} has no {what}{detail}. {advice}, or pass "
+            f"fallback=True to call the op through the dispatcher for this node instead."
         )
 
 

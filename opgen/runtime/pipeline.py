@@ -11,10 +11,13 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 
+from opgen import extensions
+from opgen.runtime import extension_registry
 from opgen.runtime.artifact import cache
 from opgen.runtime.artifact.compiled import CompiledGraph, compiled_graph
 from opgen.runtime.backends import print_programs
@@ -76,17 +79,32 @@ class CompileOptions:
     backend: str = "python"  # also print the programs of the backends it may run on (`opgen.runtime.backends`)
 
 
-@functools.cache
 def default_registry() -> KernelRegistry:
-    from opgen import kernel_ops
+    """kernel_ops' registry, with the extensions imported so far beside it (`opgen.extensions`)."""
+    return _registry(extensions.registered())
 
-    return dataclasses.replace(load_registry(kernel_ops), facts=device_facts())
+
+@functools.cache
+def _registry(modules: tuple[ModuleType, ...]) -> KernelRegistry:
+    from opgen import _C, kernel_ops
+
+    base = dataclasses.replace(load_registry(kernel_ops), facts=device_facts())
+    if not modules:
+        return base
+    extension_registry.register_thunks(_C, modules)
+    return extension_registry.merged(base, modules)
 
 
 def kernel_ops_module() -> object:
+    """What generated code binds its kernels from: kernel_ops, and the imported extensions' functions."""
+    return _kernels(extensions.registered())
+
+
+@functools.cache
+def _kernels(modules: tuple[ModuleType, ...]) -> object:
     from opgen import kernel_ops
 
-    return kernel_ops
+    return extension_registry.kernels(kernel_ops, modules)
 
 
 def compile_graph(

@@ -45,7 +45,7 @@ class ArgInfo:
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
-    name: str  # the kernel_ops function
+    name: str  # the kernel_ops function (an extension's: prefixed, `my_ops__scaled_add`)
     aten: str  # "aten::add.Tensor"
     args: tuple[ArgInfo, ...]
     returns: tuple[str, ...]  # return types
@@ -61,6 +61,7 @@ class OpInfo:
     contiguous: tuple[str, ...] = ()  # Triton ops: arguments that must be contiguous
     same_shape: tuple[str, ...] = ()  # Triton ops: arguments that must have one shape
     kernels: tuple[str, ...] = ()  # the C++ kernels, one per backend ("at::cpu::add_outf")
+    module: str = ""  # the extension module that binds it (`opgen.runtime.extension_registry`); "": kernel_ops
 
     @property
     def copies_into_out(self) -> bool:

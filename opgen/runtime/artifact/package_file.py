@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from opgen.runtime.codegen.cpp_literals import escape
 
@@ -52,6 +53,9 @@ class PackageHeader:
     output_form: str  # single | tuple | list | pytree
     output_tree: str  # pytree: torch's treespec JSON; else ""
     program: str  # the C++ executor's program text
+    # The extension modules whose kernels the program calls, with their thunk digests (module, digest):
+    # `load_package` imports each first. The C++ reader skips the line; a C++ program has no such module.
+    extensions: tuple[tuple[str, str], ...] = ()
 
 
 def _ints(values: Sequence[int]) -> str:
@@ -77,6 +81,8 @@ def encode(header: PackageHeader, constants: Sequence[ConstantBytes], crc32c: Ch
         f"output {header.output_form} {_word(header.output_tree)}",
         f"program 0 {len(program)} {crc32c(program):x}",
     ]
+    if header.extensions:
+        lines.append("extensions " + " ".join(f"{escape(m)}={escape(d)}" for m, d in header.extensions))
     pieces = [program]
     offset = len(program)
     for c in constants:
@@ -125,3 +131,22 @@ def replace_header(data: bytes, crc32c: Checksum, **fields: str) -> bytes:
     for key, value in fields.items():
         lines = [f"{key} {escape(value)}" if line.split(" ", 1)[0] == key else line for line in lines]
     return _head("\n".join(lines) + "\n", crc32c) + body
+
+
+def read_extensions(path: Path) -> tuple[tuple[str, str], ...]:
+    """The `extensions` line of a package's header, (module, thunk digest) each, or () where it has none
+    (or the file is no package: the C++ reader, which checks everything, says what is wrong with it)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256).decode().split(" ")
+            if len(first) != 4 or first[0] != MAGIC:
+                return ()
+            text = f.read(int(first[2])).decode()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ()
+    for line in text.splitlines():
+        words = line.split(" ")
+        if words[0] == "extensions":
+            pairs = (w.partition("=") for w in words[1:])
+            return tuple((unquote(m), unquote(d)) for m, _, d in pairs)
+    return ()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ from urllib.parse import unquote
 import torch
 from torch.utils import _pytree as pytree
 
-from opgen import _C
+from opgen import _C, extensions
 from opgen.runtime.artifact import package_file, setup_folding
 from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
 from opgen.runtime.backends import cpp
@@ -74,11 +75,50 @@ def package(
         output_form=form,
         output_tree=_tree(spec, model_name(module)) if form == "pytree" else "",
         program=folded.program,
+        extensions=_extensions_called(graph),
     )
     records = [_constant_bytes(key, value) for key, value in folded.constants]
     path = Path(path)
     package_file.write(path, header, records, _C.crc32c)
     return path
+
+
+def _extensions_called(graph: CompiledGraph) -> tuple[tuple[str, str], ...]:
+    """(module, thunk digest) of each extension whose kernels the graph calls (`opgen.extensions`)."""
+    by_name = default_registry().by_name
+    names = sorted({info.module for k in graph.kernels if (info := by_name.get(k)) is not None and info.module})
+    return tuple((name, str(_extension(name).THUNK_DIGEST)) for name in names)
+
+
+def _extension(name: str) -> Any:
+    module = extensions.find(name)
+    assert module is not None, name  # the registry named it: it was imported
+    return module
+
+
+def _import_extensions(path: Path) -> tuple[str, ...]:
+    """Import the extension modules a package's program calls (each registers its thunks with the
+    executor), checking each is the build the package was made with; PackageError naming what is missing."""
+    needed = package_file.read_extensions(path)
+    for name, digest in needed:
+        try:
+            module = extensions.find(name) or importlib.import_module(name)
+        except ImportError as exc:
+            raise PackageError(
+                f"opgen package {path}: its program calls the kernels of the extension module '{name}', which "
+                f"cannot be imported here ({exc}); put the folder it was built in on sys.path (or install it) "
+                "and load the package again"
+            ) from exc
+        if extensions.find(name) is None:
+            raise PackageError(f"opgen package {path}: module '{name}' is not an opgen extension")
+        if str(module.THUNK_DIGEST) != digest:
+            raise PackageError(
+                f"opgen package {path}: made with another build of extension '{name}' (thunks {digest}); "
+                f"the imported one's are {module.THUNK_DIGEST}: package the model again with this build"
+            )
+    if needed:
+        default_registry()  # registers the extensions' thunks with opgen's executor
+    return tuple(name for name, _ in needed)
 
 
 def _example_inputs(example_inputs: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -197,6 +237,7 @@ def load_package(path: str | Path) -> Callable[..., Any]:
     InputMismatchError), naming the input.
     """
     start = time.perf_counter()
+    needed = _import_extensions(Path(path))
     contents = _C.read_package(str(path))
     specs = program_inputs(contents["program"])
     tree = contents["output_tree"]
@@ -208,7 +249,7 @@ def load_package(path: str | Path) -> Callable[..., Any]:
         raise PackageError(f"opgen package {path}: its program does not run here: {exc}") from exc
     fn.package = PackageInfo(  # type: ignore[attr-defined]
         Path(path), contents["name"], specs, contents["torch_version"], contents["thunk_digest"],
-        contents["kernel_ops_build_id"], time.perf_counter() - start,
+        contents["kernel_ops_build_id"], needed, time.perf_counter() - start,
     )  # fmt: skip
     return fn
 
@@ -223,6 +264,7 @@ class PackageInfo:
     torch_version: str
     thunk_digest: str
     kernel_ops_build_id: str
+    extensions: tuple[str, ...]  # the extension modules whose kernels it calls (imported by load_package)
     load_seconds: float
 
 
