@@ -36,7 +36,13 @@ def call(build_dir: Path, code: str) -> str:
 
 
 def test_the_project_is_package_data() -> None:
-    for name in ("CMakeLists.txt", "my_ops.yaml", "my_ops_cuda.yaml", "include/mylib/scaled_add.h"):
+    for name in (
+        "CMakeLists.txt",
+        "my_ops.yaml",
+        "my_ops_cuda.yaml",
+        "include/mylib/scaled_add.h",
+        "python/mylib_triton.py",
+    ):
         assert (USER_KERNELS / name).is_file(), name
     for name in ("scaled_add.cpp", "register.cpp", "scaled_add_cuda.cu"):
         assert (USER_KERNELS / "src" / name).is_file(), name

@@ -5,7 +5,9 @@ name the generated Python binds as a local and the C++ executor finds as a thunk
 registered with opgen's executor under the prefix `my_ops__`), so it never meets a kernel_ops name. Its
 `torch_op` (`mylib::scaled_add`) joins `by_aten`, so lowering calls it for `torch.ops.mylib.scaled_add`.
 An op both kernel_ops and an extension bind keeps kernel_ops' kernel; two extensions binding one op
-is an error naming both.
+is an error naming both (entries without `torch_op`, `opgen::<name>`, are reached by name only). An
+extension's Triton op with `candidate_for` its custom op (`mylib.scaled_add.default`) joins the
+kernel choice of that op's nodes, as kernel_ops' Triton ops do for ATen's.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def merged(base: KernelRegistry, modules: Iterable[ModuleType]) -> KernelRegistr
             holder = by_aten.get(renamed.aten)
             if holder is None:
                 by_aten[renamed.aten] = renamed
-            elif holder.module and holder.variant == renamed.variant:
+            elif holder.module and holder.variant == renamed.variant and not renamed.aten.startswith("opgen::"):
                 raise OpgenError(
                     f"op {renamed.aten} is bound by two extensions, '{holder.module}' ({holder.name}) and "
                     f"'{module.__name__}' ({renamed.name}); one process can call only one: import one of them"

@@ -149,11 +149,18 @@ def load_registry(kernel_ops: Any) -> KernelRegistry:
     return KernelRegistry(infos, {i.aten: i for i in infos.values()}, str(kernel_ops.BUILD_ID))
 
 
+def overload_name(dotted: str) -> str:
+    """The registry's name of an op overload written `ns.name.overload`: `aten.add.Tensor` -> `aten::add.Tensor`,
+    `mylib.scaled_add.default` -> `mylib::scaled_add` (a custom op, which a user's extension binds)."""
+    namespace, _, rest = dotted.partition(".")
+    return f"{namespace}::{rest}".removesuffix(".default")
+
+
 def op_info(entry: Mapping[str, Any]) -> OpInfo:
     triton = entry.get("triton") or {}
     target = triton.get("candidate_for")
     return OpInfo(
-        candidate_for=("aten::" + target.removeprefix("aten.")).removesuffix(".default") if target else None,
+        candidate_for=overload_name(target) if target else None,
         contiguous=tuple(triton.get("contiguous", ())),
         same_shape=tuple(triton.get("same_shape", ())),
         kernels=tuple(entry.get("kernels", {}).values()),

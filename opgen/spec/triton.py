@@ -102,7 +102,10 @@ def _sections(raw: dict[str, Any], ctx: _Ctx) -> TritonKernel | None:
         ctx.problem("kernel", f"kernel {kernel!r} is not of the form 'module.path:function' (a @triton.jit function)")
     candidate = raw.get("candidate_for")
     if candidate is not None and not (isinstance(candidate, str) and _OVERLOAD.match(candidate)):
-        ctx.problem("candidate_for", f"candidate_for {candidate!r} is not an ATen overload like 'aten.add.Tensor'")
+        ctx.problem(
+            "candidate_for",
+            f"candidate_for {candidate!r} is not an op overload like 'aten.add.Tensor' or 'mylib.scaled_add.default'",
+        )
     contiguous = _tensor_list(raw, "contiguous", ctx)
     same_shape = _tensor_list(raw, "same_shape", ctx)
     _check_outputs_used(outputs, args, ctx)

@@ -52,7 +52,10 @@ def compiled(model: torch.nn.Module, device: str) -> None:
         assert fast.report().fallbacks == (), fast.report()  # type: ignore[attr-defined]
         assert "my_ops__scaled_add" in fast.artifact.source  # type: ignore[attr-defined]
         check(f"compile {backend} {device}", fast, model, device)
-    if device == "cuda":
+    if device == "cuda":  # the Triton candidate (my_ops_cuda.yaml) joins a kernel choice with the CUDA kernel
+        jit = "\n".join(fast.report().jit)  # type: ignore[attr-defined]
+        assert "my_ops__scaled_add_triton" in jit and "my_ops__scaled_add" in jit, jit
+        print("OK choice")
         fast = opgen.compile(model, inputs(device), cuda_graphs=True, cache=False)
         check("compile cuda_graphs", fast, model, device, calls=4)
         line = fast.report().cuda_graph  # type: ignore[attr-defined]

@@ -341,7 +341,7 @@ CASES = [
         "candidate_for",
         spec("    candidate_for: add.Tensor\n"),
         [
-            "ops.yaml:8: op 'tadd': triton: candidate_for 'add.Tensor' is not an ATen overload like 'aten.add.Tensor'",
+            "ops.yaml:8: op 'tadd': triton: candidate_for 'add.Tensor' is not an op overload like 'aten.add.Tensor' or 'mylib.scaled_add.default'",
         ],
     ),
     (
