@@ -7,7 +7,7 @@ registered with opgen's executor under the prefix `my_ops__`), so it never meets
 An op both kernel_ops and an extension bind keeps kernel_ops' kernel; two extensions binding one op
 is an error naming both (entries without `torch_op`, `opgen::<name>`, are reached by name only). An
 extension's Triton op with `candidate_for` its custom op (`mylib.scaled_add.default`) joins the
-kernel choice of that op's nodes, as kernel_ops' Triton ops do for ATen's.
+kernel choice of that op's nodes (the opt-in `kernel_choice` pass), as kernel_ops' Triton ops do for ATen's.
 """
 
 from __future__ import annotations

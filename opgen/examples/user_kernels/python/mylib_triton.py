@@ -2,7 +2,8 @@
 
 `my_ops_cuda.yaml` binds it as `my_ops.kernel_ops.scaled_add_triton`, a candidate for
 `mylib.scaled_add.default`: where a graph calls `torch.ops.mylib.scaled_add` on contiguous CUDA tensors
-of one shape, opgen times this kernel against the CUDA one on the first call and keeps the faster. The
+of one shape and is compiled with the `kernel_choice` pass, opgen times this kernel against the CUDA one
+on the first call and keeps the faster. The
 build copies this file beside the module; opgen imports it the first time the kernel runs.
 """
 
