@@ -13,6 +13,7 @@ indirection and no Python.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -63,33 +64,34 @@ class Choice:
         native = env.native()
         self.call: Any = native.Switch(self._dispatch) if native is not None else self._dispatch
 
-    def __call__(self, *args: Any) -> Any:
-        return self.call(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(*args, **kwargs)
 
     def describe(self) -> str:
         if not self.picks:
             return f"{self.name}: not called yet (candidates: {', '.join(self.candidates)})"
         return "; ".join(f"{self.name}: {pick} ({why})" for pick, why in self.picks.values())
 
-    def _dispatch(self, *args: Any) -> Any:
-        key = size_key(args)
+    def _dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        """Keyword arguments (a kernel's keyword-only ones: `alpha=2.5`) reach every candidate as keywords."""
+        key = size_key(args) + tuple((k, *size_key((v,))) for k, v in kwargs.items()) if kwargs else size_key(args)
         chosen = self._by_size.get(key)
         if chosen is not None:
-            return chosen(*args)
+            return chosen(*args, **kwargs)
         with self._lock:
             chosen = self._by_size.get(key)
             if chosen is not None:
-                return chosen(*args)
-            chosen = self._choose(key, args)
+                return chosen(*args, **kwargs)
+            chosen = self._choose(key, args, kwargs)
             if self.reliable is None or chosen is self.candidates[self.reliable]:
-                return chosen(*args)
+                return chosen(*args, **kwargs)
             try:  # the pick's first real call, where a cached pick meets a kernel that fails here
-                return chosen(*args)
+                return chosen(*args, **kwargs)
             except Exception as exc:
                 name = self.picks[key][0]
                 self._drop(name, exc)
                 self.picks[key] = (self.reliable, f"{name} failed: {exc}")
-                return self._repoint(key, self.reliable)(*args)
+                return self._repoint(key, self.reliable)(*args, **kwargs)
 
     def _drop(self, name: str, exc: BaseException) -> None:
         self.failed[name] = str(exc)
@@ -105,15 +107,15 @@ class Choice:
             self.call.target = chosen
         return chosen
 
-    def _choose(self, key: tuple[Any, ...], args: Sequence[Any]) -> Candidate:
+    def _choose(self, key: tuple[Any, ...], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Candidate:
         if self.force is not None:
             name, why = self.force, "forced"
         else:
-            name, why = self._benchmarked(key, args)
+            name, why = self._benchmarked(key, args, kwargs)
         self.picks[key] = (name, why)
         return self._repoint(key, name)
 
-    def _benchmarked(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[str, str]:
+    def _benchmarked(self, key: tuple[Any, ...], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
         pick_key = cache.make_key(("choice", self.identity or self.name, tuple(self.candidates), key))
         record = cache.load_pick(pick_key)
         if record is not None and record.get("pick") in self.candidates:
@@ -123,7 +125,7 @@ class Choice:
         for name, fn in self.candidates.items():
             if name in self.failed:
                 continue
-            call = bound(fn, args, self.writes)
+            call = bound(functools.partial(fn, **kwargs) if kwargs else fn, args, self.writes)
             try:
                 call()  # its first run: a candidate that cannot run (a kernel that fails to compile) raises here
             except Exception as exc:

@@ -132,6 +132,25 @@ def test_a_forced_choice_runs_the_named_candidate_without_benchmarking():
         Choice("inc", candidates, force="c")
 
 
+def test_a_choice_passes_keyword_arguments_to_its_candidates():
+    """A kernel's keyword-only arguments (`alpha=2.5`, as generated code passes them) reach the pick as
+    keywords, and join the size key: another value is another pick."""
+    seen = []
+
+    def candidate(name):
+        def call(x, *, alpha=1.0):
+            seen.append((name, alpha))
+            return x * alpha
+
+        return call
+
+    choice = Choice("scaled", {"a": candidate("a"), "b": candidate("b")}, force="b", fixed_sizes=True)
+    assert choice(torch.ones(2), alpha=2.5).tolist() == [2.5, 2.5]
+    assert choice(torch.ones(2), alpha=2.5).tolist() == [2.5, 2.5]
+    assert choice(torch.ones(2)).tolist() == [1.0, 1.0]
+    assert seen == [("b", 2.5), ("b", 2.5), ("b", 1.0)] and len(choice.picks) == 2
+
+
 @pytest.mark.skipif(opgen.jit.available(), reason="the JIT can run here")
 def test_jit_entry_points_say_what_is_missing():
     assert opgen.jit.missing()
