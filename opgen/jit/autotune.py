@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
-from opgen.jit import cache, compiler, env
+from opgen.jit import cache, compiler
 from opgen.jit.binary import KernelBinary
 from opgen.jit.specialize import Specialization
 
@@ -29,6 +29,7 @@ class Tunable(Protocol):
     name: str
     configs: tuple[Any, ...]
     mutates: tuple[int, ...] | None
+    native: Any  # the extension module whose JitLauncher type the kernel's launchers are
 
     def add_variant(self, binary: KernelBinary, config: Any, args: Sequence[Any], *, into: Any = None) -> None: ...
 
@@ -67,7 +68,7 @@ def pick(
 
 def _config_call(kernel: Tunable, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:
     """A launch of one config on copies of what the kernel writes, through a launcher of its own."""
-    native = env.native()
+    native = kernel.native
     scratch = native.JitLauncher(kernel.name, len(args), None)
     kernel.add_variant(binary, config, args, into=scratch)
     written = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -51,10 +51,13 @@ class JitKernel:
         mutates: Sequence[str] | None = None,
         name: str | None = None,
         dependent_launch: bool = False,
+        native: Any = None,
     ) -> None:
         """`dependent_launch`: launch with programmatic dependent launch (CUDA, compute capability 9.0
         and newer), so that the kernel starts while the one before it finishes; `fn` must wait for it
-        (`tl.extra.cuda.gdc_wait()`) before it reads or writes anything that kernel may touch."""
+        (`tl.extra.cuda.gdc_wait()`) before it reads or writes anything that kernel may touch.
+        `native`: the extension module to launch through (default opgen._C; a user's extension for its
+        spec's Triton ops)."""
         env.require()
         from triton.runtime.jit import JITFunction
 
@@ -72,8 +75,10 @@ class JitKernel:
         if unknown:
             raise ValueError(f"opgen.jit: {self.name}: mutates names unknown parameters {unknown} (have {self.names})")
         self.mutates = None if mutates is None else tuple(self.names.index(m) for m in mutates)
-        native = env.native()
-        self.launcher = native.JitLauncher(self.name, len(self.names), self._first_fit)
+        # The module whose launcher type, variants and launches this kernel uses: opgen._C, or the user's
+        # extension whose spec op this is (its own copy of the launcher: csrc/opgen/jit/jit_launcher.cpp).
+        self.native = native if native is not None else env.native()
+        self.launcher = self.native.JitLauncher(self.name, len(self.names), self._first_fit)
         self.launcher.kernel = self
         self.picks: dict[tuple[Any, ...], str] = {}  # argument sizes -> what was chosen and why (report)
         self._lock = threading.RLock()
@@ -112,11 +117,11 @@ class JitKernel:
                 index, why = autotune.pick(self, args, specs, futures, device)
             self.picks[autotune.size_key(args)] = f"config {index} ({self.configs[index].describe()}): {why}"
             self.add_variant(futures[index].result(), self.configs[index], args)
-        env.native().jit_launch_strict(self.launcher, *args)
+        self.native.jit_launch_strict(self.launcher, *args)
 
     def add_variant(self, binary: KernelBinary, config: Config, args: Sequence[Any], *, into: Any = None) -> None:
         """Load `binary` into the launcher (or `into`, a scratch launcher), ahead of the others."""
-        env.native().jit_add_variant(
+        self.native.jit_add_variant(
             into if into is not None else self.launcher,
             binary.cubin,
             binary.name,

@@ -18,7 +18,9 @@ from opgen.jit.kernels import Config, JitKernel
 from opgen.jit.specialize import runtime_params
 
 
-def launcher(entry_json: str) -> Any:
+def launcher(entry_json: str, native: Any = None) -> Any:
+    """The launcher of a spec's Triton op, made of `native`'s JitLauncher type: the extension module whose
+    binding asks (opgen._C, or a user's own extension; default opgen._C)."""
     entry = json.loads(entry_json)
     section = entry["triton"]
     op = entry["name"]
@@ -32,7 +34,7 @@ def launcher(entry_json: str) -> Any:
     configs = [Config(c["meta"], c["num_warps"], c["num_stages"]) for c in section["configs"]]
     written = set(section["outputs"]) | set(entry.get("mutates", ()))
     mutates = [p for p in names if section["args"][p] in written]
-    kernel = JitKernel(fn, tuple(section["grid"]), configs, mutates=mutates, name=op)
+    kernel = JitKernel(fn, tuple(section["grid"]), configs, mutates=mutates, name=op, native=native)
     return kernel.launcher
 
 

@@ -144,7 +144,7 @@ def test_a_choice_passes_keyword_arguments_to_its_candidates():
 
         return call
 
-    choice = Choice("scaled", {"a": candidate("a"), "b": candidate("b")}, force="b", fixed_sizes=True)
+    choice = Choice("scaled", {"a": candidate("a"), "b": candidate("b")}, force="b")
     assert choice(torch.ones(2), alpha=2.5).tolist() == [2.5, 2.5]
     assert choice(torch.ones(2), alpha=2.5).tolist() == [2.5, 2.5]
     assert choice(torch.ones(2)).tolist() == [1.0, 1.0]

@@ -716,6 +716,10 @@ py::object make_switch(py::object target) {
 
 static void launch_spec(SpecKernel& kernel, std::initializer_list<Arg> args);
 
+// This extension module (opgen._C, or a user's built by opgen_add_extension): its spec ops' launchers are
+// made of its own JitLauncher type, which opgen.jit.spec.launcher is told through it. Set by add_jit.
+static PyObject* own_module = nullptr;
+
 void launch(SpecKernel& kernel, std::initializer_list<Arg> args) {
   try {
     launch_spec(kernel, args);
@@ -728,7 +732,7 @@ void launch(SpecKernel& kernel, std::initializer_list<Arg> args) {
 static void launch_spec(SpecKernel& kernel, std::initializer_list<Arg> args) {
   if (kernel.launcher == nullptr) {
     py::object make = py::module_::import("opgen.jit.spec").attr("launcher");
-    py::object made = make(py::str(kernel.entry_json));
+    py::object made = make(py::str(kernel.entry_json), py::handle(own_module));
     if (!PyObject_TypeCheck(made.ptr(), launcher_type())) {
       throw py::type_error(std::string("opgen.jit.spec.launcher did not return a JitLauncher for ") + kernel.op);
     }
@@ -758,6 +762,7 @@ static void launch_spec(SpecKernel& kernel, std::initializer_list<Arg> args) {
 
 void add_jit(py::module_& m) {
   if (PyType_Ready(launcher_type()) != 0 || PyType_Ready(switch_type()) != 0) throw py::error_already_set();
+  own_module = Py_NewRef(m.ptr());  // an extension module is never unloaded
   m.def("JitLauncher", &make_launcher, py::arg("name"), py::arg("nargs"), py::arg("fallback"),
         "JitLauncher(name, nargs, fallback): a Triton kernel's launcher, with no variant yet.");
   m.def("jit_add_variant", &add_variant, py::arg("launcher"), py::arg("binary"), py::arg("name"),
