@@ -17,11 +17,10 @@ import functools
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opgen.errors import OpgenWarning
+from opgen.errors import warn
 from opgen.jit import cache, env
 from opgen.jit.autotune import bound, medians_us, size_key
 
@@ -95,11 +94,7 @@ class Choice:
 
     def _drop(self, name: str, exc: BaseException) -> None:
         self.failed[name] = str(exc)
-        warnings.warn(
-            f"opgen: {self.name}: candidate {name!r} failed ({exc}); running {self.reliable!r} instead",
-            OpgenWarning,
-            stacklevel=4,
-        )
+        warn(f"opgen: {self.name}: candidate {name!r} failed ({exc}); running {self.reliable!r} instead")
 
     def _repoint(self, key: tuple[Any, ...], name: str) -> Candidate:
         chosen = self._by_size[key] = self.candidates[name]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from opgen.errors import OpgenError, OpgenWarning
+from opgen.errors import OpgenError, OpgenWarning, warn
 
-__all__ = ["OpgenError", "OpgenWarning"]  # re-exported: the runtime's errors derive from them
+__all__ = [
+    "OpgenError",
+    "OpgenWarning",
+    "warn",
+]  # re-exported: the runtime's errors derive from them; `warn` gives its warnings
 
 
 class UnsupportedOpError(OpgenError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -194,3 +196,26 @@ def test_unknown_pass_and_backend_option() -> None:
     torch._dynamo.reset()
     with torch.no_grad(), pytest.raises(Exception, match="unknown options"):
         torch.compile(Adds(), backend="opgen", options={"nope": 1})(torch.randn(3), torch.randn(3))
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+def test_warnings_name_the_users_line_not_opgens() -> None:
+    """However deep opgen's call chain (and Dynamo's), a warning points at the line that compiled or called."""
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opgen.compile(_Linear(), (x,), fallback=True, cache=False)  # grad mode on: runs eagerly, warning
+        with torch.no_grad():
+            opgen.compile(_Linear(), (x,), cuda_graphs=True, cache=False)  # no CUDA tensors: runs plain
+            torch.compile(_Linear(), backend="opgen", options={"cuda_graphs": True})(x)
+    opgen_warnings = [w for w in caught if issubclass(w.category, opgen.OpgenWarning)]
+    assert len(opgen_warnings) == 3, [str(w.message) for w in caught]
+    assert {w.filename for w in opgen_warnings} == {__file__}, [(w.filename, w.lineno) for w in opgen_warnings]

@@ -14,7 +14,6 @@ graph stays Python. Either way the note for `report()` says which runs and why.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.backends import cpp
 from opgen.runtime.backends.target import Target, Unavailable
 from opgen.runtime.codegen.backend import Printed
-from opgen.runtime.errors import OpgenWarning
+from opgen.runtime.errors import warn
 from opgen.runtime.ir import Program
 from opgen.runtime.registry import KernelRegistry
 
@@ -81,5 +80,5 @@ def with_backend(
             continue
         return fn, backend_note(backend, target)
     if backend in TARGETS:
-        warnings.warn(f"opgen: graph {graph.name} runs on the Python backend: {reason}", OpgenWarning, stacklevel=4)
+        warn(f"opgen: graph {graph.name} runs on the Python backend: {reason}")
     return python_fn, backend_note(backend, None, reason)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +50,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from opgen.runtime.artifact.compiled import CompiledGraph
-from opgen.runtime.errors import OpgenWarning
+from opgen.runtime.errors import warn
 from opgen.runtime.execution.guards import fast_check
 
 Compiled = Callable[..., Any]
@@ -131,7 +130,7 @@ class CudaGraphs:
                 raise CaptureRefused("dynamic shapes (a graph is captured for fixed sizes; compile with static shapes)")
             device = graph_device(graph, constants)
         except CaptureRefused as exc:
-            self.refuse(status, str(exc), stacklevel=4)  # wrap <- build <- compile <- caller
+            self.refuse(status, str(exc))
             plain.graph_status = status  # type: ignore[attr-defined]
             return plain
         capture = _Capture(self, plain, graph, constants, self.pool(device), frozenset(fixed), status)
@@ -142,16 +141,14 @@ class CudaGraphs:
             self.pools[device] = _Pool(device)
         return self.pools[device]
 
-    def refuse(self, status: GraphStatus, reason: str, stacklevel: int) -> None:
+    def refuse(self, status: GraphStatus, reason: str) -> None:
         """Record why `status`'s graph runs plain; warn (pointing at the caller's line) once per model."""
         status.reason = reason
         if not self.warned:
             self.warned = True
-            warnings.warn(
+            warn(
                 f"opgen: CUDA graphs not used for {self.model}: {reason}; it runs as plain generated code "
-                "(compile with cuda_graphs=False to say so and silence this)",
-                OpgenWarning,
-                stacklevel=stacklevel + 1,
+                "(compile with cuda_graphs=False to say so and silence this)"
             )
 
 
@@ -212,11 +209,11 @@ class _Capture:
         try:
             self.capture(args)
         except CaptureRefused as exc:
-            self.graphs.refuse(self.status, str(exc), stacklevel=3)  # capture_or_refuse <- first_call <- caller
+            self.graphs.refuse(self.status, str(exc))
         except Exception as exc:  # a capture that fails for any reason: never the caller's problem
             torch.cuda.synchronize(self.pool.device)
             reason = f"capture failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-            self.graphs.refuse(self.status, reason, stacklevel=3)
+            self.graphs.refuse(self.status, reason)
         else:
             self.status.captured = True
             self.status.capture_seconds = time.perf_counter() - start

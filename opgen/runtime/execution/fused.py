@@ -16,7 +16,6 @@ import hashlib
 import importlib.util
 import sys
 import tempfile
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from opgen.jit.cache import jit_dir
 from opgen.jit.choice import Choice
 from opgen.jit.errors import JitError
 from opgen.jit.graph import fixed_grid_launcher
-from opgen.runtime.errors import OpgenWarning
+from opgen.runtime.errors import warn
 from opgen.runtime.ir import FusedKernel
 
 
@@ -47,11 +46,9 @@ class FusedBinding:
 
     def __call__(self, aten: Callable[..., Any]) -> Callable[..., Any]:
         if self.launcher is None:
-            warnings.warn(
+            warn(
                 f"opgen: fused kernel {self.spec.name} ({', '.join(self.spec.nodes)}) cannot be loaded ({self.error}); "
-                "its ATen kernels run instead",
-                OpgenWarning,
-                stacklevel=2,
+                "its ATen kernels run instead"
             )
             return aten
         self.choice = Choice(

@@ -23,7 +23,6 @@ their identity; the function checks it on each call (`opgen.runtime.execution.fr
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from opgen.runtime.backends import check_backend
 from opgen.runtime.capture.decompositions import aot_decompositions
 from opgen.runtime.capture.export import attr_constants, decompose_uncovered
-from opgen.runtime.errors import OpgenWarning, RequiresGradError
+from opgen.runtime.errors import RequiresGradError, warn
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions
 from opgen.runtime.execution.frozen import frozen_function
 from opgen.runtime.execution.guards import PROCEED
@@ -203,11 +202,9 @@ def opgen_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **opt
         what = f"graph input {grad_inputs[0]} of the graph torch.compile captured (a parameter or an input)"
         if not fallback:
             raise RequiresGradError(what)
-        warnings.warn(
+        warn(
             f"opgen backend: {what} requires grad; running this graph eagerly. To run it compiled, call the "
-            "model under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)",
-            OpgenWarning,
-            stacklevel=2,
+            "model under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)"
         )
         return gm.forward
     compile_options = CompileOptions(fallback, passes, use_cache, guard=False, backend=backend)

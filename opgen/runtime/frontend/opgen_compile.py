@@ -15,7 +15,6 @@ so later sizes compile nothing; sizes that still do not fit (1 where export keep
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ import torch
 
 from opgen.runtime.backends import check_backend
 from opgen.runtime.capture.export import as_module, model_name
-from opgen.runtime.errors import OpgenWarning, RequiresGradError
+from opgen.runtime.errors import RequiresGradError, warn
 from opgen.runtime.execution.automatic import Dynamic
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphOptions
 from opgen.runtime.frontend.inputs import example_tensors
@@ -100,11 +99,9 @@ def _needs_grad(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> str 
 
 
 def _eager(module: torch.nn.Module, reason: str) -> Compiled:
-    warnings.warn(
+    warn(
         f"opgen.compile: {reason}; running {model_name(module)} eagerly (fallback=True). To run it compiled, "
-        "compile and call it under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)",
-        OpgenWarning,
-        stacklevel=3,
+        "compile and call it under torch.no_grad() or torch.inference_mode(), or call model.requires_grad_(False)"
     )
 
     def eager(*args: Any) -> Any:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.capture.export import constants_of, export_program, model_name, signature_of
-from opgen.runtime.errors import InputMismatchError, OpgenWarning, RequiresGradError
+from opgen.runtime.errors import InputMismatchError, RequiresGradError, warn
 from opgen.runtime.execution import executor
 from opgen.runtime.execution.automatic import Dynamic
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphStatus
@@ -148,11 +147,9 @@ class CompilePolicy:
         if not self.options.fallback:
             raise RequiresGradError(what)
         if not self.warned_eager:
-            warnings.warn(
+            warn(
                 f"opgen: {what} requires grad and grad mode is on; running eagerly (this warning is given once). "
-                "Call it under torch.no_grad() or torch.inference_mode() to run it compiled",
-                OpgenWarning,
-                stacklevel=3,
+                "Call it under torch.no_grad() or torch.inference_mode() to run it compiled"
             )
             self.warned_eager = True
         return self.module(*args)
