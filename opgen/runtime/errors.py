@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from opgen.errors import OpgenError, OpgenWarning, warn
 
-__all__ = [
-    "OpgenError",
-    "OpgenWarning",
-    "warn",
-]  # re-exported: the runtime's errors derive from them; `warn` gives its warnings
+# Re-exported: the runtime's errors derive from them, and `warn` gives its warnings.
+__all__ = ["OpgenError", "OpgenWarning", "warn"]
 
 
 class UnsupportedOpError(OpgenError):
-    """A graph node calls an op that `kernel_ops` does not bind (and fallback was not asked for)."""
+    """A graph node calls an op that `kernel_ops` does not bind (and fallback was not asked for).
 
-    def __init__(self, op: str, node: str, reason: str = "") -> None:
+    `custom`: the op is a `torch.library` custom op (`mylib.scaled_add.default`), which the user's own
+    extension binds, not ops.yaml; the lowering knows, from the node's target."""
+
+    def __init__(self, op: str, node: str, reason: str = "", *, custom: bool = False) -> None:
         self.op = op
         self.node = node
         detail = f" ({reason})" if reason else ""
-        namespace, _, rest = op.partition(".")
-        if namespace in ("aten", "prims") or not rest or op.startswith("py:"):
+        if not custom:
             advice = "Add it to ops.yaml (under '# --- ops the runtime needs ---') and rebuild"
             what = "kernel_ops binding"
-        else:  # a torch.library custom op: the user's own extension binds it
+        else:
+            namespace, _, rest = op.partition(".")
             qualified = f"{namespace}::{rest.removesuffix('.default')}"
             advice = (
                 f"Bind it in your own extension: draft its entry with `python -m opgen.draft {namespace}` "

@@ -219,3 +219,13 @@ def test_warnings_name_the_users_line_not_opgens() -> None:
     opgen_warnings = [w for w in caught if issubclass(w.category, opgen.OpgenWarning)]
     assert len(opgen_warnings) == 3, [str(w.message) for w in caught]
     assert {w.filename for w in opgen_warnings} == {__file__}, [(w.filename, w.lineno) for w in opgen_warnings]
+
+
+def test_only_custom_ops_get_the_advice_to_bind_them_in_an_extension() -> None:
+    """The lowering says which ops are torch.library custom ops; torch's own namespaces (a collective,
+    `_c10d_functional`) keep the ops.yaml advice."""
+    torch_own = str(opgen.UnsupportedOpError("_c10d_functional.broadcast.default", "b", "not lowered yet"))
+    assert "has no kernel_ops binding (not lowered yet). Add it to ops.yaml" in torch_own
+    assert "opgen.draft" not in torch_own
+    custom = str(opgen.UnsupportedOpError("mylib.scaled_add.default", "s", custom=True))
+    assert "python -m opgen.draft mylib" in custom and "torch_op: mylib::scaled_add" in custom

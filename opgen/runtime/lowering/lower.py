@@ -206,7 +206,8 @@ class _Lowering:
                 except reg.BindError as exc:
                     reason = str(exc)
         if not self.options.fallback:
-            raise UnsupportedOpError(op_name(node.target), node.name, reason)
+            custom = isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in ("aten", "prims")
+            raise UnsupportedOpError(op_name(node.target), node.name, reason, custom=custom)
         self.fallback_call(node)
 
     def getitem(self, node: torch.fx.Node) -> None:
