@@ -83,3 +83,25 @@ def test_generated_code_finds_extension_kernels_beside_kernel_ops() -> None:
     assert namespace.my_ops__scaled_add(1) == ("scaled_add", (1,)) and namespace.add is kernel_ops.add
     with pytest.raises(AttributeError):
         _ = namespace.my_ops__missing
+
+
+def test_register_refuses_what_is_no_extension_and_a_second_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opgen import extensions
+
+    monkeypatch.setattr(extensions, "_modules", {})  # this process's real registrations stay as they are
+    with pytest.raises(extensions.ExtensionError, match=r"is not a module"):
+        extensions.register(object())  # type: ignore[arg-type]
+    with pytest.raises(extensions.ExtensionError, match=r"'plain' is not an opgen extension \(it lacks THUNKS"):
+        extensions.register(SimpleNamespace(__name__="plain", kernel_ops=kernel_ops))  # type: ignore[arg-type]
+
+    def build(build_id: str) -> SimpleNamespace:
+        ops = SimpleNamespace(BUILD_ID=build_id, get_kernel_ops_args_info=dict)
+        return SimpleNamespace(__name__="my_ops", kernel_ops=ops, THUNKS=None, THUNK_DIGEST="d", register_thunks=None)
+
+    first = build("b1")
+    extensions.register(first)  # type: ignore[arg-type]
+    extensions.register(first)  # type: ignore[arg-type] # importing it again changes nothing
+    extensions.register(build("b1"))  # type: ignore[arg-type] # the same build loaded again
+    assert extensions.registered() == (first,) and extensions.find("my_ops") is first
+    with pytest.raises(extensions.ExtensionError, match=r"a second build of extension 'my_ops' \(build b2\)"):
+        extensions.register(build("b2"))  # type: ignore[arg-type]
