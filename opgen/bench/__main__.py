@@ -1,4 +1,4 @@
-"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,tp} [options]`: the
+"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,generate,tp} [options]`: the
 project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ COMMANDS = {
     "gpu_models": ("opgen.bench.gpu_models", "torchvision, timm and transformers models on the GPU vs Inductor (GPU)"),
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode", "LLM decoding, batch 1, static KV cache: per-token time and bandwidth"),
+    "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
     "tp": ("opgen.bench.tp", "a Llama-style decoder split over N processes (gloo/NCCL): eager, inductor, opgen"),
 }
 

@@ -41,6 +41,7 @@ class CachedLM(nn.Module):
         self._keep_arg = "logits_to_keep" in params
         self.batch, self.max_cache = batch, max_cache
         self.dtype = next(model.parameters()).dtype
+        self._bool_mask = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.register_buffer("keys_index", torch.arange(max_cache, device=device), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, start: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -51,10 +52,16 @@ class CachedLM(nn.Module):
         positions = start + torch.arange(length, device=input_ids.device)  # [T], cache positions
         position_ids = (positions[None, :] - offsets[:, None]).clamp(min=0)  # [B, T], each row's own
         keys = self.keys_index
-        allowed = (keys[None, :] <= positions[:, None])[None, None] & (keys[None, :] >= offsets[:, None])[:, None, None]
-        mask = torch.zeros((), dtype=self.dtype, device=input_ids.device).masked_fill(
-            ~allowed, torch.finfo(self.dtype).min
-        )  # [B, 1, T, max_cache], additive: every attention implementation takes it
+        causal = keys[None, :] <= positions[:, None]  # [T, max_cache]
+        own = keys[None, :] >= offsets[:, None]  # [B, max_cache]: not the row's padding
+        itself = keys[None, :] == positions[:, None]  # a padding query sees itself: no row is all masked (NaN)
+        allowed = (causal[None, None] & own[:, None, None]) | itself[None, None]  # [B, 1, T, max_cache]
+        if self._bool_mask:  # SDPA takes the boolean mask as it is (opgen's decode attention matches it)
+            mask = allowed
+        else:  # eager attention adds the mask to its scores
+            mask = torch.zeros((), dtype=self.dtype, device=input_ids.device).masked_fill(
+                ~allowed, torch.finfo(self.dtype).min
+            )
         kwargs = {self._cache_arg: cache, "use_cache": True}
         if self._keep_arg:
             kwargs["logits_to_keep"] = 1
