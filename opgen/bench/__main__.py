@@ -1,5 +1,5 @@
-"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,generate,tp} [options]`: the
-project's benchmarks (see ../shared/BENCH.md)."""
+"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,generate,tp}
+[options]`: the project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
 
