@@ -211,7 +211,7 @@ def run_model(family: str, shape: dm.Shape, candidates: Sequence[str], plan: Pla
         _check_memory(shape, device)
         model = dm.build(family, shape, plan.max_seq, device)
     except (Skipped, ImportError) as exc:
-        return [_failed(family, shape, name, 0, plan, _reason(exc)) for name in candidates]
+        return [_failed(family, shape, name, 0, plan, reason(exc)) for name in candidates]
     positions = plan.timed_positions
     cached = round(statistics.mean(p + 1 for p in positions))  # positions a timed step reads, on average
     per_token = dm.weight_bytes(model) + dm.kv_bytes_per_position(model) * cached
@@ -253,7 +253,7 @@ def build_candidates(model: torch.nn.Module, family: str, shape: dm.Shape, candi
             step, seconds = first_call(name, model, device)
             ready[name] = (step, seconds, generate(step, prompt, plan.check, reference))
         except Exception as exc:  # a candidate's failure is a row entry, not the end of the table
-            failed[name] = _reason(exc)
+            failed[name] = reason(exc)
             print(f"  {what}: {failed[name]}", flush=True)
             _free(device)
             continue
@@ -280,12 +280,12 @@ def _failed(family: str, shape: dm.Shape, name: str, per_token: int, plan: Plan,
                   None, None, why)  # fmt: skip
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     if isinstance(exc, Skipped):
         return f"skipped: {exc}"
     inner = getattr(exc, "inner_exception", None)  # Dynamo's BackendCompilerFailed wraps the backend's error
     if isinstance(inner, BaseException):
-        return f"{type(exc).__name__} <- {_reason(inner)}"
+        return f"{type(exc).__name__} <- {reason(inner)}"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:120] if lines else ''}".rstrip(": ")
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import opgen  # noqa: F401  (registers the "opgen" torch.compile backend)
-from opgen.bench.decode import copy_bandwidth
+from opgen.bench.decode import copy_bandwidth, reason
 from opgen.bench.llm_families import FAMILIES, causal_lm
 from opgen.bench.timing import format_table
 from opgen.generate import Generator, Steps
@@ -174,7 +174,7 @@ def run_case(rows: Sequence[str], model: torch.nn.Module, loops: dict[str, Gener
             if row in loops:
                 result = _with_loop_checks(result, loops, row, ids, reference, batch, device)
         except Exception as exc:  # a row that cannot run is a row with its reason
-            result = Result(row, prompt, batch, None, None, None, None, None, error=_reason(exc))
+            result = Result(row, prompt, batch, None, None, None, None, None, error=reason(exc))
         finally:
             undo()
         print(f"  prompt {prompt}, batch {batch}: {LABELS[row]}: "
@@ -202,14 +202,6 @@ def _leading_equal(tokens: list[list[int]], reference: list[list[int]]) -> int:
         n = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), min(len(mine), len(ref)))
         counts.append(n)
     return min(counts)
-
-
-def _reason(exc: BaseException) -> str:
-    inner = getattr(exc, "inner_exception", None)
-    if isinstance(inner, BaseException):
-        return f"{type(exc).__name__} <- {_reason(inner)}"
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:140] if lines else ''}".rstrip(": ")
 
 
 def results_table(results: Sequence[Result]) -> str:

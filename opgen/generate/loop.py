@@ -12,6 +12,7 @@ Prompts of different lengths are left-padded; each row decodes at its own positi
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -196,7 +197,7 @@ class _Run:
                     token = sampler(steps.decode(token[:, None], start, offsets))
                     start.add_(1)
                     self.decode_steps += 1
-                for step, values in _chain(landing.push(i, token), landing.landed()):
+                for step, values in itertools.chain(landing.push(i, token), landing.landed()):
                     yield self._land(step, values, stopped)
                 if all(stopped):
                     break
@@ -221,11 +222,6 @@ class _Run:
     def result(self) -> Generation:
         assert self.done
         return Generation(self.tokens, self.prefill_s, self.decode_s, self.decode_steps)
-
-
-def _chain(*parts: Iterator[Any]) -> Iterator[Any]:
-    for part in parts:
-        yield from part
 
 
 class _Clock:
