@@ -98,6 +98,51 @@ def test_fresh_outputs_survive_later_calls() -> None:
         assert first.data_ptr() != second.data_ptr()
 
 
+def test_a_size_one_dimension_may_have_any_stride() -> None:
+    """A [1, 32] row sliced from a wider tensor (strides (64, 1)) is as a fresh one: it replays, no recompile."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).cuda().eval()
+    wide = torch.randn(1, 64, device="cuda")
+    with torch.no_grad():
+        fn = opgen.compile(model, (torch.randn(1, 32, device="cuda"),), cuda_graphs=True, recompile=False)
+        fn(torch.randn(1, 32, device="cuda"))  # capture
+        row = wide[:, :32]
+        assert row.stride() == (64, 1)
+        torch.testing.assert_close(fn(row), model(row))
+        status = fn.graph_status  # type: ignore[attr-defined]
+    assert status.calls() == (1, 0), status.line()
+    assert "(1 replays)" in status.line()
+
+
+def test_calls_that_do_not_fit_the_capture_are_counted_in_the_report() -> None:
+    """Inputs of other strides run plain (another specialization); report() counts them beside the replays."""
+    model, x = _mlp()
+    transposed = torch.randn(32, 4, device="cuda").t()  # [4, 32] with strides (1, 4)
+    with torch.no_grad():
+        fn = opgen.compile(model, (x,), cuda_graphs=True)
+        fn(x)  # capture
+        fn(x)
+        torch.testing.assert_close(fn(transposed), model(transposed))
+        status = fn.graph_status  # type: ignore[attr-defined]
+    assert status.calls() == (1, 1)
+    assert "(1 replays; 1 calls ran plain: inputs unlike the capture's" in str(fn.report())  # type: ignore[attr-defined]
+
+
+def test_a_graph_with_a_cpu_tensor_input_is_not_captured() -> None:
+    """A CPU input's value would be read once, at capture: the graph runs plain, and the warning says why."""
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            return x * scale.to(x.device)
+
+    x = torch.randn(8, device="cuda")
+    with torch.no_grad(), pytest.warns(OpgenWarning, match="is a CPU tensor"):
+        fn = opgen.compile(Scaled(), (x, torch.tensor(2.0)), cuda_graphs=True)
+    for value in (2.0, 3.0):
+        torch.testing.assert_close(fn(x, torch.tensor(value)), x * value)
+    assert "is a CPU tensor" in fn.graph_status.reason  # type: ignore[attr-defined]
+
+
 def test_a_graph_mode_function_copies_as_itself() -> None:
     import copy
 

@@ -236,3 +236,7 @@ def test_graph_mode_decisions_with_random_ops() -> None:
         "random ops (aten.rand_like.default) draw fresh numbers on every replay"
     )
     assert GraphStatus(captured=True).line() == "CUDA graph: captured on the first call (0.00 s), replayed since"
+    counted = GraphStatus(captured=True, calls=lambda: (7, 2)).line()
+    assert counted.startswith("CUDA graph: captured on the first call (0.00 s), replayed since (7 replays; 2 calls ")
+    assert "ran plain: inputs unlike the capture's" in counted
+    assert GraphStatus(captured=True, calls=lambda: (3, 0)).line().endswith("replayed since (3 replays)")

@@ -175,6 +175,25 @@ def test_recompile_false_and_automatic_dynamic_false_keep_static_behaviour() -> 
         assert not static.report().ranges
 
 
+def test_the_stride_of_a_size_one_dimension_is_free() -> None:
+    """[T, 1, 4] with any stride in its size-1 dimension runs the specialization of a contiguous one: the
+    checks (static and ranged) and the specialization key ignore strides of size-1 dimensions."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    def odd(t: int) -> torch.Tensor:  # strides (4, 99, 1): as contiguous as (4, 4, 1)
+        return torch.randn(t, 4).as_strided((t, 1, 4), (4, 99, 1))
+
+    with torch.no_grad():
+        strict = opgen.compile(model, (torch.randn(3, 1, 4),), recompile=False, cache=False)
+        x = odd(3)
+        torch.testing.assert_close(strict(x), model(x))
+        ranged = opgen.compile(model, (torch.randn(3, 1, 4),), dynamic_shapes=({0: T},), recompile=False, cache=False)
+        for t in (3, 5):
+            x = odd(t)
+            torch.testing.assert_close(ranged(x), model(x))
+    assert strict.report().specializations == 1 and ranged.report().specializations == 1
+
+
 def test_generated_code_binds_sizes_once_and_the_plan_says_what_is_per_call() -> None:
     model = GPTBlock(width=32, heads=2, tokens=65).eval()
     with torch.no_grad():

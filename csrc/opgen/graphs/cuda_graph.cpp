@@ -131,6 +131,8 @@ struct GraphRunner {
   PyObject* fallback;
   PyObject* rebuild;
   PyObject* dict;  // attributes (report, artifact, ...)
+  unsigned long long replays;      // calls replayed from the graph
+  unsigned long long plain_calls;  // calls after the capture whose inputs did not fit it (run by the fallback)
 
   // The Python objects it holds, for the cyclic GC (object_fields.h).
   template <typename F>
@@ -182,12 +184,14 @@ PyObject* run(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw
   auto* runner = reinterpret_cast<GraphRunner*>(self);
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   if (runner->state == nullptr || !fits(*runner->state, args, n, kwnames)) {
+    if (runner->state != nullptr) ++runner->plain_calls;
     if (runner->fallback == nullptr) {
       PyErr_SetString(PyExc_RuntimeError, "opgen GraphRunner: no fallback function set");
       return nullptr;
     }
     return PyObject_Vectorcall(runner->fallback, args, nargsf, kwnames);
   }
+  ++runner->replays;
   PyObject* out = replay(*runner->state, args, n);
   if (out == nullptr || runner->rebuild == nullptr) return out;
   PyObject* rebuilt = PyObject_CallOneArg(runner->rebuild, out);
@@ -274,6 +278,9 @@ void dealloc(PyObject* self) {
 PyMemberDef members[] = {
     {"fallback", T_OBJECT, offsetof(GraphRunner, fallback), 0, "called where no replay fits"},
     {"rebuild", T_OBJECT, offsetof(GraphRunner, rebuild), 0, "flat outputs -> the caller's structure"},
+    {"replays", T_ULONGLONG, offsetof(GraphRunner, replays), READONLY, "calls replayed from the captured graph"},
+    {"plain_calls", T_ULONGLONG, offsetof(GraphRunner, plain_calls), READONLY,
+     "calls after the capture whose inputs did not fit it (sizes, strides, a fixed input's address): run plain"},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyGetSetDef getset[] = {{"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},

@@ -10,6 +10,7 @@ namespace opgen {
 
 PyObject* raise_current(const std::string& prefix) {
   const auto set = [&](PyObject* type, std::string_view message) -> PyObject* {
+    if (message.find_first_not_of(" \n") == std::string_view::npos) message = "a C++ exception with no message";
     PyErr_SetString(type, (prefix + std::string(message)).c_str());
     return nullptr;
   };
@@ -28,7 +29,8 @@ PyObject* raise_current(const std::string& prefix) {
   } catch (const c10::OutOfMemoryError& e) {
     return set(PyExc_MemoryError, e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    return set(PyExc_RuntimeError, e.what_without_backtrace());
+    const std::string_view brief = e.what_without_backtrace();  // empty for some CUDA errors: then with the backtrace
+    return set(PyExc_RuntimeError, brief.find_first_not_of(" \n") == std::string_view::npos ? e.what() : brief);
   } catch (const std::bad_alloc&) {
     return set(PyExc_MemoryError, "out of memory");
   } catch (const std::exception& e) {

@@ -55,7 +55,7 @@ bool matches_ranged(PyObject* o, const ExpectedTensor& e, std::vector<int64_t>& 
   int64_t step = 1;
   for (size_t d = sizes.size(); d-- > 0;) {
     const int64_t want = e.strides[d] == kContiguous ? step : e.strides[d];
-    if (strides[d] != want) return false;
+    if (strides[d] != want && sizes[d] != 1) return false;  // a dimension of size 1 never steps
     step *= sizes[d] > 1 ? sizes[d] : 1;
   }
   return true;

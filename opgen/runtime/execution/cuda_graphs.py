@@ -74,10 +74,16 @@ class GraphStatus:
     reason: str | None = None  # why it runs plain
     capture_seconds: float = 0.0
     random: tuple[str, ...] = ()  # the ATen ops that draw random numbers (fresh on every replay)
+    calls: Callable[[], tuple[int, int]] | None = None  # (replays, calls that ran plain after the capture)
 
     def line(self) -> str:
         if self.captured:
             line = f"CUDA graph: captured on the first call ({self.capture_seconds:.2f} s), replayed since"
+            if self.calls is not None:
+                replays, plain = self.calls()
+                line += f" ({replays} replays" + (
+                    f"; {plain} calls ran plain: inputs unlike the capture's (sizes, strides, or another tensor "
+                    "for a fixed input)" if plain else "") + ")"  # fmt: skip
             if self.random:
                 line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
             return line
@@ -153,8 +159,12 @@ class CudaGraphs:
 
 
 def graph_device(graph: CompiledGraph, constants: Mapping[str, torch.Tensor]) -> torch.device:
-    """The one CUDA device the graph runs on."""
+    """The one CUDA device the graph runs on; refused where an input lives on the CPU."""
     devices = {torch.device(spec.device) for spec in graph.inputs}
+    host = [spec.name for spec in graph.inputs if torch.device(spec.device).type == "cpu"]
+    if host and any(d.type == "cuda" for d in devices):
+        raise CaptureRefused(f"input {host[0]} is a CPU tensor: a graph replays the value it read at capture, "
+                             "not the caller's (pass it on the GPU)")  # fmt: skip
     devices |= {constants[key].device for _, key in graph.constants if key in constants}
     cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
     if not cuda:
@@ -187,8 +197,9 @@ class _Capture:
         """The function handed out: the C++ runner, which calls `first_call` until it holds a graph."""
         from opgen._C import GraphRunner
 
-        self.runner = GraphRunner(self.first_call)
+        self.runner = runner = GraphRunner(self.first_call)
         self.runner.graph_status = self.status
+        self.status.calls = lambda: (runner.replays, runner.plain_calls)
         self.runner.static_inputs = ()
         return self.runner  # type: ignore[no-any-return]
 
@@ -212,7 +223,7 @@ class _Capture:
             self.graphs.refuse(self.status, str(exc))
         except Exception as exc:  # a capture that fails for any reason: never the caller's problem
             torch.cuda.synchronize(self.pool.device)
-            reason = f"capture failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+            reason = f"capture failed: {type(exc).__name__}: {error_summary(exc)}"
             self.graphs.refuse(self.status, reason)
         else:
             self.status.captured = True
@@ -262,6 +273,18 @@ class _Capture:
             list(args), (cuda_graph, statics, leaves), cuda_graph if self.status.random else None,
         )  # fmt: skip
         self.runner.static_inputs = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
+
+
+def error_summary(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line: its lines up to C++'s backtrace, joined, at most `limit` characters."""
+    lines = []
+    for line in str(exc).strip().splitlines():
+        if line.startswith("Exception raised from"):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    text = " ".join(lines)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @contextlib.contextmanager

@@ -1,9 +1,9 @@
 """The input check at the top of a compiled function, and the diagnosis when it fails.
 
 The fast check compares every input's exact type (a plain torch.Tensor), dtype, device, sizes,
-strides and requires_grad with what the program was compiled for, in one vectorcall into the
-extension (`opgen._C.InputCheck`, about 60 ns for two inputs; reading `x.shape`, `x.dtype` and
-`x.device` from Python costs about 170 ns per input).
+strides (but of dimensions of size 1, which never step) and requires_grad with what the program
+was compiled for, in one vectorcall into the extension (`opgen._C.InputCheck`, about 60 ns for two
+inputs; reading `x.shape`, `x.dtype` and `x.device` from Python costs about 170 ns per input).
 
 A failed check goes to the slow path: `diagnose` says whether the inputs are wrong (a clear
 TypeError/ValueError naming the input), or only need another specialization (new sizes or
@@ -69,13 +69,18 @@ def diagnose(specs: Sequence[InputSpec], args: Sequence[Any]) -> bool:
             raise InputMismatchError(f"{where}: expected {expected}, got {value.dim()}-d {tuple(value.shape)}")
         if value.requires_grad and torch.is_grad_enabled():
             raise RequiresGradError(where)
-        new_shapes |= tuple(value.shape) != spec.shape or tuple(value.stride()) != spec.stride
+        new_shapes |= tuple(value.shape) != spec.shape or not same_strides(value, spec.shape, spec.stride)
     return new_shapes
+
+
+def same_strides(t: torch.Tensor, shape: Sequence[Any], stride: Sequence[Any]) -> bool:
+    """`t`'s strides are `stride`, but for dimensions of size 1 (they never step: any stride does)."""
+    return all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, shape, strict=True))
 
 
 def shape_mismatch_message(specs: Sequence[InputSpec], args: Sequence[torch.Tensor]) -> str:
     for position, (spec, value) in enumerate(zip(specs, args, strict=True), start=1):
-        if tuple(value.shape) != spec.shape or tuple(value.stride()) != spec.stride:
+        if tuple(value.shape) != spec.shape or not same_strides(value, spec.shape, spec.stride):
             compiled = f"compiled for shape {spec.shape} with strides {spec.stride}"
             got = f"got shape {tuple(value.shape)} with strides {tuple(value.stride())}"
             return f"input '{spec.name}' (position {position}): {compiled}, {got}"
@@ -83,5 +88,6 @@ def shape_mismatch_message(specs: Sequence[InputSpec], args: Sequence[torch.Tens
 
 
 def signature(args: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
-    """The key of a specialization: what the compiled code depends on."""
-    return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device)) for a in args)
+    """The key of a specialization: what the compiled code depends on (not the strides of size-1 dimensions)."""
+    return tuple((tuple(a.shape), tuple(None if n == 1 else s for n, s in zip(a.shape, a.stride(), strict=True)),
+                  a.dtype, str(a.device)) for a in args)  # fmt: skip

@@ -50,7 +50,7 @@ from opgen.runtime.pipeline import (
     default_registry,
     start_jit_workers,
 )
-from opgen.runtime.report import Report
+from opgen.runtime.report import Report, jit_lines
 
 
 def _no_mismatch(set_check: Any, *args: Any) -> Any:
@@ -94,15 +94,21 @@ def compile_aten_graph(
     graph, filename = compile_graph(gm, signature, options, name, ranges=ranges)
     constants = attr_constants(gm)
     kept = [i for i in range(len(nodes)) if i not in keys]
-    fixed = [kept.index(i) for i in _static_inputs() if i in kept]  # positions among the function's own inputs
+    # Inputs at a fixed address (parameters), as positions among the function's own inputs. Not the ones the
+    # graph writes: a buffer marked static that it updates in place (transformers' StaticCache, which each
+    # generate() call makes anew) is copied in and out, so a new one replays instead of running plain.
+    fixed = [kept.index(i) for i in _static_inputs() if i in kept and kept.index(i) not in graph.written_inputs]
 
     backend_lines: list[str] = []
+    launchers: dict[str, Any] = {}  # the latest binding's JIT kernels, for report()
 
     def make(tensors: Sequence[torch.Tensor]) -> Callable[..., Any]:
         bound = {**constants, **{keys[i]: t for i, t in zip(frozen.positions, tensors, strict=True)}}
         with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
             b = bind(graph, bound, _no_mismatch, filename, backend=options.backend, graphs=graphs, fixed=fixed)
         backend_lines[:] = [b.backend_line] if b.backend_line else []
+        launchers.clear()
+        launchers.update(b.jit or {})
         return b.fn
 
     if frozen.positions:
@@ -120,6 +126,7 @@ def compile_aten_graph(
         from_cache=graph.from_cache,
         cuda_graph=status.line() if status is not None else None,
         notes=(*graph.notes, *_freezing_notes(frozen), *backend_lines),
+        jit=jit_lines(graph, launchers),
     )
     return fn
 
