@@ -13,7 +13,10 @@ tiny on CPU; random weights, nothing downloaded), static KV cache, greedy. Cases
 - `hf_opgen_forward`: `model.forward = torch.compile(model.forward, backend="opgen", options=...)`.
 - `loop_inductor`: opgen's loop with `compiler="inductor"` (a gpt-fast-style loop: prefill
   `torch.compile(dynamic=True)`, decode steps in mode="reduce-overhead").
-- `opgen_loop`: opgen's own loop (`opgen.generate.Generator`).
+- `opgen_loop`: opgen's own loop (`opgen.generate.Generator`; on a GPU prompts run as chunks of 256
+  replayed as a CUDA graph, `opgen.generate.prefill`).
+- `hf_floor`: transformers' `generate()` with a forward that computes nothing (it returns fixed logits):
+  the time its own loop takes per token, the floor under every `generate()` row.
 
 Per row and case, wall time (host clock, synchronized) of a generation of 1 token (the prefill) and
 of `--new` tokens, median over `--repeats` after a first call that compiles: prefill ms = the
@@ -43,7 +46,7 @@ from opgen.bench.llm_families import FAMILIES, causal_lm
 from opgen.bench.timing import format_table
 from opgen.generate import Generator, Steps
 
-ROWS = ("eager", "hf_inductor", "hf_opgen_config", "hf_opgen_forward", "loop_inductor", "opgen_loop")
+ROWS = ("eager", "hf_inductor", "hf_opgen_config", "hf_opgen_forward", "loop_inductor", "opgen_loop", "hf_floor")
 LABELS = {
     "eager": "eager generate()",
     "hf_inductor": "generate(), transformers' compile (Inductor)",
@@ -51,6 +54,7 @@ LABELS = {
     "hf_opgen_forward": 'generate(), forward = torch.compile(backend="opgen")',
     "loop_inductor": "gpt-fast-style loop, Inductor reduce-overhead",
     "opgen_loop": "opgen.generate loop",
+    "hf_floor": "generate(), a forward that computes nothing (its loop alone)",
 }
 Run = Callable[[torch.Tensor, int], list[list[int]]]  # (prompt ids [B, P], new tokens) -> tokens per row
 
@@ -88,6 +92,9 @@ def hf_runner(row: str, model: torch.nn.Module, cuda: bool) -> tuple[Run, Callab
     elif row == "hf_opgen_forward":
         settings["disable_compile"] = True
         model.forward = torch.compile(model.forward, backend="opgen", options=options)
+    elif row == "hf_floor":
+        settings["disable_compile"] = True
+        model.forward = _fixed_logits(model)
 
     def run(ids: torch.Tensor, new: int) -> list[list[int]]:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
@@ -102,6 +109,24 @@ def hf_runner(row: str, model: torch.nn.Module, cuda: bool) -> tuple[Run, Callab
         torch._dynamo.reset()
 
     return run, undo
+
+
+def _fixed_logits(model: torch.nn.Module) -> Callable[..., Any]:
+    """A forward for generate() that computes nothing: the same logits every call, the cache passed through."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    param = next(model.parameters())
+    vocab = model.config.get_text_config().vocab_size  # type: ignore[operator, union-attr]
+    outputs: dict[int, Any] = {}
+
+    def forward(input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        batch = input_ids.shape[0]
+        if batch not in outputs:
+            outputs[batch] = torch.zeros(batch, 1, vocab, device=param.device, dtype=param.dtype)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        return CausalLMOutputWithPast(logits=outputs[batch], past_key_values=cache)
+
+    return forward
 
 
 def loop_runner(gen: Generator) -> Run:

@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("auto", "cpp", "python"), default="auto",
                      help="opgen.compile's backend (default auto)")  # fmt: skip
     run.add_argument("--no-cuda-graphs", action="store_true", help="launch the decode step without a CUDA graph")
+    run.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                     help="run prompts as chunks of N tokens through one static graph (0: the dynamic prefill "
+                          "only; default 256 with CUDA graphs, else 0)")  # fmt: skip
     run.add_argument("--repeat", type=int, default=1, help="generations run; the last is reported (default 1)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -144,7 +147,8 @@ def prompt_rows(args: argparse.Namespace, vocab: int, tokenizer: Any) -> list[li
 
 def make_generator(model: nn.Module, args: argparse.Namespace) -> Generator:
     return Generator(model, max_cache=args.max_cache, compiler=args.compiler,
-                     cuda_graphs=False if args.no_cuda_graphs else None, backend=args.backend)  # fmt: skip
+                     cuda_graphs=False if args.no_cuda_graphs else None, backend=args.backend,
+                     prefill_chunk=args.prefill_chunk)  # fmt: skip
 
 
 def fit_cache(gen: Generator, args: argparse.Namespace, rows: list[list[int]]) -> Generator:

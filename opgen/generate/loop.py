@@ -1,9 +1,10 @@
 """opgen's generation loop: prompts in, tokens out, at the speed of the compiled decode step.
 
-A `Generator` compiles, per batch size, two functions of one `CachedLM` (they share its KV cache):
-the prefill, one graph for every prompt length up to the cache (a dynamic length, compiled with
-`recompile=False`, so no length ever recompiles), and the decode step (one token per row, replayed as
-a CUDA graph on a GPU). Per token the host launches the step and the sampler (sampling.py) and
+A `Generator` compiles, per batch size, functions of one `CachedLM` (they share its KV cache): the
+prefill, one graph for every prompt length up to the cache (a dynamic length, compiled with
+`recompile=False`, so no length ever recompiles); on a GPU a prefill chunk of fixed length, which
+runs prompts as whole chunks replayed as a CUDA graph (prefill.py); and the decode step (one token
+per row, replayed as a CUDA graph on a GPU). Per token the host launches the step and the sampler (sampling.py) and
 queues a copy of the tokens (landing.py); it reads tokens only once their copy has landed, so it
 never waits on the GPU, and stops the loop when every row has produced a stop token.
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from opgen.generate.errors import GenerationError
 from opgen.generate.landing import Landing
+from opgen.generate.prefill import Prefill
 from opgen.generate.sampling import GREEDY, Sampler, Sampling
 from opgen.generate.step import CachedLM, check_model
 
@@ -63,9 +65,16 @@ class Steps:
     """One batch size's compiled functions over one cache: prefill (any length) and the decode step."""
 
     module: CachedLM
-    prefill: Callable[..., torch.Tensor]
+    prefill: Callable[..., torch.Tensor]  # any prompt length (dynamic)
     decode: Callable[..., torch.Tensor]
     compile_s: float = 0.0
+    chunk: Callable[..., torch.Tensor] | None = None  # prompts of `chunk_size` tokens (static), if compiled
+    chunk_size: int = 0
+
+    @property
+    def prompt(self) -> Prefill:
+        """The prompt's pass: whole chunks where the padded prompt fits the cache, else the dynamic prefill."""
+        return Prefill(self.prefill, self.chunk, self.chunk_size)
 
 
 @dataclass
@@ -78,6 +87,10 @@ class Generator:
         mode="reduce-overhead" on a GPU; a gpt-fast-style loop) or "eager".
     cuda_graphs: replay the decode step as a CUDA graph (default: on a GPU).
     backend: opgen.compile's backend ("auto", "cpp", "python").
+    prefill_chunk: run prompts as chunks of this many tokens through one graph compiled for that length
+        (replayed as a CUDA graph with cuda_graphs), left-padded to whole chunks where that fits the cache
+        (prefill.py); 0 runs every prompt through the dynamic prefill. Default: 256 (at most max_cache)
+        with compiler="opgen" and CUDA graphs, else 0.
     """
 
     model: nn.Module
@@ -85,6 +98,7 @@ class Generator:
     compiler: str = "opgen"
     cuda_graphs: bool | None = None
     backend: str = "auto"
+    prefill_chunk: int | None = None
     _steps: dict[int, Steps] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +115,13 @@ class Generator:
             raise GenerationError(f"max_cache must be an int >= 2, got {self.max_cache!r}")
         if self.cuda_graphs is None:
             self.cuda_graphs = self.device.type == "cuda"
+        if self.prefill_chunk is None:
+            self.prefill_chunk = min(256, self.max_cache) if self.cuda_graphs and self.compiler == "opgen" else 0
+        chunk = self.prefill_chunk
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or not 0 <= chunk <= self.max_cache:
+            raise GenerationError(f"prefill_chunk must be an int in [0, max_cache={self.max_cache}], got {chunk!r}")
+        if chunk and self.compiler != "opgen":
+            raise GenerationError(f"prefill_chunk is opgen's (compiler='opgen'), not compiler={self.compiler!r}'s")
         eos = self.model.generation_config.eos_token_id  # type: ignore[union-attr]
         self.eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
 
@@ -144,6 +165,12 @@ class Generator:
                 decode = opgen.compile(module, (one, pos, offsets), cuda_graphs=bool(self.cuda_graphs),
                                        static_outputs=bool(self.cuda_graphs), recompile=False,
                                        backend=self.backend)  # fmt: skip
+                if self.prefill_chunk:
+                    block = torch.zeros((batch, self.prefill_chunk), dtype=torch.long, device=device)
+                    chunk = opgen.compile(module, (block, pos, offsets), cuda_graphs=bool(self.cuda_graphs),
+                                          static_outputs=bool(self.cuda_graphs), recompile=False,
+                                          backend=self.backend)  # fmt: skip
+                    return Steps(module, prefill, decode, time.perf_counter() - start, chunk, self.prefill_chunk)
             elif self.compiler == "inductor":
                 prefill = torch.compile(module, dynamic=True, fullgraph=True)
                 mode = "reduce-overhead" if self.cuda_graphs else None
@@ -179,8 +206,11 @@ class _Run:
 
     def steps(self) -> Iterator[StepTokens]:
         gen, rows = self.gen, self.rows
-        device, batch, longest = gen.device, len(rows), max(map(len, rows))
+        device, batch = gen.device, len(rows)
         steps = gen.steps(batch)
+        prompt = steps.prompt
+        assert gen.max_cache is not None
+        longest = prompt.padded(max(map(len, rows)), self.max_new_tokens, gen.max_cache)  # left-padded to it
         ids = torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long).to(device)
         offsets = torch.tensor([longest - len(r) for r in rows], dtype=torch.long).to(device)
         start = torch.zeros(1, dtype=torch.long, device=device)
@@ -189,7 +219,7 @@ class _Run:
         stopped = [False] * batch
         clock = _Clock(device)
         with torch.no_grad():
-            token = sampler(steps.prefill(ids, start, offsets))
+            token = sampler(prompt(ids, start, offsets))
             clock.mark()
             start.fill_(longest)
             for i in range(self.max_new_tokens):

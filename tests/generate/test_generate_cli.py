@@ -55,6 +55,8 @@ def test_greedy_ragged_prompt_ids_print_the_generators_tokens(capsys: pytest.Cap
     rows, summary = run(capsys, "--family", "llama", *prompt_args(PROMPTS))  # the opgen compiler
     assert ids(rows) == eager(causal_lm("llama"), PROMPTS)
     assert "batch 2, prompt lengths 5,2," in summary and "tok/s" in summary and "first call" in summary
+    chunked, _ = run(capsys, "--family", "llama", "--prefill-chunk", "4", *prompt_args(PROMPTS))
+    assert ids(chunked) == ids(rows)  # the prompts as two chunks of 4 (left-padded to 8): the same tokens
 
 
 def test_a_seed_prints_the_same_samples_twice(capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,6 +125,7 @@ def test_the_progress_bar_shows_past_32_new_tokens(capsys: pytest.CaptureFixture
         (["--family", "llama", "--prompt-ids", "1 2", "--batch", "2"], "not with --prompt or --prompt-ids"),
         (["--family", "llama", "--prompt-ids", "1 2 3 4 5", "--max-cache", "10"], "the cache has 10"),
         (["--family", "llama", "--temperature", "-1"], "temperature must be"),
+        (["--family", "llama", "--prompt-ids", "1 2", "--prefill-chunk", "4"], "prefill_chunk is opgen's"),
         (["--family", "llama", "--checkpoint", "."], "not allowed with argument --family"),
         (["--prompt-ids", "1 2"], "one of the arguments --family --checkpoint is required"),
         (["--checkpoint", "/no/such/folder"], "--checkpoint /no/such/folder: no such folder"),

@@ -1,8 +1,9 @@
 """opgen's generation loop on a GPU: decode steps replayed as CUDA graphs, tokens landing through events.
 
-float32: greedy tokens equal eager generate()'s for 64 tokens (Llama, Qwen2, Gemma); ragged batches equal
-each prompt alone; a seed repeats; a stop token ends the loop early. bf16: teacher-forced logits stay
-within the error Inductor's loop shows on the same model.
+float32: greedy tokens equal eager generate()'s for 64 tokens (Llama, Qwen2, Gemma), the prompts run as a
+chunk replayed as a CUDA graph; ragged batches equal each prompt alone. A seed repeats and a stop token
+ends the loop early (there the dynamic prefill runs). bf16: teacher-forced logits stay within the error
+Inductor's loop shows on the same model.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ PROMPTS = [[1, 5, 7, 9, 11, 3, 4], [3, 4, 8, 2, 6], [9]]
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
 def test_greedy_tokens_equal_eager_generate_on_the_gpu(family: str) -> None:
     model = causal_lm(family, device="cuda")
-    gen = Generator(model, max_cache=96)
+    gen = Generator(model, max_cache=96, prefill_chunk=16)  # prompts as one chunk of 16, replayed as a CUDA graph
     assert gen.cuda_graphs
     out = gen(PROMPTS, 64, stop_tokens=())
+    assert "captured" in str(gen.steps(3).chunk.report().cuda_graph)  # type: ignore[union-attr]
     with torch.no_grad():
         for prompt, tokens in zip(PROMPTS, out.tokens, strict=True):
             ref = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=64, do_sample=False,

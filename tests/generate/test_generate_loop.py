@@ -133,6 +133,26 @@ def test_no_prompt_length_recompiles_the_prefill() -> None:
     assert steps.decode.report().specializations == 1
 
 
+def test_prompts_run_as_whole_chunks_and_give_the_tokens_of_the_dynamic_prefill(llama: Generator) -> None:
+    """prefill_chunk=8: prompts of 1..17 tokens (a ragged batch) left-padded to whole chunks of 8 give the tokens
+    of the dynamic prefill; one that would not fit the cache padded (93 + 3 of 96) runs the dynamic prefill."""
+    chunked = Generator(llama.model, max_cache=CACHE, prefill_chunk=8)
+    steps = chunked.steps(3)
+    assert steps.chunk_size == 8 and steps.prompt.padded(5, 4, CACHE) == 8 and steps.prompt.padded(17, 4, CACHE) == 24
+    assert steps.prompt.padded(93, 3, CACHE) == 93  # 96 + 3 positions: not whole chunks
+    prompts = [[(5 * i + 1) % 256 for i in range(n)] for n in (1, 8, 17)]
+    assert chunked(prompts, 12, stop_tokens=()).tokens == llama(prompts, 12, stop_tokens=()).tokens
+    long = [[(3 * i + 2) % 256 for i in range(93)]]
+    assert chunked(long, 3, stop_tokens=()).tokens == llama(long, 3, stop_tokens=()).tokens
+    assert steps.chunk is not None and steps.chunk.report().specializations == 1  # one graph for every prompt
+    with torch.no_grad():
+        assert chunked([prompts[2]], 12, stop_tokens=()).tokens[0] == eager_tokens(llama.model, prompts[2], 12)
+    with pytest.raises(GenerationError, match="prefill_chunk must be an int"):
+        Generator(llama.model, max_cache=CACHE, prefill_chunk=CACHE + 1)
+    with pytest.raises(GenerationError, match="prefill_chunk is opgen's"):
+        Generator(llama.model, max_cache=CACHE, compiler="eager", prefill_chunk=8)
+
+
 @pytest.mark.parametrize(
     ("prompts", "new", "match"),
     [
