@@ -111,6 +111,15 @@ def medians_us(calls: Sequence[Callable[[], Any]]) -> list[float]:
     return [statistics.median(r[i][0].elapsed_time(r[i][1]) for r in timed) * 1000.0 for i in range(len(calls))]
 
 
+# Cycles the GPU spins (`torch.cuda._sleep`, about 50 us on an H100/H200) before each timed call, so that it
+# is still busy while the host records the start event and launches the call: the interval between the
+# events is then the call's GPU time. Without it, a GPU idle after the L2 flush also timed the host's
+# launch latency, which is larger for a Triton kernel launched from Python than for an ATen one; the
+# likely reason why, on an H200 running the generate benchmark, the choice went to cuBLAS for 64 of a
+# 1B model's 65 matrix-vector products and its decode step took 1.8 ms where it had taken 0.9.
+SPIN_CYCLES = 100_000
+
+
 def _round(calls: Sequence[Callable[[], Any]], driver: Any, flush: Any, timed: bool = False) -> list[Any]:
     events = []
     for call in calls:
@@ -119,6 +128,7 @@ def _round(calls: Sequence[Callable[[], Any]], driver: Any, flush: Any, timed: b
             call()
             continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         call()
         end.record()
