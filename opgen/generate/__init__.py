@@ -6,8 +6,9 @@
     gen(prompts, 32, Sampling(temperature=0.8, top_p=0.9, seed=0), on_tokens=print)
 
 `generate(model, prompts, max_new_tokens, ...)` does the same with a Generator made for the call.
-Rooms: step.py (the model with its cache, as one function), sampling.py, landing.py (tokens to the
-host without waiting), loop.py (the loop), __main__.py (`python -m opgen.generate`).
+Rooms: step.py (the model with its cache, as one function), prefill.py (prompts as whole chunks of a
+static graph), sampling.py, landing.py (tokens to the host without waiting), loop.py (the loop),
+__main__.py (`python -m opgen.generate`).
 """
 
 from __future__ import annotations
