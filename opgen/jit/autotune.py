@@ -114,9 +114,7 @@ def medians_us(calls: Sequence[Callable[[], Any]]) -> list[float]:
 # Cycles the GPU spins (`torch.cuda._sleep`, about 50 us on an H100/H200) before each timed call, so that it
 # is still busy while the host records the start event and launches the call: the interval between the
 # events is then the call's GPU time. Without it, a GPU idle after the L2 flush also timed the host's
-# launch latency, which is larger for a Triton kernel launched from Python than for an ATen one; the
-# likely reason why, on an H200 running the generate benchmark, the choice went to cuBLAS for 64 of a
-# 1B model's 65 matrix-vector products and its decode step took 1.8 ms where it had taken 0.9.
+# launch latency, which is larger for a Triton kernel launched from Python than for an ATen one.
 SPIN_CYCLES = 100_000
 
 
