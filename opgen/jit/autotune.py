@@ -35,10 +35,13 @@ class Tunable(Protocol):
 
 
 def size_key(args: Sequence[Any]) -> tuple[Any, ...]:
-    """What a pick depends on besides the binaries: tensor sizes, strides and dtypes, other values."""
+    """What a pick depends on besides the binaries: tensor sizes, strides, dtypes and 16-byte alignment (a
+    Triton binary specializes on it: a pick timed on a misaligned view is not one for aligned tensors), other
+    values."""
     return tuple(
-        (tuple(a.shape), tuple(a.stride()), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args
-    )
+        (tuple(a.shape), tuple(a.stride()), str(a.dtype), a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+        else repr(a) for a in args
+    )  # fmt: skip
 
 
 def pick(

@@ -152,6 +152,18 @@ def test_a_choice_passes_keyword_arguments_to_its_candidates():
 
 
 @pytest.mark.skipif(opgen.jit.available(), reason="the JIT can run here")
+def test_a_pick_key_tells_aligned_tensors_from_misaligned_views():
+    """A Triton binary specializes on 16-byte alignment, so a pick timed on a view one element in is not
+    reused for an aligned tensor of the same sizes and strides."""
+    from opgen.jit.autotune import size_key
+
+    base = torch.zeros(2 * 2048 + 1, dtype=torch.bfloat16)
+    aligned, shifted = base[:2048].view(1, 2048), base[1:2049].view(1, 2048)
+    assert aligned.stride() == shifted.stride() and aligned.shape == shifted.shape
+    assert size_key([aligned]) != size_key([shifted])
+    assert size_key([aligned, 3]) == size_key([base[8:2056].view(1, 2048), 3])  # 16 bytes in: aligned again
+
+
 def test_jit_entry_points_say_what_is_missing():
     assert opgen.jit.missing()
     with pytest.raises(opgen.jit.JitUnavailableError, match=r"opgen\.jit cannot run Triton kernels here"):
