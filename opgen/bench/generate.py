@@ -46,7 +46,6 @@ from opgen.bench.llm_families import FAMILIES, causal_lm
 from opgen.bench.timing import format_table
 from opgen.generate import Generator, Steps
 
-ROWS = ("eager", "hf_inductor", "hf_opgen_config", "hf_opgen_forward", "loop_inductor", "opgen_loop", "hf_floor")
 LABELS = {
     "eager": "eager generate()",
     "hf_inductor": "generate(), transformers' compile (Inductor)",
@@ -56,6 +55,7 @@ LABELS = {
     "opgen_loop": "opgen.generate loop",
     "hf_floor": "generate(), a forward that computes nothing (its loop alone)",
 }
+ROWS = tuple(LABELS)  # the paths, in the order they run
 Run = Callable[[torch.Tensor, int], list[list[int]]]  # (prompt ids [B, P], new tokens) -> tokens per row
 
 

@@ -13,6 +13,7 @@ Prompts of different lengths are left-padded; each row decodes at its own positi
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -157,27 +158,26 @@ class Generator:
         pos = torch.zeros(1, dtype=torch.long, device=device)
         offsets = torch.zeros(batch, dtype=torch.long, device=device)
         one = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        chunk = None
         with torch.no_grad():
             if self.compiler == "opgen":
                 dim = torch.export.Dim("prompt", min=1, max=self.max_cache)
                 prefill = opgen.compile(module, (ids, pos, offsets), dynamic_shapes=({1: dim}, None, None),
                                         recompile=False, backend=self.backend)  # fmt: skip
-                decode = opgen.compile(module, (one, pos, offsets), cuda_graphs=bool(self.cuda_graphs),
-                                       static_outputs=bool(self.cuda_graphs), recompile=False,
-                                       backend=self.backend)  # fmt: skip
+                graphs = bool(self.cuda_graphs)  # the fixed-length functions: replayed as CUDA graphs
+                static = functools.partial(opgen.compile, module, cuda_graphs=graphs, static_outputs=graphs,
+                                           recompile=False, backend=self.backend)  # fmt: skip
+                decode = static((one, pos, offsets))
                 if self.prefill_chunk:
                     block = torch.zeros((batch, self.prefill_chunk), dtype=torch.long, device=device)
-                    chunk = opgen.compile(module, (block, pos, offsets), cuda_graphs=bool(self.cuda_graphs),
-                                          static_outputs=bool(self.cuda_graphs), recompile=False,
-                                          backend=self.backend)  # fmt: skip
-                    return Steps(module, prefill, decode, time.perf_counter() - start, chunk, self.prefill_chunk)
+                    chunk = static((block, pos, offsets))
             elif self.compiler == "inductor":
                 prefill = torch.compile(module, dynamic=True, fullgraph=True)
                 mode = "reduce-overhead" if self.cuda_graphs else None
                 decode = torch.compile(module, mode=mode, fullgraph=True, dynamic=False)
             else:
                 prefill = decode = module
-        return Steps(module, prefill, decode, time.perf_counter() - start)
+        return Steps(module, prefill, decode, time.perf_counter() - start, chunk, self.prefill_chunk or 0)
 
 
 class _Run:

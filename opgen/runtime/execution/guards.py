@@ -73,9 +73,14 @@ def diagnose(specs: Sequence[InputSpec], args: Sequence[Any]) -> bool:
     return new_shapes
 
 
+def stride_key(shape: Sequence[Any], stride: Sequence[Any]) -> tuple[Any, ...]:
+    """The strides that matter: None for dimensions of size 1 (they never step: any stride does)."""
+    return tuple(None if n == 1 else s for n, s in zip(shape, stride, strict=True))
+
+
 def same_strides(t: torch.Tensor, shape: Sequence[Any], stride: Sequence[Any]) -> bool:
-    """`t`'s strides are `stride`, but for dimensions of size 1 (they never step: any stride does)."""
-    return all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, shape, strict=True))
+    """`t` (of `shape`) has the strides `stride`, but for dimensions of size 1."""
+    return stride_key(shape, t.stride()) == stride_key(shape, stride)
 
 
 def shape_mismatch_message(specs: Sequence[InputSpec], args: Sequence[torch.Tensor]) -> str:
@@ -89,5 +94,4 @@ def shape_mismatch_message(specs: Sequence[InputSpec], args: Sequence[torch.Tens
 
 def signature(args: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
     """The key of a specialization: what the compiled code depends on (not the strides of size-1 dimensions)."""
-    return tuple((tuple(a.shape), tuple(None if n == 1 else s for n, s in zip(a.shape, a.stride(), strict=True)),
-                  a.dtype, str(a.device)) for a in args)  # fmt: skip
+    return tuple((tuple(a.shape), stride_key(a.shape, a.stride()), a.dtype, str(a.device)) for a in args)
