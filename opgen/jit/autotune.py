@@ -1,16 +1,16 @@
 """Autotuning: the first call with real arguments times every config and keeps the fastest.
 
-Configs are timed together, in interleaved rounds (`medians_us`), on copies of the arguments the
+Configs are timed together (`opgen.jit.timing`), on copies of the arguments the
 kernel writes (those it declares, or every tensor when it declares none), so the caller's tensors
 are written once, by the real launch after the pick.
 The pick is stored in the JIT cache, keyed by the configs' binaries and the argument sizes, so a
-second process tunes nothing.
+second process tunes nothing (unless the host was too slow for a clean timing: then the next process
+times again).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ import torch
 from opgen.jit import cache, compiler
 from opgen.jit.binary import KernelBinary
 from opgen.jit.specialize import Specialization
+from opgen.jit.timing import Timings, time_calls
 
 
 class Tunable(Protocol):
@@ -60,13 +61,14 @@ def pick(
     start = time.perf_counter()
     pairs = zip(futures, kernel.configs, strict=True)
     calls = [_config_call(kernel, future.result(), config, args) for future, config in pairs]
-    timings = medians_us(calls)
-    index = min(range(len(timings)), key=timings.__getitem__)
+    timings = time_calls(calls)
+    index = min(range(len(timings.us)), key=timings.us.__getitem__)
     cache.STATS.add("tunes")
     cache.STATS.add("tune_seconds", time.perf_counter() - start)
-    cache.store_pick(key, {"index": index, "timings_us": timings})
-    shown = ", ".join(f"{t:.1f}" for t in timings)
-    return index, f"autotuned on the first call (us per launch: {shown})"
+    if timings.trusted:
+        cache.store_pick(key, {"index": index, "timings_us": timings.us})
+    shown = ", ".join(f"{t:.1f}" for t in timings.us)
+    return index, f"autotuned on the first call (us per launch: {shown}){untrusted(timings)}"
 
 
 def _config_call(kernel: Tunable, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:
@@ -86,55 +88,9 @@ def bound(fn: Callable[..., Any], args: Sequence[Any], written: Collection[int])
     return lambda: fn(*copies)
 
 
-# Interleaved rounds: each round empties the L2 cache (Triton's benchmark buffer) before every
-# candidate, then times it. A slow moment (clocks ramping, a busy host) spoils one round of every
-# candidate alike, not one candidate's whole timing. A model's first call times every config of every
-# new kernel and both sides of every multi-kernel choice, so the rounds are few: WARMUP_ROUNDS, then
-# enough for about TIMED_MS of GPU time per candidate, between MIN_ROUNDS and MAX_ROUNDS (a 5-100 us
-# kernel, about 0.1 ms a round with the L2 flush: MAX_ROUNDS).
-WARMUP_ROUNDS, TIMED_MS, MIN_ROUNDS, MAX_ROUNDS = 2, 4.0, 5, 30
-
-
-def medians_us(calls: Sequence[Callable[[], Any]]) -> list[float]:
-    """The median time of each call, in us, timed in interleaved rounds (each call runs once first)."""
-    from triton import runtime
-
-    driver = runtime.driver.active
-    flush = driver.get_empty_cache_for_benchmark()
-    for call in calls:  # lazy work (a nested kernel's compile or autotune) happens here, untimed
-        call()
-    for _ in range(WARMUP_ROUNDS):
-        _round(calls, driver, flush)
-    first = _round(calls, driver, flush, timed=True)
-    torch.cuda.synchronize()
-    round_ms = sum(start.elapsed_time(end) for start, end in first) or 1e-3
-    rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(TIMED_MS * len(calls) / round_ms)))
-    timed = [first] + [_round(calls, driver, flush, timed=True) for _ in range(rounds - 1)]
-    torch.cuda.synchronize()
-    return [statistics.median(r[i][0].elapsed_time(r[i][1]) for r in timed) * 1000.0 for i in range(len(calls))]
-
-
-# Cycles the GPU spins (`torch.cuda._sleep`, about 50 us on an H100/H200) before each timed call, so that it
-# is still busy while the host records the start event and launches the call: the interval between the
-# events is then the call's GPU time. Without it, a GPU idle after the L2 flush also timed the host's
-# launch latency, which is larger for a Triton kernel launched from Python than for an ATen one.
-SPIN_CYCLES = 100_000
-
-
-def _round(calls: Sequence[Callable[[], Any]], driver: Any, flush: Any, timed: bool = False) -> list[Any]:
-    events = []
-    for call in calls:
-        driver.clear_cache(flush)
-        if not timed:
-            call()
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
-        call()
-        end.record()
-        events.append((start, end))
-    return events
+def untrusted(timings: Timings) -> str:
+    """What a pick's reason adds when the host could not keep the GPU waiting on it (not cached)."""
+    return "" if timings.trusted else "; the host was too slow for a clean timing, so it is not cached"
 
 
 def clone_like(t: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The multi-kernel choice: several kernels that compute the same thing; the fastest one runs.
 
 The first call with real arguments of each size times every candidate (on copies of the arguments
-they write, in interleaved rounds), keeps the fastest, and stores the pick in the JIT cache under what
+they write, `opgen.jit.timing`), keeps the fastest, and stores the pick in the JIT cache under what
 the candidates compute (`identity`), so later processes, and the same kernel in a model's other
 layers, benchmark nothing. With `reliable` (a candidate that always works, such as the ATen kernels
 a generated one replaces), a candidate that raises on its first call (a kernel that fails to
@@ -22,7 +22,8 @@ from typing import Any
 
 from opgen.errors import warn
 from opgen.jit import cache, env
-from opgen.jit.autotune import bound, medians_us, size_key
+from opgen.jit.autotune import bound, size_key, untrusted
+from opgen.jit.timing import time_calls
 
 Candidate = Callable[..., Any]
 
@@ -129,18 +130,19 @@ class Choice:
                 self._drop(name, exc)
                 continue
             calls[name] = call
-        # Interleaved rounds (`medians_us`): the pick is shared by every choice of one identity (a model's
+        # Timed together (`opgen.jit.timing`): the pick is shared by every choice of one identity (a model's
         # repeated layers), so a slow moment must not decide it. On an H100, one timing of each
         # candidate after the other once sent all 24 of BERT's residual + layer-norm kernels to ATen
         # (710 us of GPU work a call against 541 when they run as Triton).
         if len(calls) == 1:  # the others failed: nothing to time
             return next(iter(calls)), "the only candidate that runs"
         start = time.perf_counter()
-        timings = dict(zip(calls, medians_us(list(calls.values())), strict=True))
+        measured = time_calls(list(calls.values()))
+        timings = dict(zip(calls, measured.us, strict=True))
         cache.STATS.add("tune_seconds", time.perf_counter() - start)
         best = min(timings, key=timings.__getitem__)
         cache.STATS.add("choices")
-        if not self.failed:  # a failure may be this machine's: the next process tries again
+        if not self.failed and measured.trusted:  # a failure may be this machine's: the next process tries again
             cache.store_pick(pick_key, {"pick": best, "timings_us": timings})
         shown = ", ".join(f"{n} {t:.1f} us" for n, t in timings.items())
-        return best, f"fastest on the first call: {shown}"
+        return best, f"fastest on the first call: {shown}{untrusted(measured)}"

@@ -263,6 +263,62 @@ def test_choice_picks_persist_are_shared_by_identity_and_can_be_forced(fresh_cac
         Choice("add", candidates, force="cuda")
 
 
+def _host_busy(us):
+    import time
+
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_choice_times_gpu_work_not_the_hosts_launch(fresh_cache):
+    """A candidate whose launch keeps the host busy 400 us but whose kernel takes a few us beats one whose
+    kernel spins about 60 us on the GPU: the spin before each timed call outlasts the host's work."""
+    from opgen.jit.choice import Choice
+    from opgen.jit.timing import _cycles_per_us
+
+    x = torch.randn(4096, device="cuda")
+    cycles = int(60 * _cycles_per_us())
+
+    def slow_host(a):
+        _host_busy(400)
+        return a + 1
+
+    def slow_gpu(a):
+        torch.cuda._sleep(cycles)
+        return a + 1
+
+    choice = Choice("add one", {"slow_gpu": slow_gpu, "slow_host": slow_host}, identity=("host test",))
+    torch.testing.assert_close(choice(x), x + 1)
+    ((picked, why),) = choice.picks.values()
+    assert picked == "slow_host", why
+    assert "not cached" not in why and STATS.choices == 1
+    again = Choice("add one", {"slow_gpu": slow_gpu, "slow_host": slow_host}, identity=("host test",))
+    again(x)
+    assert next(iter(again.picks.values())) == ("slow_host", "pick from the cache")
+
+
+def test_a_timing_the_host_cannot_keep_clean_is_not_cached(fresh_cache, monkeypatch):
+    from opgen.jit import timing
+    from opgen.jit.choice import Choice
+
+    monkeypatch.setattr(timing, "MAX_SPIN_US", 100.0)  # shorter than the host's 400 us per call
+    x = torch.randn(4096, device="cuda")
+
+    def slow_host(a):
+        _host_busy(400)
+        return a + 1
+
+    candidates = {"aten": lambda a: a + 1, "slow_host": slow_host}
+    choice = Choice("add one", candidates, identity=("untrusted test",))
+    torch.testing.assert_close(choice(x), x + 1)
+    ((_, why),) = choice.picks.values()
+    assert "too slow for a clean timing, so it is not cached" in why
+    again = Choice("add one", candidates, identity=("untrusted test",))
+    again(x)
+    assert "fastest on the first call" in next(iter(again.picks.values()))[1] and STATS.choice_hits == 0
+
+
 def test_launch_tells_grid_functions_apart_by_their_closure():
     """Each call makes a new lambda: one over another n gets its own launcher, one over the same n
     reuses the launcher made for it (no launcher, and no binary load, per call)."""
