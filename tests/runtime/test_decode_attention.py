@@ -153,6 +153,50 @@ def test_what_is_not_one_query_row_stays_with_aten(monkeypatch: pytest.MonkeyPat
     assert specs == []
 
 
+# A torch.compile backend on a GPU sees attention as the backend op AOT autograd picked, with its own argument
+# list and several results: (target, arguments after q, k, v, results, the lines' outputs it reads besides the first).
+BACKEND_OPS = {
+    "cudnn": ("_scaled_dot_product_cudnn_attention", lambda mask: (mask, False), 9),
+    "efficient": ("_scaled_dot_product_efficient_attention", lambda mask: (mask, False), 4),
+    "cudnn_causal": ("_scaled_dot_product_cudnn_attention", lambda mask: (mask, False, 0.0, True), 9),
+    "cudnn_lse_read": ("_scaled_dot_product_cudnn_attention", lambda mask: (mask, True), 9),
+}
+
+
+@pytest.mark.parametrize("op", list(BACKEND_OPS))
+def test_the_backend_ops_a_torch_compile_graph_has_are_taken_too(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    """transformers' decode step reached the opgen backend as `_scaled_dot_product_cudnn_attention` after a
+    repeat_kv copy of the whole cache (0.67 ms of a 3 ms step at batch 8 on an H200): the same kernel takes it,
+    unless a result other than the output is read or the call is causal."""
+    from dataclasses import replace
+
+    from opgen.runtime.ir import KernelCall, Value
+
+    kernel, rest, results = BACKEND_OPS[op]
+
+    def as_backend_op(program, registry):
+        body = []
+        for line in program.body:
+            if isinstance(line, KernelCall) and line.target == "aten.scaled_dot_product_attention.default":
+                q, k, v, mask = line.args
+                extra = (Value("lse", line.outputs[0].meta),) if op == "cudnn_lse_read" else ()
+                outputs = (line.outputs[0], *extra, *(None,) * (results - 1 - len(extra)))
+                line = replace(line, kernel=kernel, target=f"aten.{kernel}.default", args=(q, k, v, *rest(mask)),
+                               outputs=outputs, unpack=True)  # fmt: skip
+            body.append(line)
+        return fuse_decode_attention(replace(program, body=tuple(body)), registry)
+
+    model = CacheAttention(mask="additive")
+    _, specs = compile_with_pass(monkeypatch, model, inputs(model), "decode_attention", as_backend_op,
+                                 before="attention_masks")  # fmt: skip
+    if op in ("cudnn_causal", "cudnn_lse_read"):
+        assert specs == []
+        return
+    (spec,) = specs
+    assert spec.describe.startswith("decode attention, 8 heads of one query over 40 keys (4 per key/value head")
+    assert len(spec.outputs) == 1 and kernel in {line.target.split(".")[1] for line in spec.lines}
+
+
 def test_nothing_changes_on_the_cpu() -> None:
     model = CacheAttention()
     with torch.no_grad():
@@ -193,3 +237,31 @@ def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dty
                 example = inputs(model, pos, dtype, "cuda")
                 torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
         torch.testing.assert_close(model.v_cache, eager.v_cache)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_through_the_torch_compile_backend(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Through torch.compile the graph holds the backend op AOT autograd picked (cuDNN or efficient attention
+    after the repeat's copy); the step still runs as the decode kernel, and writes the caller's cache."""
+    from opgen.runtime.frontend import dynamo
+
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
+    model, eager = (CacheAttention(heads=32, kv_heads=8, length=300, dim=64, mask="additive", dtype=dtype).cuda()
+                    for _ in range(2))  # fmt: skip
+    eager.load_state_dict(model.state_dict())
+    made = []
+    compile_graph = dynamo.compile_aten_graph
+    monkeypatch.setattr(dynamo, "compile_aten_graph", lambda *a, **kw: made.append(compile_graph(*a, **kw)) or made[-1])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="opgen", options={"cuda_graphs": True})
+    with torch.no_grad():
+        for pos in (0, 1, 150, 299):
+            example = inputs(model, pos, dtype, "cuda")
+            torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
+    torch.testing.assert_close(model.v_cache, eager.v_cache)
+    (fn,) = made
+    report = str(fn.report())
+    assert "decode attention, 32 heads of one query over 300 keys" in report, report
+    torch._dynamo.reset()

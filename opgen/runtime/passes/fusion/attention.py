@@ -37,7 +37,14 @@ from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.repeat_kv import Operand, unrepeat
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
-SDPA = "aten.scaled_dot_product_attention.default"
+# The public op (export keeps it), and the backend ops AOT autograd traces it to (what a torch.compile backend
+# sees on a GPU: transformers' decode step reaches the backend as cuDNN attention after a repeat_kv copy).
+SDPA = frozenset({
+    "aten.scaled_dot_product_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention.default",
+})  # fmt: skip
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD = 256
 
@@ -75,7 +82,7 @@ def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterato
     body = program.body
     producers, read_by = defined_at(body), readers(body)
     for index, line in enumerate(body):
-        if isinstance(line, KernelCall) and line.target == SDPA and not writes_memory(line):
+        if isinstance(line, KernelCall) and line.target in SDPA and not writes_memory(line):
             match = _match(index, line, body, registry, metas, producers, read_by)
             if match is not None:
                 yield match
@@ -85,7 +92,9 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
            metas: dict[str, TensorMeta], producers: dict[str, int],
            read_by: dict[str, set[int]]) -> DecodeAttention | None:  # fmt: skip
     info = registry.by_name.get(line.kernel)
-    if info is None or len(line.outputs) != 1 or line.outputs[0] is None or line.outputs[0].meta is None:
+    if info is None or not line.outputs or line.outputs[0] is None or line.outputs[0].meta is None:
+        return None
+    if any(o is not None for o in line.outputs[1:]):  # a backend op's log-sum-exp or seeds are read
         return None
     try:
         values = bind(info, line.args, dict(line.kwargs))
@@ -93,12 +102,17 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
         return None
     if values.get("dropout_p") not in (0, 0.0) or values.get("is_causal") not in (False, None):
         return None
+    if values.get("return_debug_mask"):
+        return None
+    mask_arg = values.get("attn_mask", values.get("attn_bias"))  # the public op's name, the backend ops'
+
     scale = values.get("scale")
     if scale is not None and not isinstance(scale, float | int):
         return None
-    q, k, v, mask = (_operand(values.get(n), metas) for n in ("query", "key", "value", "attn_mask"))
+    q, k, v = (_operand(values.get(n), metas) for n in ("query", "key", "value"))
+    mask = _operand(mask_arg, metas)
     out = line.outputs[0].meta
-    if q is None or k is None or v is None or (values.get("attn_mask") is not None and mask is None):
+    if q is None or k is None or v is None or (mask_arg is not None and mask is None):
         return None
     batch, heads, rows, dim = q.meta.shape  # type: ignore[misc]
     if rows != 1 or out.shape != q.meta.shape or dim & (dim - 1) or not 0 < dim <= MAX_HEAD:  # type: ignore[operator]
@@ -158,7 +172,7 @@ def fused_kernel(program: Program, match: DecodeAttention, local: str) -> FusedK
         local,
         plan,
         inputs=zip(inputs, dtypes, strict=True),
-        outputs=match.line.outputs,  # type: ignore[arg-type]
+        outputs=match.line.outputs[:1],  # type: ignore[arg-type]
         nodes=(line.node for line in lines if isinstance(line, KernelCall)),
         describe=f"decode attention, {match.heads} heads of one query over {length} keys"
         + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else ""),
