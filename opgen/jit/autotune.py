@@ -20,7 +20,7 @@ import torch
 from opgen.jit import cache, compiler
 from opgen.jit.binary import KernelBinary
 from opgen.jit.specialize import Specialization
-from opgen.jit.timing import Timings, time_calls
+from opgen.jit.timing import time_calls
 
 
 class Tunable(Protocol):
@@ -68,7 +68,7 @@ def pick(
     if timings.trusted:
         cache.store_pick(key, {"index": index, "timings_us": timings.us})
     shown = ", ".join(f"{t:.1f}" for t in timings.us)
-    return index, f"autotuned on the first call (us per launch: {shown}){untrusted(timings)}"
+    return index, f"autotuned on the first call (us per launch: {shown}){timings.caveat}"
 
 
 def _config_call(kernel: Tunable, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:
@@ -86,11 +86,6 @@ def bound(fn: Callable[..., Any], args: Sequence[Any], written: Collection[int])
     """`fn(*args)` as a call of no arguments, on copies of the arguments at `written` (made once)."""
     copies = [clone_like(a) if i in written else a for i, a in enumerate(args)]
     return lambda: fn(*copies)
-
-
-def untrusted(timings: Timings) -> str:
-    """What a pick's reason adds when the host could not keep the GPU waiting on it (not cached)."""
-    return "" if timings.trusted else "; the host was too slow for a clean timing, so it is not cached"
 
 
 def clone_like(t: torch.Tensor) -> torch.Tensor:

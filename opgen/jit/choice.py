@@ -22,7 +22,7 @@ from typing import Any
 
 from opgen.errors import warn
 from opgen.jit import cache, env
-from opgen.jit.autotune import bound, size_key, untrusted
+from opgen.jit.autotune import bound, size_key
 from opgen.jit.timing import time_calls
 
 Candidate = Callable[..., Any]
@@ -145,4 +145,4 @@ class Choice:
         if not self.failed and measured.trusted:  # a failure may be this machine's: the next process tries again
             cache.store_pick(pick_key, {"pick": best, "timings_us": timings})
         shown = ", ".join(f"{n} {t:.1f} us" for n, t in timings.items())
-        return best, f"fastest on the first call: {shown}{untrusted(measured)}"
+        return best, f"fastest on the first call: {shown}{measured.caveat}"

@@ -41,6 +41,11 @@ class Timings:
     us: list[float]  # per call: its median GPU time over the rounds whose host kept up, in us
     trusted: bool  # every call had at least MIN_ROUNDS such rounds
 
+    @property
+    def caveat(self) -> str:
+        """What a pick's reason adds when the host could not keep the GPU waiting (the pick is not cached)."""
+        return "" if self.trusted else "; the host was too slow for a clean timing, so it is not cached"
+
 
 @dataclass(frozen=True, slots=True)
 class _Sample:
