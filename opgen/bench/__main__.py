@@ -15,7 +15,7 @@ COMMANDS = {
     "gpu_work": ("opgen.bench.gpu_work", "GPU kernel time, launches and sync time per call, with and without fusion"),
     "gpu_models": ("opgen.bench.gpu_models", "torchvision, timm and transformers models on the GPU vs Inductor (GPU)"),
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
-    "decode": ("opgen.bench.decode", "LLM decoding, batch 1, static KV cache: per-token time and bandwidth"),
+    "decode": ("opgen.bench.decode_families", "LLM decoding, static KV cache: two Llamas at batch 1, or --families"),
     "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
     "tp": ("opgen.bench.tp", "a Llama-style decoder split over N processes (gloo/NCCL): eager, inductor, opgen"),
 }

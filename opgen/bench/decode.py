@@ -12,6 +12,8 @@ measured in this run (`y.copy_(x)`, read + write). Correctness: each candidate d
 greedy tokens fed eager's tokens (teacher forcing), so its argmax and logits compare with eager's
 at every step: "tokens == eager" counts equal tokens, "max logit err" is the largest difference.
 A candidate that cannot run (no CUDA, no transformers, a compile error) is a row with the reason.
+The command's entry is `opgen.bench.decode_families`, which with `--families` runs transformers' LLM
+families at several batch sizes on this module's machinery instead.
 """
 
 from __future__ import annotations
@@ -59,17 +61,19 @@ class Generation:
     logits: list[torch.Tensor]  # those calls' logits, float32 on the CPU
 
 
-def generate(step: Step, prompt_ids: torch.Tensor, steps: int, forced: Sequence[int] | None = None) -> Generation:
+def generate(step: Step, prompt_ids: torch.Tensor, steps: int, forced: Sequence[int] | None = None,
+             batch: int = 1) -> Generation:  # fmt: skip
     """Greedy decoding one token per call: the prompt [1, P] fed token by token at positions 0..P-1,
     then `steps` new tokens, each the argmax of the call before (or `forced[i]`: teacher forcing, so
-    a candidate's logits compare with a reference's at every step). Makes P + steps - 1 calls."""
+    a candidate's logits compare with a reference's at every step). Makes P + steps - 1 calls. With
+    `batch` > 1 every row is fed the same token (ids [batch, 1]) and row 0 is read."""
     device, prompt = prompt_ids.device, prompt_ids[0].tolist()
     feed = prompt + list(forced or [])
     tokens: list[int] = []
     logits: list[torch.Tensor] = []
     for pos in range(len(prompt) + steps - 1):
         token = feed[pos] if pos < len(feed) else tokens[-1]
-        ids = torch.tensor([[token]], dtype=torch.long, device=device)
+        ids = torch.full((batch, 1), token, dtype=torch.long, device=device)
         out = step(ids, torch.tensor([pos], dtype=torch.long, device=device))
         if pos >= len(prompt) - 1:
             row = out[0, -1].float().cpu()  # a copy: a CUDA-graph replay may overwrite `out`
@@ -149,10 +153,10 @@ def make_step(name: str, model: torch.nn.Module, example: tuple[torch.Tensor, ..
     raise ValueError(f"unknown candidate {name!r}")
 
 
-def first_call(name: str, model: torch.nn.Module, device: torch.device) -> tuple[Step, float]:
+def first_call(name: str, model: torch.nn.Module, device: torch.device, batch: int = 1) -> tuple[Step, float]:
     """Build the candidate and make its first calls, synchronized: (the step, seconds)."""
     sync = _sync(device)
-    example = (torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
+    example = (torch.zeros(batch, 1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
     sync()
     start = time.perf_counter()
     step = make_step(name, model, example, device)
@@ -206,18 +210,18 @@ def run_model(family: str, shape: dm.Shape, candidates: Sequence[str], plan: Pla
     The candidates share the model's weights and KV cache (each run starts at position 0 and writes
     a position before any step reads it); nothing of the model outlives the call."""
     torch._dynamo.reset()  # before any candidate: a reset drops reduce-overhead's graphs, so never between them
-    _free(device)
+    free_memory(device)
     try:
         _check_memory(shape, device)
         model = dm.build(family, shape, plan.max_seq, device)
     except (Skipped, ImportError) as exc:
-        return [_failed(family, shape, name, 0, plan, reason(exc)) for name in candidates]
+        return [failed_result(family, shape.name, name, 0, plan, reason(exc)) for name in candidates]
     positions = plan.timed_positions
     cached = round(statistics.mean(p + 1 for p in positions))  # positions a timed step reads, on average
     per_token = dm.weight_bytes(model) + dm.kv_bytes_per_position(model) * cached
     ready: dict[str, Ready] = {}
     try:
-        failed = build_candidates(model, family, shape, candidates, plan, device, ready)
+        failed = build_candidates(model, f"{family} {shape.name}", shape.vocab, candidates, plan, device, ready)
         reference = next(iter(ready.values()))[2] if ready else None
         timings: dict[str, tuple[float, float, float]] = {}
         if reference is not None:
@@ -229,39 +233,40 @@ def run_model(family: str, shape: dm.Shape, candidates: Sequence[str], plan: Pla
         results = []
         for name in candidates:
             if name not in ready or reference is None:
-                results.append(_failed(family, shape, name, per_token, plan, failed.get(name, "not run")))
+                results.append(failed_result(family, shape.name, name, per_token, plan, failed.get(name, "not run")))
                 continue
-            results.append(_result(family, shape, name, ready[name], reference, timings, per_token, copy_bw))
+            results.append(checked_result(family, shape.name, shape.dtype, name, ready[name], reference, timings,
+                                          per_token, copy_bw))  # fmt: skip
         return results
     finally:
         ready.clear()
         del model
         torch._dynamo.reset()
-        _free(device)
+        free_memory(device)
 
 
-def build_candidates(model: torch.nn.Module, family: str, shape: dm.Shape, candidates: Sequence[str], plan: Plan,
-                     device: torch.device, ready: dict[str, Ready]) -> dict[str, str]:  # fmt: skip
+def build_candidates(model: torch.nn.Module, model_name: str, vocab: int, candidates: Sequence[str], plan: Plan,
+                     device: torch.device, ready: dict[str, Ready], batch: int = 1) -> dict[str, str]:  # fmt: skip
     """Fill `ready` with (step, first-call seconds, checked generation) per candidate; return the failures'
     reasons. The first candidate that runs (eager) is the reference the others are fed and compared with."""
-    prompt = torch.randint(0, shape.vocab, (1, plan.prompt), generator=torch.Generator().manual_seed(0)).to(device)
+    prompt = torch.randint(0, vocab, (1, plan.prompt), generator=torch.Generator().manual_seed(0)).to(device)
     failed: dict[str, str] = {}
     for name in candidates:
-        what = f"{family} {shape.name}: {label(name, device.type == 'cuda')}"
+        what = f"{model_name}: {label(name, device.type == 'cuda')}"
         reference = next(iter(ready.values()))[2].tokens if ready else None
         try:
-            step, seconds = first_call(name, model, device)
-            ready[name] = (step, seconds, generate(step, prompt, plan.check, reference))
+            step, seconds = first_call(name, model, device, batch)
+            ready[name] = (step, seconds, generate(step, prompt, plan.check, reference, batch))
         except Exception as exc:  # a candidate's failure is a row entry, not the end of the table
             failed[name] = reason(exc)
             print(f"  {what}: {failed[name]}", flush=True)
-            _free(device)
+            free_memory(device)
             continue
         print(f"  {what} ready in {seconds:.2f} s", flush=True)
     return failed
 
 
-def _result(family: str, shape: dm.Shape, name: str, ready: Ready, reference: Generation,
+def checked_result(model: str, size: str, dtype: torch.dtype, name: str, ready: Ready, reference: Generation,
             timings: dict[str, tuple[float, float, float]], per_token: int, copy_bw: float) -> Result:  # fmt: skip
     _, seconds, gen = ready
     med, lo, hi = timings[name]
@@ -269,14 +274,14 @@ def _result(family: str, shape: dm.Shape, name: str, ready: Ready, reference: Ge
     equal = sum(a == b for a, b in zip(gen.tokens, reference.tokens, strict=True))
     err = max(float((a - b).abs().max()) for a, b in zip(gen.logits, reference.logits, strict=True))
     scale = max(float(r.abs().max()) for r in reference.logits) or 1.0
-    agrees = equal == len(gen.tokens) or err <= TOLERANCE.get(shape.dtype, 1e-4) * scale
+    agrees = equal == len(gen.tokens) or err <= TOLERANCE.get(dtype, 1e-4) * scale
     fraction = per_token / (med * 1e-3) / copy_bw
-    return Result(family, shape.name, name, seconds, med, lo, hi, med / base, per_token, fraction, equal,
+    return Result(model, size, name, seconds, med, lo, hi, med / base, per_token, fraction, equal,
                   len(gen.tokens), err, agrees)  # fmt: skip
 
 
-def _failed(family: str, shape: dm.Shape, name: str, per_token: int, plan: Plan, why: str) -> Result:
-    return Result(family, shape.name, name, None, None, None, None, None, per_token, None, None, plan.check,
+def failed_result(model: str, size: str, name: str, per_token: int, plan: Plan, why: str) -> Result:
+    return Result(model, size, name, None, None, None, None, None, per_token, None, None, plan.check,
                   None, None, why)  # fmt: skip
 
 
@@ -290,7 +295,7 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:120] if lines else ''}".rstrip(": ")
 
 
-def _free(device: torch.device) -> None:
+def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -346,15 +351,17 @@ def results_table(results: Sequence[Result], cuda: bool) -> str:
     return format_table(headers, rows)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (`opgen.bench.decode_families` adds its own to them)."""
     parser = argparse.ArgumentParser(prog="python -m opgen.bench decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where there is a GPU, else cpu")
     parser.add_argument("--sizes", nargs="+", choices=list(dm.SHAPES), help="model shapes (default: 1b on cuda, "
                         "tiny on cpu); 8b needs ~16 GB per copy and is skipped where memory is short")  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="shorthand for --sizes tiny")
     parser.add_argument("--models", nargs="+", choices=dm.FAMILIES, default=list(dm.FAMILIES))
-    parser.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=list(CANDIDATES),
-                        help="what to compare (eager always runs, first: it is the reference)")  # fmt: skip
+    parser.add_argument("--candidates", nargs="+", choices=CANDIDATES,
+                        help="what to compare (eager always runs, first: it is the reference; default: all, with "
+                        "--families eager, compile and opgen_graphs on CUDA, eager and opgen on the CPU)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps per repeat (default 64)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per candidate (default 5)")
     parser.add_argument("--check", type=int, default=32, help="greedy tokens checked against eager (default 32)")
@@ -364,34 +371,64 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv or [])
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What a run of the command measures on: its device, plan, candidates and the copy bandwidth it measured."""
+
+    device: torch.device
+    where: str  # the device, in words
+    plan: Plan
+    candidates: tuple[str, ...]  # eager first: the reference
+    copy_bw: float
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def setup(args: argparse.Namespace, default_candidates: Sequence[str], batches: str = "1") -> Setting:
+    """Checks the shared options, measures the copy bandwidth and prints the run's header line."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("python -m opgen.bench decode: --device cuda needs a CUDA GPU")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
-    sizes = ["tiny"] if args.tiny else args.sizes or (["1b"] if cuda else ["tiny"])
     if min(args.steps, args.check, args.prompt, args.repeats) < 1:
         raise SystemExit("python -m opgen.bench decode: --steps, --check, --prompt and --repeats must be >= 1")
-    candidates = ["eager"] + [c for c in args.candidates if c != "eager"]
+    chosen = args.candidates or default_candidates
     plan = Plan(args.prompt, args.check, args.steps, args.repeats)
-    if not cuda:
+    if device.type != "cuda":
         torch.set_num_threads(args.threads)
-    where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} thread(s)"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     copy_bw = copy_bandwidth(device)
-    print(f"opgen decode benchmark: torch {torch.__version__}, {where}, no_grad, batch 1, static KV cache of "
-          f"{plan.max_seq} positions; copy bandwidth {copy_bw / 1e9:.1f} GB/s (read + write)", flush=True)  # fmt: skip
+    print(f"opgen decode benchmark: torch {torch.__version__}, {where}, no_grad, batch {batches}, static KV cache "
+          f"of {plan.max_seq} positions; copy bandwidth {copy_bw / 1e9:.1f} GB/s (read + write)",
+          flush=True)  # fmt: skip
+    return Setting(device, where, plan, ("eager", *(c for c in chosen if c != "eager")), copy_bw)
+
+
+def write_json(path: Path, setting: Setting, results: list[dict[str, Any]], **extra: Any) -> None:
+    payload = {"torch": torch.__version__, "device": setting.where, "copy_bandwidth": setting.copy_bw,
+               "plan": asdict(setting.plan), **extra, "results": results}  # fmt: skip
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"wrote {path}")
+
+
+def timed_line(plan: Plan) -> str:
+    return (f"\n{plan.steps} timed steps at positions {plan.timed_positions.start}-{plan.max_seq - 1}, median per "
+            f"repeat, then median (min-max) of {plan.repeats} interleaved repeats")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv or [])
+    setting = setup(args, CANDIDATES)
+    sizes = ["tiny"] if args.tiny else args.sizes or (["1b"] if setting.cuda else ["tiny"])
     results: list[Result] = []
     with torch.no_grad():
         for size in sizes:
             for family in args.models:
-                results += run_model(family, dm.SHAPES[size], candidates, plan, device, copy_bw)
-    print(f"\n{plan.steps} timed steps at positions {plan.timed_positions.start}-{plan.max_seq - 1}, median per "
-          f"repeat, then median (min-max) of {plan.repeats} interleaved repeats")  # fmt: skip
-    print(results_table(results, cuda))
+                results += run_model(family, dm.SHAPES[size], setting.candidates, setting.plan, setting.device,
+                                     setting.copy_bw)  # fmt: skip
+    print(timed_line(setting.plan))
+    print(results_table(results, setting.cuda))
     if args.json:
-        payload: dict[str, Any] = {"torch": torch.__version__, "device": where, "copy_bandwidth": copy_bw,
-                                   "plan": asdict(plan), "results": [asdict(r) for r in results]}  # fmt: skip
-        args.json.write_text(json.dumps(payload, indent=1))
-        print(f"wrote {args.json}")
+        write_json(args.json, setting, [asdict(r) for r in results])
     return 0

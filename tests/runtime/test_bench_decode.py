@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import opgen
-from opgen.bench import decode
+from opgen.bench import decode, decode_families
 from opgen.bench import decode_models as dm
 
 
@@ -85,8 +85,35 @@ def test_sizes_and_bytes() -> None:
 
 def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        decode.main(["--help"])
+        decode_families.main(["--help"])  # the command's entry (opgen.bench.__main__)
     text = capsys.readouterr().out
     for option in ("--device", "--sizes", "--tiny", "--models", "--candidates", "--steps", "--repeats", "--check",
-                   "--prompt", "--threads", "--json"):  # fmt: skip
+                   "--prompt", "--threads", "--json", "--families", "--batches", "--size", "--dtype"):  # fmt: skip
         assert option in text
+
+
+def test_families_at_several_batch_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--families`: transformers' families (tiny on the CPU) at each batch size, opgen against eager on row 0's
+    logits, every row's cache in the bytes a step reads; kernels per layer are counted on CUDA only."""
+    pytest.importorskip("transformers")
+    from opgen.bench.llm_families import causal_lm, step
+
+    out = tmp_path / "families.json"
+    argv = ["--device", "cpu", "--families", "llama", "gpt2", "--batches", "1", "3", "--steps", "2", "--repeats", "1"]
+    assert decode_families.main([*argv, "--check", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| llama  | tiny   | 3     | opgen.compile" in text and "kernels/layer" in text
+    rows = {(r["model"], r["batch"], r["candidate"]): r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {(f, b, c) for f in ("llama", "gpt2") for b in (1, 3) for c in ("eager", "opgen")}
+    for (family, batch, candidate), row in rows.items():
+        assert row["error"] == "" and row["argmax_equal"] == 3 and row["agrees"] and row["ms_per_token"] > 0, row
+        assert row["kernels_per_layer"] is None and row["layers"] == 2
+    model = step(causal_lm("llama", "tiny"), 4 + 3 + 2)
+    weights, kv = dm.weight_bytes(model), dm.kv_bytes_per_position(model)  # kv: one row of the batch
+    assert rows["llama", 1, "eager"]["bytes_per_token"] == weights + kv * 8  # positions 7..8: mean + 1 = 8
+    assert rows["llama", 3, "eager"]["bytes_per_token"] == weights + 3 * kv * 8  # weights once, each row's cache
+
+
+def test_families_refuse_a_batch_below_one() -> None:
+    with pytest.raises(SystemExit, match="--batches must be >= 1"):
+        decode_families.main(["--device", "cpu", "--families", "llama", "--batches", "0"])

@@ -1,0 +1,167 @@
+"""`python -m opgen.bench decode --families ...`: the decode step of each LLM family users bring, per batch size.
+
+Models: the families of `opgen.bench.llm_families` (Llama, Qwen2, Mistral, Gemma, Gemma-2, Phi-3, OLMo-2,
+GPT-2), transformers configs with real checkpoints' widths on CUDA and tiny ones on the CPU (`--size`),
+random weights, bf16 on CUDA and float32 on the CPU (`--dtype`). One step is transformers' static-cache
+export wrapper at batch B: token ids [B, 1] (every row fed the same token) and the cache position [1].
+The candidates, timing and teacher-forced check are `opgen.bench.decode`'s (row 0's logits against
+eager's at every checked step). Besides its columns, per row:
+
+- **kernels/layer**: the GPU activities of one step (kernels, copies and memsets, inside CUDA graphs
+  too; the profiler's count, `opgen.bench.gpu_work.kernel_table`) over the model's decoder layers. CUDA
+  only.
+- **x r-o**: the step's time over reduce-overhead's (the `compile` candidate) on the same model.
+- **% copy BW**: bytes one step must read (every weight once, whatever the batch, and every row's KV
+  cache up to the timed positions) per second, over the copy bandwidth measured in the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from opgen.bench import decode
+from opgen.bench import decode_models as dm
+from opgen.bench.llm_families import FAMILIES, causal_lm, step
+from opgen.bench.timing import format_table
+
+KERNEL_CALLS = 5  # steps profiled to count a step's GPU activities
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    result: decode.Result  # `model` is the family, `size` its widths ("real" or "tiny")
+    batch: int
+    layers: int
+    kernels_per_layer: float | None  # None off CUDA or where the candidate did not run
+
+
+def run_family(family: str, size: str, batch: int, dtype: torch.dtype, candidates: Sequence[str],
+               plan: decode.Plan, device: torch.device, copy_bw: float) -> list[Row]:  # fmt: skip
+    """Every candidate on one family at one batch size: build, check against eager, time interleaved, count
+    kernels; then free it all (as `decode.run_model`)."""
+    torch._dynamo.reset()
+    decode.free_memory(device)
+    try:
+        lm = causal_lm(family, size, device=device, dtype=dtype)
+        layers, vocab = int(lm.config.num_hidden_layers), int(lm.config.vocab_size)
+        model = step(lm, plan.max_seq, batch)
+    except (decode.Skipped, ImportError, torch.OutOfMemoryError) as exc:
+        return [Row(decode.failed_result(family, size, name, 0, plan, decode.reason(exc)), batch, 0, None)
+                for name in candidates]  # fmt: skip
+    positions = plan.timed_positions
+    cached = round(statistics.mean(p + 1 for p in positions))
+    per_token = dm.weight_bytes(model) + dm.kv_bytes_per_position(model) * cached
+    ready: dict[str, decode.Ready] = {}
+    try:
+        failed = decode.build_candidates(model, f"{family} {size} batch {batch}", vocab, candidates, plan, device,
+                                         ready, batch)  # fmt: skip
+        reference = next(iter(ready.values()))[2] if ready else None
+        if reference is None:
+            return [Row(decode.failed_result(family, size, name, per_token, plan, failed.get(name, "not run")), batch,
+                        layers, None) for name in candidates]  # fmt: skip
+        tokens = reference.tokens
+        inputs = [(torch.full((batch, 1), tokens[i % len(tokens)], device=device), torch.tensor([p], device=device))
+                  for i, p in enumerate(positions)]  # fmt: skip
+        steps = [r[0] for r in ready.values()]
+        timings = dict(zip(ready, decode.time_steps(steps, inputs, plan.repeats, device), strict=True))
+        rows = []
+        for name in candidates:
+            if name not in ready:
+                result = decode.failed_result(family, size, name, per_token, plan, failed.get(name, "not run"))
+                rows.append(Row(result, batch, layers, None))
+                continue
+            result = decode.checked_result(family, size, dtype, name, ready[name], reference, timings, per_token,
+                                           copy_bw)  # fmt: skip
+            rows.append(Row(result, batch, layers, _kernels_per_layer(ready[name][0], inputs[0], layers, device)))
+        return rows
+    finally:
+        ready.clear()
+        del model, lm
+        torch._dynamo.reset()
+        decode.free_memory(device)
+
+
+def _kernels_per_layer(call: decode.Step, inputs: tuple[torch.Tensor, torch.Tensor], layers: int,
+                       device: torch.device) -> float | None:  # fmt: skip
+    if device.type != "cuda":
+        return None
+    from opgen.bench.gpu_work import kernel_table, totals
+
+    _, activities = totals(kernel_table(lambda: call(*inputs), KERNEL_CALLS))
+    return activities / layers
+
+
+def table(rows: Sequence[Row], cuda: bool) -> str:
+    """One line per family, batch and candidate; x r-o against the `compile` candidate of the same model."""
+    reduce_overhead = {(r.result.model, r.batch): r.result.ms_per_token for r in rows
+                       if r.result.candidate == "compile"}  # fmt: skip
+    headers = ["family", "widths", "batch", "candidate", "ms/token (min-max)", "x eager", "x r-o", "% copy BW",
+               "kernels/layer", "tokens == eager", "max logit err", "note"]  # fmt: skip
+    lines = []
+    for row in rows:
+        r = row.result
+        timed = r.ms_per_token is not None
+        ro = reduce_overhead.get((r.model, row.batch))
+        lines.append([
+            r.model, FAMILIES[r.model].checkpoint if r.size == "real" else r.size, str(row.batch),
+            decode.label(r.candidate, cuda),
+            f"{r.ms_per_token:.3f} ({r.min_ms:.3f}-{r.max_ms:.3f})" if timed else "-",
+            f"{r.ratio:.3f}" if r.ratio is not None else "-",
+            f"{r.ms_per_token / ro:.3f}" if timed and ro else "-",
+            f"{100 * r.bandwidth_fraction:.1f}" if r.bandwidth_fraction is not None else "-",
+            f"{row.kernels_per_layer:.1f}" if row.kernels_per_layer is not None else "-",
+            f"{r.argmax_equal}/{r.checked}" if r.argmax_equal is not None else "-",
+            f"{r.max_logit_err:.1e} ({'ok' if r.agrees else 'NOT ok'})" if r.max_logit_err is not None else "-",
+            r.error,
+        ])  # fmt: skip
+    return format_table(headers, lines)
+
+
+def default_candidates(cuda: bool) -> tuple[str, ...]:
+    return ("eager", "compile", "opgen_graphs") if cuda else ("eager", "opgen")
+
+
+def parser() -> argparse.ArgumentParser:
+    """`opgen.bench.decode`'s options and the families' own."""
+    parser = decode.parser()
+    group = parser.add_argument_group("LLM families: in place of --models/--sizes (opgen.bench.decode_families)")
+    group.add_argument("--families", nargs="+", choices=[*FAMILIES, "all"],
+                       help="transformers' families with random weights ('all': every one)")  # fmt: skip
+    group.add_argument("--batches", nargs="+", type=int, default=[1, 8], help="batch sizes (default 1 8)")
+    group.add_argument("--size", choices=("real", "tiny"), help="real checkpoints' widths (default on CUDA) or "
+                       "tiny ones (default on the CPU)")  # fmt: skip
+    group.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                       help="weights and cache (default bfloat16 on CUDA, float32 on the CPU)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m opgen.bench decode`: with --families, every family at every batch size; else the two Llamas."""
+    args = parser().parse_args(argv or [])
+    if not args.families:
+        return decode.main(argv)
+    if min(args.batches) < 1:
+        raise SystemExit("python -m opgen.bench decode: --batches must be >= 1")
+    cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
+    setting = decode.setup(args, default_candidates(cuda), ", ".join(map(str, args.batches)))
+    families = list(FAMILIES) if "all" in args.families else list(dict.fromkeys(args.families))
+    size = args.size or ("real" if setting.cuda else "tiny")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if setting.cuda else "float32"))
+    rows: list[Row] = []
+    with torch.no_grad():
+        for family in families:
+            for batch in args.batches:
+                rows += run_family(family, size, batch, dtype, setting.candidates, setting.plan, setting.device,
+                                   setting.copy_bw)  # fmt: skip
+    print(f"{decode.timed_line(setting.plan)}; {dtype}")
+    print(table(rows, setting.cuda))
+    if args.json:
+        results = [{**asdict(r.result), "batch": r.batch, "layers": r.layers, "kernels_per_layer": r.kernels_per_layer}
+                   for r in rows]  # fmt: skip
+        decode.write_json(args.json, setting, results, dtype=str(dtype))
+    return 0
