@@ -107,6 +107,18 @@ class Result:
     def tokens_per_s(self) -> float | None:
         return 1e3 / self.ms_per_token if self.ms_per_token else None
 
+    def cells(self) -> dict[str, str]:
+        """Its table cells: "time" (ms/token, min-max), "x eager", "bandwidth" (%), "tokens", "logits"."""
+        timed = self.ms_per_token is not None
+        return {
+            "time": f"{self.ms_per_token:.3f} ({self.min_ms:.3f}-{self.max_ms:.3f})" if timed else "-",
+            "x eager": f"{self.ratio:.3f}" if self.ratio is not None else "-",
+            "bandwidth": f"{100 * self.bandwidth_fraction:.1f}" if self.bandwidth_fraction is not None else "-",
+            "tokens": f"{self.argmax_equal}/{self.checked}" if self.argmax_equal is not None else "-",
+            "logits": f"{self.max_logit_err:.1e} ({'ok' if self.agrees else 'NOT ok'})"
+            if self.max_logit_err is not None else "-",
+        }  # fmt: skip
+
 
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second `y.copy_(x)` moves (read + write), median of 5 repeats: 1 GiB on CUDA, 64 MiB on CPU."""
@@ -335,18 +347,12 @@ def results_table(results: Sequence[Result], cuda: bool) -> str:
                "MB/token", "% copy BW", "tokens == eager", "max logit err", "note"]  # fmt: skip
     rows = []
     for r in results:
-        timed = r.ms_per_token is not None
+        c = r.cells()
         rows.append([
             r.model, r.size, label(r.candidate, cuda),
             f"{r.first_call_s:.2f}" if r.first_call_s is not None else "-",
-            f"{r.ms_per_token:.3f} ({r.min_ms:.3f}-{r.max_ms:.3f})" if timed else "-",
-            f"{r.ratio:.3f}" if r.ratio is not None else "-",
-            f"{r.tokens_per_s:.1f}" if timed else "-",
-            f"{r.bytes_per_token / 1e6:.2f}",
-            f"{100 * r.bandwidth_fraction:.1f}" if r.bandwidth_fraction is not None else "-",
-            f"{r.argmax_equal}/{r.checked}" if r.argmax_equal is not None else "-",
-            f"{r.max_logit_err:.1e} ({'ok' if r.agrees else 'NOT ok'})" if r.max_logit_err is not None else "-",
-            r.error,
+            c["time"], c["x eager"], f"{r.tokens_per_s:.1f}" if r.tokens_per_s else "-",
+            f"{r.bytes_per_token / 1e6:.2f}", c["bandwidth"], c["tokens"], c["logits"], r.error,
         ])  # fmt: skip
     return format_table(headers, rows)
 

@@ -104,20 +104,14 @@ def table(rows: Sequence[Row], cuda: bool) -> str:
                "kernels/layer", "tokens == eager", "max logit err", "note"]  # fmt: skip
     lines = []
     for row in rows:
-        r = row.result
-        timed = r.ms_per_token is not None
+        r, c = row.result, row.result.cells()
         ro = reduce_overhead.get((r.model, row.batch))
         lines.append([
             r.model, FAMILIES[r.model].checkpoint if r.size == "real" else r.size, str(row.batch),
-            decode.label(r.candidate, cuda),
-            f"{r.ms_per_token:.3f} ({r.min_ms:.3f}-{r.max_ms:.3f})" if timed else "-",
-            f"{r.ratio:.3f}" if r.ratio is not None else "-",
-            f"{r.ms_per_token / ro:.3f}" if timed and ro else "-",
-            f"{100 * r.bandwidth_fraction:.1f}" if r.bandwidth_fraction is not None else "-",
+            decode.label(r.candidate, cuda), c["time"], c["x eager"],
+            f"{r.ms_per_token / ro:.3f}" if r.ms_per_token is not None and ro else "-", c["bandwidth"],
             f"{row.kernels_per_layer:.1f}" if row.kernels_per_layer is not None else "-",
-            f"{r.argmax_equal}/{r.checked}" if r.argmax_equal is not None else "-",
-            f"{r.max_logit_err:.1e} ({'ok' if r.agrees else 'NOT ok'})" if r.max_logit_err is not None else "-",
-            r.error,
+            c["tokens"], c["logits"], r.error,
         ])  # fmt: skip
     return format_table(headers, lines)
 
