@@ -392,14 +392,15 @@ class Setting:
         return self.device.type == "cuda"
 
 
-def setup(args: argparse.Namespace, default_candidates: Sequence[str], batches: str = "1") -> Setting:
-    """Checks the shared options, measures the copy bandwidth and prints the run's header line."""
+def setup(args: argparse.Namespace, default_candidates: Callable[[bool], Sequence[str]], batches: str = "1") -> Setting:
+    """Checks the shared options, measures the copy bandwidth and prints the run's header line.
+    `default_candidates(cuda)`: what runs where --candidates is not given."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("python -m opgen.bench decode: --device cuda needs a CUDA GPU")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if min(args.steps, args.check, args.prompt, args.repeats) < 1:
         raise SystemExit("python -m opgen.bench decode: --steps, --check, --prompt and --repeats must be >= 1")
-    chosen = args.candidates or default_candidates
+    chosen = args.candidates or default_candidates(device.type == "cuda")
     plan = Plan(args.prompt, args.check, args.steps, args.repeats)
     if device.type != "cuda":
         torch.set_num_threads(args.threads)
@@ -425,7 +426,7 @@ def timed_line(plan: Plan) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv or [])
-    setting = setup(args, CANDIDATES)
+    setting = setup(args, lambda cuda: CANDIDATES)
     sizes = ["tiny"] if args.tiny else args.sizes or (["1b"] if setting.cuda else ["tiny"])
     results: list[Result] = []
     with torch.no_grad():

@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return decode.main(argv)
     if min(args.batches) < 1:
         raise SystemExit("python -m opgen.bench decode: --batches must be >= 1")
-    cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
-    setting = decode.setup(args, default_candidates(cuda), ", ".join(map(str, args.batches)))
+    setting = decode.setup(args, default_candidates, ", ".join(map(str, args.batches)))
     families = list(FAMILIES) if "all" in args.families else list(dict.fromkeys(args.families))
     size = args.size or ("real" if setting.cuda else "tiny")
     dtype = getattr(torch, args.dtype or ("bfloat16" if setting.cuda else "float32"))

@@ -102,10 +102,9 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
         return None
     if values.get("dropout_p") not in (0, 0.0) or values.get("is_causal") not in (False, None):
         return None
-    if values.get("return_debug_mask"):
+    if values.get("return_debug_mask"):  # a backend op's
         return None
     mask_arg = values.get("attn_mask", values.get("attn_bias"))  # the public op's name, the backend ops'
-
     scale = values.get("scale")
     if scale is not None and not isinstance(scale, float | int):
         return None
