@@ -97,7 +97,8 @@ def fuse_as_if_cuda(program: Program, registry: KernelRegistry) -> Program:
 
 
 class InterpretedBinding:
-    """Runs every config of the kernel in Triton's interpreter and checks it against the ATen calls."""
+    """Runs every config of the kernel in Triton's interpreter (or, with CUDA inputs and the interpreter off,
+    on the GPU) and checks it against the ATen calls."""
 
     def __init__(self, spec: FusedKernel, checks: list[str], tolerance: dict[str, float]) -> None:
         from opgen.runtime.execution.fused import load_function
@@ -116,9 +117,10 @@ class InterpretedBinding:
             expected = aten(*inputs)
             expected = expected if isinstance(expected, tuple) else (expected,)
             outs: Sequence[torch.Tensor] = ()
+            device = inputs[0].device  # the CPU in the interpreter; a GPU where the tests launch every config there
             for meta, warps, _, grid in spec.configs:
-                outs = [torch.empty_strided(v.meta.shape, v.meta.stride, dtype=getattr(torch, v.meta.dtype))  # type: ignore[union-attr]
-                        for v in spec.outputs]  # fmt: skip
+                outs = [torch.empty_strided(v.meta.shape, v.meta.stride, dtype=getattr(torch, v.meta.dtype),  # type: ignore[union-attr]
+                                            device=device) for v in spec.outputs]  # fmt: skip
                 self.fn[grid](*inputs, *outs, **dict(meta), num_warps=warps)
                 for got, want in zip(outs, expected, strict=True):
                     assert got.stride() == want.stride() or got.numel() <= 1, (spec.name, got.stride(), want.stride())

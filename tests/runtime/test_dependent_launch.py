@@ -15,6 +15,7 @@ from test_gemv import Block, compile_gemv
 
 import opgen
 from opgen.runtime import passes
+from opgen.runtime.codegen.triton import few_rows
 from opgen.runtime.codegen.triton import gemv as gemv_triton
 from opgen.runtime.codegen.triton.dependent_launch import SIGNAL, WAIT
 from opgen.runtime.codegen.triton.kernels import print_kernels
@@ -58,11 +59,13 @@ def test_a_matrix_vector_kernel_reads_its_weights_before_it_waits(monkeypatch: p
     program = compiled.artifact  # type: ignore[attr-defined]
     facts = default_registry().facts.dependent_launch  # this machine's: on for a Hopper GPU, off for none
     assert program.fused and all((WAIT in s.source) == facts for s in program.fused)
-    for gated in (False, True):
-        source = gemv_triton._helper(gemv_triton._GATED if gated else gemv_triton._ROWS, True)
-        assert source.index("tl.load(w") < source.index(WAIT) < source.index("tl.load(x")
-        assert source.index(SIGNAL) < source.index("tl.load(w")
-        assert WAIT not in gemv_triton._helper(gemv_triton._ROWS, False)
+    helpers = (gemv_triton._ROWS, gemv_triton._GATED, few_rows._TILES, few_rows._GATED)  # one row; a few rows
+    for helper in helpers:
+        source = gemv_triton.dependent_helper(helper, True)
+        loads = [source.index(f"tl.load({w}") for w in ("w", "wg", "wu") if f"tl.load({w} " in source]
+        assert max(loads) < source.index(WAIT) < source.index("tl.load(x")
+        assert source.index(SIGNAL) < min(loads)
+        assert WAIT not in gemv_triton.dependent_helper(helper, False)
 
 
 def test_the_gemv_pass_writes_the_wait_where_the_facts_say(monkeypatch: pytest.MonkeyPatch) -> None:

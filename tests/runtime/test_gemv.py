@@ -163,9 +163,9 @@ def test_layers_share_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len({s.name for s in specs}) == 4
 
 
-def test_nothing_changes_on_the_cpu_or_for_several_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    _, specs = compile_gemv(monkeypatch, Block(), (torch.randn(2, 64),))
-    assert specs == []  # two rows: a matrix product, cuBLAS's
+def test_nothing_changes_on_the_cpu_or_past_64_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, specs = compile_gemv(monkeypatch, Block(), (torch.randn(65, 64),))
+    assert specs == []  # 65 rows: a matrix product, cuBLAS's
     with torch.no_grad():
         plain = opgen.compile(Block().eval(), (torch.randn(1, 64),), passes=("gemv",), cache=False)
     assert plain.artifact.fused == ()  # type: ignore[attr-defined]  # CPU values: untouched
@@ -204,17 +204,61 @@ def test_a_write_between_siblings_splits_them() -> None:
     assert [len(s.products) for s in find_siblings(together)] == [2]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(8, 64), (5, 1, 64), (64, 64)])
+def test_few_rows_take_tensor_core_tiles_and_the_aten_side_matches_eager(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, bias: bool, shape: tuple[int, ...]
+) -> None:
+    """Batched decode: 2 to 64 rows group as one row does, into kernels of tensor-core tiles."""
+    model = Block(bias=bias).to(dtype)
+    x = torch.randn(*shape, dtype=dtype)
+    compiled, specs = compile_gemv(monkeypatch, model, (x,))
+    rows = shape[0]
+    assert all(s.describe.startswith("few-row kernel, ") and f" of {rows} rows of " in s.describe for s in specs)
+    widths = sorted(s.describe.split(": ")[1] for s in specs)
+    assert widths == sorted(["64 + 32 + 32 rows", "64 rows", "64 rows", "96 + 96 rows" if bias else "96 rows"])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))  # type: ignore[operator]
+    block_m = max(16, 1 << (rows - 1).bit_length())
+    for spec in specs:
+        helper = "_gated" if "silu(gate) * up" in spec.describe else "_tiles"
+        assert "def gemm_rows_" in spec.source and f"{helper}(x, w0, " in spec.source and "tl.dot(xs, " in spec.source
+        assert f", {block_m}, BLOCK_N, BLOCK_K)" in spec.source  # the tile's rows: a power of two, at least 16
+        assert 'input_precision="ieee"' in spec.source  # float32 inputs at full precision, not TF32
+        n = int(spec.describe.split(": ")[1].split(" ")[0])
+        for meta, _, stages, grid in spec.configs:
+            block_n, block_k = dict(meta)["BLOCK_N"], dict(meta)["BLOCK_K"]
+            assert block_n >= 16 and 16 <= block_k <= 128 and stages >= 2  # K: 64 or 96
+            if helper == "_gated":
+                assert grid == (-(-n // block_n),)  # a program does both products
+
+
+def test_a_deep_pipeline_of_many_rows_fits_in_shared_memory() -> None:
+    """64 rows of a gated pair: the tiles that would overflow shared memory take fewer stages, then less K."""
+    from opgen.runtime.codegen.triton import few_rows
+    from opgen.runtime.ir import GemvPlan, GemvRows
+
+    rows = (GemvRows(8192, 2048, False), GemvRows(8192, 2048, False))
+    plan = GemvPlan(2048, 1, rows, gated=True, m=64, x_row_stride=2048)
+    for meta, _, stages, _ in few_rows.configs(plan):
+        block_n, block_k = dict(meta)["BLOCK_N"], dict(meta)["BLOCK_K"]
+        assert stages * (64 + 2 * block_n) * block_k * 4 <= few_rows.SHARED_BYTES
+        assert stages >= 2 and block_k >= 16
+
+
 @needs_triton
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 8])
 def test_the_kernels_match_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
-                                              bias: bool) -> None:  # fmt: skip
+                                              bias: bool, rows: int) -> None:  # fmt: skip
     """Every kernel of a layer (the gated pair's where there is no bias), every tile, against its ATen calls."""
     if ran_in_fresh_interpreter(request):
         return
     model = Block(d=80, kv=40, hidden=70, bias=bias)  # sizes that not every tile divides
     checks: list[str] = []
-    compiled, specs = compile_gemv(monkeypatch, model, (torch.randn(1, 80),), checks=checks)
-    x = torch.randn(1, 80)
+    compiled, specs = compile_gemv(monkeypatch, model, (torch.randn(rows, 80),), checks=checks)
+    x = torch.randn(rows, 80)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)  # type: ignore[operator]
     assert sorted(checks) == sorted(s.name for s in specs) and len(specs) == 4

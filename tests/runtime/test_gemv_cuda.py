@@ -1,4 +1,4 @@
-"""The matrix-vector pass on a GPU: one-row products (siblings together) match eager with the Triton
+"""The matrix-vector pass on a GPU: one-row and few-row products (siblings together) match eager with the Triton
 kernel forced, with cuBLAS forced, and as the first call picks; in CUDA-graph mode too. Skipped
 without a GPU and opgen's JIT.
 """
@@ -34,39 +34,66 @@ TOLERANCE = {
 @pytest.mark.parametrize("force", ["triton", "aten", None])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 8, 64])
 def test_products_match_eager(
-    monkeypatch: pytest.MonkeyPatch, force: str | None, dtype: torch.dtype, bias: bool
+    monkeypatch: pytest.MonkeyPatch, force: str | None, dtype: torch.dtype, bias: bool, rows: int
 ) -> None:
     if force is not None:
         monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
     model = Block(d=256, kv=128, hidden=704, bias=bias).to(device="cuda", dtype=dtype).eval()
     eager = copy.deepcopy(model)
     with torch.no_grad():
-        x = torch.randn(1, 1, 256, device="cuda", dtype=dtype)
+        x = torch.randn(rows, 1, 256, device="cuda", dtype=dtype)
         compiled = opgen.compile(model, (x,))
         for _ in range(3):
-            x = torch.randn(1, 1, 256, device="cuda", dtype=dtype)
+            x = torch.randn(rows, 1, 256, device="cuda", dtype=dtype)
             torch.testing.assert_close(compiled(x), eager(x), **TOLERANCE[dtype])
     report = str(compiled.report())
-    assert report.count("matrix-vector kernel") == 4, report
+    assert report.count("matrix-vector kernel" if rows == 1 else "few-row kernel") == 4, report
     assert ("silu(gate) * up" in report) != bias, report  # the gated pair's kernel where there is no bias
 
 
-def test_graph_mode_replays_the_kernels() -> None:
+@pytest.mark.parametrize("rows", [1, 8])
+def test_graph_mode_replays_the_kernels(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
     model = Block(d=128, kv=64, hidden=384).to(device="cuda", dtype=torch.bfloat16).eval()
     with torch.no_grad():
-        x = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(rows, 128, device="cuda", dtype=torch.bfloat16)
         compiled = opgen.compile(model, (x,), cuda_graphs=True)
         for _ in range(3):
-            x = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(rows, 128, device="cuda", dtype=torch.bfloat16)
             torch.testing.assert_close(compiled(x).clone(), model(x), **TOLERANCE[torch.bfloat16])
     assert "replayed" in str(compiled.report())
 
 
-def test_a_large_product_spans_many_programs() -> None:
-    """An lm_head-like product: 32000 rows of 512, one row in."""
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_large_product_spans_many_programs(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """An lm_head-like product: 32000 rows of 512, one or eight rows in."""
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
     head = torch.nn.Linear(512, 32000, bias=False).to(device="cuda", dtype=torch.bfloat16).eval()
     with torch.no_grad():
-        x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
         compiled = opgen.compile(head, (x,))
         torch.testing.assert_close(compiled(x), head(x), **TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_tile_on_the_gpu(monkeypatch: pytest.MonkeyPatch, rows: int, dtype: torch.dtype) -> None:
+    """Each tile of each kernel launched on the GPU against the cuBLAS calls it replaces (the first call's
+    timing runs only the fastest)."""
+    from fusion_interp import InterpretedBinding
+
+    from opgen.runtime.execution import fused as fused_module
+
+    checks: list[str] = []
+    tolerance = TOLERANCE[dtype]
+    monkeypatch.setattr(
+        fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
+    )
+    model = Block(d=256, kv=128, hidden=704).to(device="cuda", dtype=dtype).eval()
+    x = torch.randn(rows, 256, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        compiled = opgen.compile(model, (x,), cache=False)
+        torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[dtype])
+    assert len([c for c in checks if c.startswith("gemv_" if rows == 1 else "gemm_rows_")]) == 4

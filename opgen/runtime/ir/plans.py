@@ -3,7 +3,8 @@ prints into the kernel's source (a `FusedKernel`'s `plan`).
 
 - `FusedGroup` (`passes.fusion.groups`): pointwise nodes and the row reductions that end or join them,
   as `Step`s over `Tensor`s; an output may be stored through data movements (`Placement`).
-- `GemvPlan` (`passes.fusion.gemv`): one-row matrix products over one input, or a gated pair.
+- `GemvPlan` (`passes.fusion.gemv`): matrix products of a few rows (one to 64) over one input, or a gated
+  pair.
 - `AttentionPlan` (`passes.fusion.attention`): one query row attending over a key/value cache.
 - `CacheWritePlan` (`passes.fusion.cache_writes`): writes into buffers at positions, or copies.
 - `SpatialMeanPlan` (`passes.fusion.spatial_mean`): a mean over H and W of a channels-last tensor.
@@ -97,13 +98,16 @@ class GemvRows:
 
 @dataclass(frozen=True, slots=True)
 class GemvPlan:
-    """Products of one input row of `k` elements (`x_stride` apart), in the kernel's parameter order."""
+    """Products of `m` input rows of `k` elements (`x_stride` apart, rows `x_row_stride` apart), in the
+    kernel's parameter order. Each product's output is [m, n], contiguous."""
 
     k: int
     x_stride: int
     products: tuple[GemvRows, ...]
     gated: bool = False  # a gate and an up product (the gate first) writing `silu(gate) * up` alone
     dependent: bool = False  # its first weights are read before it waits for the kernel before it
+    m: int = 1  # input rows: one is a matrix-vector kernel (`codegen.triton.gemv`), more tensor-core tiles
+    x_row_stride: int = 0
 
 
 @dataclass(frozen=True, slots=True)

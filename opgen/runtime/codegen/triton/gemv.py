@@ -83,7 +83,8 @@ def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
 '''
 
 
-def _helper(template: str, dependent: bool) -> str:
+def dependent_helper(template: str, dependent: bool) -> str:
+    """A helper's source, with the signal and the wait where the kernel launches dependently."""
     signal = "    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start: it waits for this one\n"
     wait = (
         "    tl.extra.cuda.gdc_wait()  # the kernel before has finished (the weights, read above, no kernel writes)\n"
@@ -96,22 +97,30 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     product has a bias, never on value names: the layers of a model share one kernel, compiled and tuned
     once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`.
     `plan.gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
-    `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`_helper`)."""
-    products, dependent = plan.products, plan.dependent
+    `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`dependent_helper`)."""
+    body, params = kernel_body(plan, f"one row of {plan.k}", "_rows", [], [plan.x_stride], [])
+    return jit_module("gemv", params, META, body, dependent_helper(_GATED if plan.gated else _ROWS, plan.dependent))
+
+
+def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int],
+                tail: list[int]) -> tuple[str, list[str]]:  # fmt: skip
+    """(body, parameters) of a product kernel: each program calls `helper` (`_gated` for a gated pair) for
+    its block of its product's rows, the products' blocks one after another. A helper's arguments:
+    x, w, bias, out, block, *lead, N, K, *x_strides, the weight's row stride, HAS_BIAS, *tail, BLOCK_N,
+    BLOCK_K (a gated pair's: x, the gate's and up's weights, out, block, *lead, N, K, *x_strides, both
+    row strides, *tail, BLOCK_N, BLOCK_K)."""
+    products = plan.products
     if plan.gated:
         gate, up = products
-        args = ["x", "w0", "w1", "out0", "pid", gate.n, plan.k, plan.x_stride, gate.row_stride]
-        args += [up.row_stride, "BLOCK_N", "BLOCK_K"]
-        body = [f"    # silu(gate) * up of one row of {plan.k}: {gate.n} rows", "    pid = tl.program_id(0)"]
+        args = ["x", "w0", "w1", "out0", "pid", *lead, gate.n, plan.k, *x_strides, gate.row_stride, up.row_stride]
+        args += [*tail, "BLOCK_N", "BLOCK_K"]
+        body = [f"    # silu(gate) * up of {of}: {gate.n} rows", "    pid = tl.program_id(0)"]
         body.append(f"    _gated({', '.join(map(str, args))})")
-        return jit_module("gemv", ["x", "w0", "w1", "out0"], META, "\n".join(body), _helper(_GATED, dependent))
+        return "\n".join(body), ["x", "w0", "w1", "out0"]
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
     params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
     rows = " + ".join(str(p.n) for p in products)
-    body = [
-        f"    # {len(products)} product(s) of one row of {plan.k}: {rows} rows",
-        "    pid = tl.program_id(0)",
-    ]
+    body = [f"    # {len(products)} product(s) of {of}: {rows} rows", "    pid = tl.program_id(0)"]
     start = ""
     calls = []
     for i, product in enumerate(products):
@@ -119,9 +128,9 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
         end = f"{start} + {blocks}" if start else blocks
         block = f"pid - ({start})" if start else "pid"
         bias = f"b{i}" if product.bias else f"out{i}"
-        args = ["x", f"w{i}", bias, f"out{i}", block, product.n, plan.k, plan.x_stride]
-        args += [product.row_stride, product.bias, "BLOCK_N", "BLOCK_K"]
-        calls.append((end, f"_rows({', '.join(map(str, args))})"))
+        args = ["x", f"w{i}", bias, f"out{i}", block, *lead, product.n, plan.k, *x_strides]
+        args += [product.row_stride, product.bias, *tail, "BLOCK_N", "BLOCK_K"]
+        calls.append((end, f"{helper}({', '.join(map(str, args))})"))
         start = end
     if len(calls) == 1:
         body.append(f"    {calls[0][1]}")
@@ -129,18 +138,22 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
         for i, (end, call) in enumerate(calls):
             test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
             body += [f"    {test}", f"        {call}"]
-    return jit_module("gemv", params, META, "\n".join(body), _helper(_ROWS, dependent))
+    return "\n".join(body), params
+
+
+def grid_blocks(plan: GemvPlan, block_n: int) -> tuple[int]:
+    """The grid: every product's blocks of `block_n` rows (a gated pair's once: a program does both)."""
+    products = plan.products[:1] if plan.gated else plan.products
+    return (sum(-(-p.n // block_n) for p in products),)
 
 
 def configs(plan: GemvPlan) -> tuple[Config, ...]:
     """Per tile, the grid covers every product's rows (a gated pair's once: a program does both)."""
     k_blocks = 1 << max(4, math.ceil(math.log2(plan.k)))  # the smallest power of two >= K (at least 16)
-    products = plan.products[:1] if plan.gated else plan.products
     found: list[Config] = []
     for block_n, block_k, warps, stages in TILES:
         block_k = min(block_k, k_blocks)
-        grid = (sum(-(-p.n // block_n) for p in products),)
-        config: Config = ((("BLOCK_N", block_n), ("BLOCK_K", block_k)), warps, stages, grid)
+        config: Config = ((("BLOCK_N", block_n), ("BLOCK_K", block_k)), warps, stages, grid_blocks(plan, block_n))
         if config not in found:
             found.append(config)
     return tuple(found)

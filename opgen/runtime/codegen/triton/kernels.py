@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from opgen.runtime.codegen.triton import attention, cache_writes, gemv, groups, spatial_mean
+from opgen.runtime.codegen.triton import attention, cache_writes, few_rows, gemv, groups, spatial_mean
 from opgen.runtime.codegen.triton.dependent_launch import waiting
 from opgen.runtime.codegen.triton.module import Kernel
 from opgen.runtime.ir import (
@@ -62,8 +62,10 @@ def write(plan: KernelPlan) -> Kernel:
     match plan:
         case FusedGroup():
             return groups.kernel(plan)
-        case GemvPlan():
+        case GemvPlan(m=1):
             return Kernel(*gemv.kernel(plan), gemv.configs(plan))
+        case GemvPlan():
+            return Kernel(*few_rows.kernel(plan), few_rows.configs(plan))
         case AttentionPlan():
             return Kernel(*attention.kernel(plan), attention.configs(plan))
         case CacheWritePlan():

@@ -1,16 +1,18 @@
-"""Matrix-vector products: one-row `mm`/`addmm` calls on constant weights, siblings together, as one
-generated Triton kernel.
+"""Products of a few rows: `mm`/`addmm` calls on constant weights whose input has one to 64 rows,
+siblings together, as one generated Triton kernel.
 
-A decode step multiplies one row (one token) by every weight matrix of the model: each product reads
-the whole matrix once, so it is bound by memory, and cuBLAS, tuned for matrices, leaves bandwidth
-unused on small ones. Here the one-row products that read the same input (the query, key and value
+A decode step multiplies one row (one token) per sequence by every weight matrix of the model: each
+product reads the whole matrix once, so it is bound by memory, and cuBLAS, tuned for matrices, leaves
+bandwidth unused on small ones. Here the products that read the same input (the query, key and value
 projections; the gate and up projections) become one kernel that reads the input once and writes
-each product to its own output, and a lone one-row product becomes a kernel of its own. The weights
-must be constants (or computed from them in setup: `permute(W, (1, 0))`), their rows contiguous
-along K, as a linear layer's are.
+each product to its own output, and a lone product becomes a kernel of its own. One row
+(batch 1) is a matrix-vector kernel (`codegen.triton.gemv`); 2 to 64 rows (batched decode, speculative
+verification, small prefill chunks) take tensor-core tiles that read each weight once for every row
+(`codegen.triton.few_rows`). The weights must be constants (or computed from them in setup:
+`permute(W, (1, 0))`), their rows contiguous along K, as a linear layer's are.
 
-Each kernel is a `FusedKernel` whose plan (`GemvPlan`) `codegen.triton.gemv` prints, bound like the
-fusion pass's kernels: a multi-kernel choice
+Each kernel is a `FusedKernel` whose plan (`GemvPlan`) those printers print, bound like the fusion
+pass's kernels: a multi-kernel choice
 between the Triton kernel and the `mm`/`addmm` calls it replaced, timed on the first call, so this
 pass never makes a product slower than cuBLAS. CUDA, static sizes, float16/bfloat16/float32 only.
 """
@@ -41,11 +43,12 @@ from opgen.runtime.registry import KernelRegistry
 PRODUCTS = ("aten.mm.default", "aten.addmm.default")
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_PRODUCTS = 8  # siblings in one kernel
+MAX_ROWS = 64  # input rows: more is a matrix product, cuBLAS's
 
 
 @dataclass(frozen=True, slots=True)
 class Product:
-    """One `out = x @ w (+ bias)` with x of one row: where it was and what it reads."""
+    """One `out = x @ w (+ bias)` with x of a few rows: where it was and what it reads."""
 
     index: int  # in the body
     line: KernelCall
@@ -74,7 +77,8 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
     dependent, read_by = registry.facts.dependent_launch, readers(program.body)
     for group in found:
         at = [p.index for p in group.products]
-        gate = gated([p.line for p in group.products], at, group.products[0].n, program.body, read_by)
+        elements = group.products[0].n * int(group.x_meta.shape[0])  # type: ignore[arg-type]  # static
+        gate = gated([p.line for p in group.products], at, elements, program.body, read_by)
         if gate is not None and not any(p.bias for p in group.products):
             placed.append((fused_kernel(group, next(locals_), gate, dependent), [*at, *gate.members], gate.at))
         else:
@@ -83,7 +87,7 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
 
 
 def find_siblings(program: Program) -> Iterator[Siblings]:
-    """Groups of one-row products over the same input, in body order; a write to memory ends them all
+    """Groups of few-row products over the same input, in body order; a write to memory ends them all
     (a product after it could read what the write changed)."""
     metas = meta_table(program)
     constant = {c.name for c in program.constants} | {v.name for line in program.setup for v in defs(line)}
@@ -122,14 +126,16 @@ def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constan
     xm, wm = metas.get(x), metas.get(w)
     if out is None or xm is None or wm is None or not all(m.is_static for m in (out, xm, wm)):
         return None
-    if not out.device.startswith("cuda") or xm.shape[0] != 1 or len(xm.shape) != 2 or len(wm.shape) != 2:
+    if not out.device.startswith("cuda") or len(xm.shape) != 2 or len(wm.shape) != 2:
         return None
-    k, n = wm.shape
-    if xm.shape[1] != k:
+    (m, k), n = xm.shape, wm.shape[1]
+    if not 1 <= m <= MAX_ROWS or wm.shape[0] != k:  # type: ignore[operator]
         return None
     if w not in constant or wm.stride[0] != 1 or out.dtype not in DTYPES or {xm.dtype, wm.dtype} != {out.dtype}:
         return None
-    if out.shape != (1, n) or out.stride[1] != 1 or xm.device != out.device or wm.device != out.device:
+    if out.shape != (m, n) or out.stride[1] != 1 or (m > 1 and out.stride[0] != n):
+        return None  # the kernels store rows of n, one after another
+    if xm.device != out.device or wm.device != out.device:
         return None
     if bias is not None:
         bm = metas.get(bias)
@@ -146,21 +152,23 @@ def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, depende
         products = (products[gate.gate], products[1 - gate.gate])
         group = replace(group, products=products)
     weights = tuple(GemvRows(p.n, p.row_stride, p.bias is not None) for p in products)
-    x_stride = int(group.x_meta.stride[1])  # type: ignore[arg-type]  # static: checked
-    plan = GemvPlan(group.k, x_stride, weights, gated=gate is not None, dependent=dependent)
+    rows, (row_stride, x_stride) = int(group.x_meta.shape[0]), group.x_meta.stride  # type: ignore[arg-type, misc]
+    plan = GemvPlan(group.k, int(x_stride), weights, gated=gate is not None, dependent=dependent, m=rows,
+                    x_row_stride=int(row_stride))  # type: ignore[arg-type]  # fmt: skip
+    kind, of = ("matrix-vector kernel", "one row") if rows == 1 else ("few-row kernel", f"{rows} rows")
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
     lines = [substitute_line(p.line, same_x) for p in products]
     if gate is None:
         outputs = tuple(p.line.outputs[0] for p in products)
         nodes = tuple(p.line.node for p in products)
-        rows = " + ".join(str(p.n) for p in products)
-        describe = f"matrix-vector kernel, {len(products)} product(s) of one row of {group.k}: {rows} rows"
+        widths = " + ".join(str(p.n) for p in products)
+        describe = f"{kind}, {len(products)} product(s) of {of} of {group.k}: {widths} rows"
     else:
         outputs = (gate.out,)
         lines += gate.lines
         nodes = tuple(line.node for line in lines)
-        describe = f"matrix-vector kernel, silu(gate) * up of one row of {group.k}: {products[0].n} rows"
+        describe = f"{kind}, silu(gate) * up of {of} of {group.k}: {products[0].n} rows"
     return FusedKernel.make(
         local,
         plan,

@@ -1,4 +1,4 @@
-"""Gated products: a gate/up pair of one-row products read only by `silu(gate) * up` (SwiGLU, the MLP
+"""Gated products: a gate/up pair of few-row products read only by `silu(gate) * up` (SwiGLU, the MLP
 of Llama-family models) becomes one matrix-vector kernel that computes both and writes the product.
 
 The `gemv` pass finds the pair as siblings over one input; here it checks what reads them: each
@@ -35,7 +35,7 @@ class Gated:
 def gated(
     products: Sequence[KernelCall], at: Sequence[int], n: int, body: Sequence[Line], read_by: dict[str, set[int]]
 ) -> Gated | None:
-    """The pair `products` (at body indices `at`, `n` rows each) as a gated product, or None;
+    """The pair `products` (at body indices `at`, `n` elements each) as a gated product, or None;
     `read_by` is `analysis.readers(body)`."""
     if len(products) != 2:
         return None
@@ -46,8 +46,8 @@ def gated(
         members, mul = found
         out = body[mul].outputs[0]  # type: ignore[union-attr]
         meta = out.meta if out is not None else None
-        if meta is None or math.prod(meta.shape) != n or (meta.shape and meta.stride[-1] != 1):
-            return None
+        if meta is None or math.prod(meta.shape) != n or not meta.is_contiguous():
+            return None  # the kernel writes its n elements one after another
         if any(writes_memory(body[i]) for i in range(min(at), mul)):
             return None  # the products would move after a write that may change their input
         lines = tuple(body[i] for i in (*members, mul))
