@@ -52,7 +52,8 @@ class CacheAttention(nn.Module):
         elif self.how == "repeat_interleave":  # gpt-fast's
             keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         row = self.causal[None, None, pos]
-        additive = torch.zeros(row.shape, dtype=q.dtype, device=q.device).masked_fill(~row, -1e4)
+        fill = torch.finfo(q.dtype).min if self.mask == "additive_min" else -1e4  # transformers' fill, or a mild one
+        additive = torch.zeros(row.shape, dtype=q.dtype, device=q.device).masked_fill(~row, fill)
         mask = row if self.mask == "bool" else additive
         extra = {"enable_gqa": True} if self.how == "gqa" else {}
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **extra)
@@ -111,8 +112,10 @@ def test_the_kernel_source_reads_like_a_flash_decoding_loop(monkeypatch: pytest.
     _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
     assert spec.name.startswith("attention_") and f"def {spec.name}(q, k, v, mask, out, BLOCK_S" in spec.source
     assert "g = h // 4" in spec.source and f"* {1 / math.sqrt(16)!r}" in spec.source
-    assert "for start in range(0, 40, BLOCK_S)" in spec.source and "tl.where(tl.load(mask" in spec.source
+    assert "for start in range(0, 40, BLOCK_S)" in spec.source and "masked = tl.load(mask" in spec.source
+    assert "tl.where(masked != 0, scores" in spec.source and "if SKIP:" in spec.source and "if live:" in spec.source
     assert {dict(meta)["BLOCK_S"] for meta, *_ in spec.configs} == {32, 64} and spec.configs[0][3] == (8,)
+    assert {dict(meta)["SKIP"] for meta, *_ in spec.configs} == {0, 1}  # skipping masked blocks is timed too
     assert "decode attention, 8 heads of one query over 40 keys (4 per key/value head" in spec.describe
 
 
@@ -204,9 +207,21 @@ def test_nothing_changes_on_the_cpu() -> None:
     assert plain.artifact.fused == ()  # type: ignore[attr-defined]
 
 
+def test_without_a_mask_nothing_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoMask(CacheAttention):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            self.k_cache[:, :, pos] = k
+            self.v_cache[:, :, pos] = v
+            return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, enable_gqa=True)
+
+    model = NoMask()
+    _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert "SKIP" not in spec.source and all(len(meta) == 1 for meta, *_ in spec.configs)
+
+
 @interpreter
 @pytest.mark.parametrize("how", ["repeat_kv", "none"])
-@pytest.mark.parametrize("mask", ["bool", "additive"])
+@pytest.mark.parametrize("mask", ["bool", "additive", "additive_min"])
 def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
                                                 how: str, mask: str) -> None:  # fmt: skip
     if ran_in_fresh_interpreter(request):
@@ -237,6 +252,30 @@ def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dty
                 example = inputs(model, pos, dtype, "cuda")
                 torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
         torch.testing.assert_close(model.v_cache, eager.v_cache)
+
+
+@cuda
+@pytest.mark.parametrize("mask", ["bool", "additive_min"])
+def test_every_config_on_the_gpu_matches_at_any_fill_of_the_cache(monkeypatch: pytest.MonkeyPatch, mask: str) -> None:
+    """Each config, with and without skipping masked blocks, launched on the GPU against the ATen calls, from
+    a cache with one position kept to a full one."""
+    from fusion_interp import InterpretedBinding
+
+    from opgen.runtime.execution import fused as fused_module
+
+    checks: list[str] = []
+    tolerance = {"atol": 1e-4, "rtol": 1e-4}
+    monkeypatch.setattr(
+        fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
+    )
+    model, eager = (CacheAttention(heads=32, kv_heads=8, length=600, dim=64, mask=mask).cuda() for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        compiled = opgen.compile(model, inputs(model, 0, device="cuda"), cache=False)
+        for pos in (0, 1, 255, 256, 599):
+            example = inputs(model, pos, device="cuda")
+            torch.testing.assert_close(compiled(*example), eager(*example), atol=1e-4, rtol=1e-4)
+    assert len([c for c in checks if c.startswith("attention_")]) == 5  # (the cache writes' kernel is checked too)
 
 
 @cuda
