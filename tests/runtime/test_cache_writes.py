@@ -10,6 +10,7 @@ for real, plain and in CUDA-graph mode.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,8 +19,11 @@ from torch import nn
 
 import opgen
 from opgen.runtime.execution import fused as fused_module
-from opgen.runtime.ir import FusedKernel
+from opgen.runtime.ir import FusedKernel, Input, KernelCall, Program, Ref, Return, TensorConstant, TensorMeta, Value
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
+from opgen.runtime.passes.sink_updates import is_update, sink_updates
+from opgen.runtime.pipeline import default_registry
+from opgen.runtime.registry import KernelRegistry
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 interpreter = pytest.mark.skipif(
@@ -92,10 +96,15 @@ def inputs(model: Cache, positions: list[int], device: str = "cpu") -> tuple[tor
 
 
 def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: tuple, interpret: bool = False,
-                   checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
-    """Compiled with the pass (as if on CUDA); kernels bound to their ATen side, or to the interpreter."""
+                   checks: list[str] | None = None, sink: bool = True) -> tuple[object, list[FusedKernel]]:  # fmt: skip
+    """Compiled with the pass, after `sink_updates` (as the default pipeline on CUDA runs them; `sink`
+    False: the pass alone), as if on CUDA; kernels bound to their ATen side, or to the interpreter."""
     checks = (checks if checks is not None else []) if interpret else None
-    return compile_with_pass(monkeypatch, model, example, "cache_writes", fuse_cache_writes, checks)
+
+    def run(program: Program, registry: KernelRegistry) -> Program:
+        return fuse_cache_writes(sink_updates(program, registry) if sink else program, registry)
+
+    return compile_with_pass(monkeypatch, model, example, "cache_writes", run, checks)
 
 
 def run_steps(
@@ -134,22 +143,65 @@ def test_a_layers_two_writes_are_one_kernel_and_the_aten_side_matches(
     run_steps(compiled, eager, model, [[p] for p in (0, 5, 23, 6)])
 
 
+@pytest.mark.parametrize("sink", [True, False])
 def test_a_counted_cache_computes_its_positions_and_sets_its_counters_in_one_kernel(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, sink: bool
 ) -> None:
+    """The counters' bumps (`add_(counter, n)`, one per layer) run last, as one kernel, once `sink_updates`
+    has moved them there; without it each stays where it was, an ATen call between the layer's lines."""
     model, eager = pair(CountedCache)
-    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [3]))
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [3]), sink=sink)
     describe = sorted(s.describe.split(":")[0] for s in specs)
     assert describe == [
         "cache write kernel, 2 copies into buffers",
+        *(["cache write kernel, 2 update(s) of buffers"] if sink else []),
         "cache write kernel, 2 write(s) at 1 position(s) of a sum",
         "cache write kernel, 2 write(s) at 1 position(s) of a sum",
     ], describe
     writes = next(s for s in specs if "sum" in s.describe)
     assert writes.lines[0].target == "aten.add.Tensor" and "p = tl.load(index0" in writes.source
     forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
-    assert forward.index(f"{writes.local}(") < forward.index("add_")  # the kernel reads the counter before it moves
+    if sink:
+        (bumps,) = (s for s in specs if "update" in s.describe)
+        assert "add_scalar_(" not in forward and forward.index(f"{bumps.local}(") > forward.rindex(f"{writes.local}(")
+        assert bumps.source.count("x = x + 1") == 2 and [v.name for v in bumps.writes] == ["b_counter0", "b_counter1"]
+        assert [line.kernel for line in bumps.lines] == ["add_scalar_", "add_scalar_"]  # the ATen side
+    else:
+        assert forward.index(f"{writes.local}(") < forward.index("add_")  # the kernel reads the counter before it moves
     run_steps(compiled, eager, model, [[p] for p in (0, 5, 23, 6)])
+
+
+def test_an_update_moves_last_only_where_nothing_after_it_touches_its_buffer() -> None:
+    """Hand-built IR: a bump of a buffer read later stays; one of a CPU buffer stays; the others move to
+    the end, in their order."""
+
+    def meta(device: str = "cuda:0") -> TensorMeta:
+        return TensorMeta((1,), (1,), "int64", device)
+
+    def bump(buffer: str, by: int | float = 1) -> KernelCall:
+        return KernelCall("add_scalar_", (Ref(buffer), by), (), (), f"bump_{buffer}", "aten.add.Tensor",
+                          mutates=(buffer,))  # fmt: skip
+
+    def read(buffer: str, out: str) -> KernelCall:
+        return KernelCall("clone", (Ref(buffer),), (), (Value(out, meta()),), f"read_{buffer}", "aten.clone.default")
+
+    buffers = ("a", "b", "c", "d")
+    constants = tuple(TensorConstant(n, n, meta("cpu" if n == "d" else "cuda:0"), mutable=True) for n in buffers)
+    body = (
+        bump("a"),
+        bump("b"),
+        read("b", "rb"),
+        bump("c", 2),
+        bump("d"),
+        read("x", "rx"),
+        Return((Ref("rb"), Ref("rx"))),
+    )
+    program = Program("forward", (Input("x", meta()),), constants, (), body)
+    moved = sink_updates(program, default_registry()).body
+    assert [getattr(line, "node", None) for line in moved] == ["bump_b", "read_b", "bump_d", "read_x", "bump_a",
+                                                                 "bump_c", None]  # fmt: skip
+    assert sink_updates(replace(program, body=moved), default_registry()).body == moved  # nothing left to move
+    assert not is_update(bump("a", True)) and not is_update(read("a", "r"))  # a bool is not a number
 
 
 def test_the_kernel_source_reads_like_the_write(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,6 +284,17 @@ def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dty
         run_steps(compiled, eager, model, [[p] for p in (0, 1, 150, 299, 7)], "cuda")
 
 
+@cuda
+def test_a_counted_cache_on_the_gpu_bumps_its_counters_last_in_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default pipeline on a GPU: the counters' bumps sunk to the end and run as one kernel, in graph mode."""
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    model, eager = (m.cuda() for m in pair(CountedCache, layers=3, length=64))
+    with torch.no_grad():
+        compiled = opgen.compile(model, inputs(model, [0], "cuda"), cuda_graphs=True, cache=False)
+    assert "3 update(s) of buffers" in str(compiled.report())
+    run_steps(compiled, eager, model, [[p] for p in (0, 1, 40, 63, 7)], "cuda")
+
+
 @interpreter
 def test_a_counted_caches_kernels_match_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
                                                             request: pytest.FixtureRequest) -> None:  # fmt: skip
@@ -241,7 +304,7 @@ def test_a_counted_caches_kernels_match_in_the_interpreter(monkeypatch: pytest.M
     checks: list[str] = []
     compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, [0]), interpret=True, checks=checks)
     run_steps(compiled, eager, model, [[0], [17], [39]])
-    assert len(specs) == 3 and len(checks) == 9
+    assert len(specs) == 4 and len(checks) == 12  # the copies, the two layers' writes, the counters' bumps
 
 
 @interpreter

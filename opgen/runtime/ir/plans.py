@@ -130,12 +130,14 @@ class AttentionPlan:
 @dataclass(frozen=True, slots=True)
 class RegionWrite:
     """One write of a cache-write kernel: `region` of the buffer `dst` (its shape, with the positions'
-    count along `dim`; `dim` None: a copy into the whole buffer), from values `values_stride` apart."""
+    count along `dim`; `dim` None: a copy into the whole buffer), from values `values_stride` apart,
+    plus a number where `plus` is one (an update of the buffer by a number: its values are itself)."""
 
     region: tuple[int, ...]
     dst: TensorMeta
     dim: int | None
     values_stride: tuple[int, ...]  # the values' strides over the region (0 where they broadcast)
+    plus: int | float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +152,12 @@ class CacheWritePlan:
 
     @property
     def what(self) -> str:
-        """ "2 write(s) at 1 position(s) of a sum", "16 copies into buffers"."""
+        """ "2 write(s) at 1 position(s) of a sum", "16 copies into buffers", "16 updates of buffers"."""
         n = len(self.writes)
         if self.positions is None:
-            return f"{n} cop{'y' if n == 1 else 'ies'} into buffers"
+            updates = sum(w.plus is not None for w in self.writes)
+            copies = [f"{n - updates} cop{'y' if n - updates == 1 else 'ies'} into buffers"] if n > updates else []
+            return ", ".join([*copies, *([f"{updates} update(s) of buffers"] if updates else [])])
         summed = " of a sum" if self.summed else ""
         return f"{n} write(s) at {self.length} position(s){summed}"
 

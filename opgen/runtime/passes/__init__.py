@@ -24,8 +24,10 @@ Triton kernel reading grouped heads in place (no repeat of the cache), reading a
 is; `grouped_attention` lets the other attention calls of grouped-query models read the key/value
 heads in place too (`enable_gqa`) where ATen's kernel for them can; `attention_masks` then
 converts the boolean masks other attention calls read to additive ones once, where ATen converted
-them in every call; `cache_writes` (CUDA, static sizes) runs the `index_put_` writes of a step's
-keys and values into a KV cache (which `reinplace` made) as one Triton kernel; `gemv` (CUDA, static
+them in every call; `sink_updates` (CUDA buffers) moves in-place updates of buffers by a number that
+nothing after them reads (a KV cache's position counters) to the end of the step, and `cache_writes`
+(CUDA, static sizes) runs the `index_put_` writes of a step's keys and values into a KV cache (which
+`reinplace` made) as one Triton kernel, and those updates as another; `gemv` (CUDA, static
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
 kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose
 readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves a permute or
@@ -73,6 +75,7 @@ from opgen.runtime.passes.pads import fold_pads
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.reinplace import reinplace
 from opgen.runtime.passes.shapes import fold_shapes
+from opgen.runtime.passes.sink_updates import sink_updates
 from opgen.runtime.passes.sizes import hoist_sizes
 from opgen.runtime.passes.views import drop_identity_views, hoist_views, sink_reshapes
 from opgen.runtime.registry import KernelRegistry
@@ -97,6 +100,7 @@ PASSES: dict[str, Pass] = {
     "decode_attention": fuse_decode_attention,
     "grouped_attention": read_grouped_heads,
     "attention_masks": additive_masks,
+    "sink_updates": sink_updates,
     "cache_writes": fuse_cache_writes,
     "gemv": fuse_gemv,
     "split_bias": split_bias,
@@ -131,6 +135,7 @@ DEFAULT_PIPELINE = (
     "decode_attention",
     "grouped_attention",
     "attention_masks",
+    "sink_updates",
     "cache_writes",
     "gemv",
     "split_bias",
@@ -150,7 +155,7 @@ DEFAULT_PIPELINE = (
 # The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
-    ("decode_attention", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "spatial_mean",
+    ("decode_attention", "sink_updates", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "spatial_mean",
      "dependent_launch")
 )  # fmt: skip
 

@@ -21,11 +21,11 @@ INT32_MAX = 2**31 - 1
 
 def kernel(plan: CacheWritePlan) -> tuple[str, str]:
     """(name, source): parameters the positions' terms (`index0`, and `index1` where the kernel adds
-    two), then each write's buffer and values (`dst0, values0, ...`)."""
+    two), then each write's buffer and values (`dst0, values0, ...`; an update's buffer alone)."""
     writes, terms = plan.writes, plan.positions or ()
     params = [
         *(f"index{t}" for t in range(len(terms))),
-        *(f"{p}{i}" for i in range(len(writes)) for p in ("dst", "values")),
+        *(f"{p}{i}" for i, w in enumerate(writes) for p in (("dst",) if w.plus is not None else ("dst", "values"))),
     ]
     body = [f"    # {plan.what}", "    pid = tl.program_id(0)"]
     start = ""
@@ -78,10 +78,11 @@ def _write_lines(write: RegionWrite, i: int, block: str, terms: tuple[int, ...])
             f"ok = ok & (p >= 0) & (p < {size})",
         ]
         target[write.dim] = "p"
-    lines += [
-        f"x = tl.load(values{i} + {_offset(coords, write.values_stride)}, mask=ok)",
-        f"tl.store(dst{i} + {_offset(target, dst.stride)}, x.to(dst{i}.dtype.element_ty), mask=ok)",
-    ]
+    source = "values" if write.plus is None else "dst"  # an update reads the buffer it writes
+    lines.append(f"x = tl.load({source}{i} + {_offset(coords, write.values_stride)}, mask=ok)")
+    if write.plus is not None:
+        lines.append(f"x = x + {write.plus!r}")
+    lines.append(f"tl.store(dst{i} + {_offset(target, dst.stride)}, x.to(dst{i}.dtype.element_ty), mask=ok)")
     return lines
 
 

@@ -9,7 +9,10 @@ writes through one index tensor (the key and the value write of a layer, with at
 calls that touch neither buffer between them) becomes one kernel: one program per block of each
 write's elements loads the positions, wraps negative ones as ATen does, and stores the values into
 the buffers where they are. A run of `copy_` calls into buffers (HF's cache sets each layer's
-position counter from `cache_position` at the top of the step) becomes one kernel the same way.
+position counter from `cache_position` at the top of the step) becomes one kernel the same way, as
+does a run of two or more updates of buffers by a number (`add_(counter, 1)`: HF's cache bumps each
+counter after its layer's write; `sink_updates` has moved the bumps to the end of the step, one after
+another).
 
 Where the positions are computed just before by an `add` of two integer tensors that nothing else
 reads (HF's cache: `arange(n) + counter`), the kernel computes the sum itself, and takes the add's
@@ -44,6 +47,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.passes.analysis import Groups, alias_groups, defined_at, fresh_namer, readers, writes_memory
 from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.sink_updates import is_update
 from opgen.runtime.registry import KernelRegistry
 
 INDEX_PUT, COPY, ADD = "index_put_", "copy_", "aten.add.Tensor"
@@ -66,6 +70,7 @@ class Write:
     values_meta: TensorMeta
     region: tuple[int, ...]  # what is written: dst's shape, with the index's length along dim
     values_stride: tuple[int, ...]  # the values' strides over the region (0 where they broadcast)
+    plus: int | float | None = None  # an update `add_(dst, plus)`: the values are dst itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,7 @@ class Writes:
     @property
     def plan(self) -> CacheWritePlan:
         """What the kernel computes: each write's region, and the strides of the positions' terms."""
-        writes = tuple(RegionWrite(w.region, w.dst_meta, w.dim, w.values_stride) for w in self.writes)
+        writes = tuple(RegionWrite(w.region, w.dst_meta, w.dim, w.values_stride, w.plus) for w in self.writes)
         if self.positions is None:
             return CacheWritePlan(writes, None)
         strides = tuple(stride for _, _, stride in self.positions.terms)
@@ -101,7 +106,8 @@ class Writes:
 
 
 def fuse_cache_writes(program: Program, registry: KernelRegistry) -> Program:
-    found = list(find_writes(program, registry))
+    # A lone update stays ATen's: a kernel of its own would save no launch.
+    found = [run for run in find_writes(program, registry) if len(run.writes) > 1 or run.writes[0].plus is None]
     if not found:
         return program
     locals_ = fresh_namer(program, "cache_write")
@@ -209,8 +215,11 @@ def _write(at: int, line: KernelCall, metas: dict[str, TensorMeta]) -> tuple[str
     dst = line.args[0].name
     if line.mutates != (dst,):
         return None
+    plus = None
     if line.kernel == COPY and 2 <= len(line.args) <= 3 and not line.kwargs and isinstance(line.args[1], Ref):
         index, dim, values = None, None, line.args[1].name
+    elif is_update(line):  # `add_(dst, number)`: a copy of dst plus the number into itself
+        index, dim, values, plus = None, None, dst, line.args[1]
     elif line.kernel == INDEX_PUT and 3 <= len(line.args) <= 4:
         _, indices, value, *accumulate = line.args
         if accumulate not in ([], [False]) or dict(line.kwargs).get("accumulate", False) is not False:
@@ -230,6 +239,8 @@ def _write(at: int, line: KernelCall, metas: dict[str, TensorMeta]) -> tuple[str
         return None
     if vm.dtype != dm.dtype and not (index is None and {vm.dtype, dm.dtype} <= set(FLOATS)):
         return None
+    if isinstance(plus, float) and dm.dtype not in FLOATS:
+        return None  # an integer buffer plus a float: ATen's promotion rules, not a cast of the sum
     if dim is None:
         region = tuple(dm.shape)
     elif dim >= len(dm.shape) or im.dtype not in INDEX_DTYPES or len(im.shape) != 1:
@@ -239,7 +250,7 @@ def _write(at: int, line: KernelCall, metas: dict[str, TensorMeta]) -> tuple[str
     stride = _broadcast(vm, region)  # type: ignore[arg-type]
     if stride is None:
         return None
-    return index, Write(at, line, dst, values, dim, dm, vm, region, stride)  # type: ignore[arg-type]
+    return index, Write(at, line, dst, values, dim, dm, vm, region, stride, plus)  # type: ignore[arg-type]
 
 
 def _broadcast(values: TensorMeta, region: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -264,8 +275,10 @@ def _broadcast(values: TensorMeta, region: tuple[int, ...]) -> tuple[int, ...] |
 def fused_kernel(run: Writes, local: str, body: Sequence[Line]) -> FusedKernel:
     writes, plan = run.writes, run.plan
     terms = run.positions.terms if run.positions is not None else ()
-    inputs = (*(t[0] for t in terms), *(n for w in writes for n in (w.dst, w.values)))
-    dtypes = (*(t[1].dtype for t in terms), *(m.dtype for w in writes for m in (w.dst_meta, w.values_meta)))
+    pairs = [((w.dst, w.dst_meta),) if w.plus is not None else ((w.dst, w.dst_meta), (w.values, w.values_meta))
+             for w in writes]  # an update reads the buffer it writes: one parameter  # fmt: skip
+    inputs = (*(t[0] for t in terms), *(name for pair in pairs for name, _ in pair))
+    dtypes = (*(t[1].dtype for t in terms), *(meta.dtype for pair in pairs for _, meta in pair))
     shapes = ", ".join("x".join(map(str, w.region)) for w in writes)
     lines = [body[i] for i in run.members]
     return FusedKernel.make(
