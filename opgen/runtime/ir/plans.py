@@ -4,10 +4,11 @@ prints into the kernel's source (a `FusedKernel`'s `plan`).
 - `FusedGroup` (`passes.fusion.groups`): pointwise nodes and the row reductions that end or join them,
   as `Step`s over `Tensor`s; an output may be stored through data movements (`Placement`).
 - `GemvPlan` (`passes.fusion.gemv`): matrix products of a few rows (one to 64) over one input, or a gated
-  pair.
+  pair; one row may be computed first by a row group (`passes.fusion.gemv_prologue`).
 - `AttentionPlan` (`passes.fusion.attention`): one query row attending over a key/value cache.
 - `CacheWritePlan` (`passes.fusion.cache_writes`): writes into buffers at positions, or copies.
 - `SpatialMeanPlan` (`passes.fusion.spatial_mean`): a mean over H and W of a channels-last tensor.
+- `HorizontalPlan` (`passes.fusion.horizontal`): independent pointwise groups in one launch.
 
 A plan holds sizes, strides and dtypes, never where its nodes were in the body: the pass keeps that.
 """
@@ -108,6 +109,8 @@ class GemvPlan:
     dependent: bool = False  # its first weights are read before it waits for the kernel before it
     m: int = 1  # input rows: one is a matrix-vector kernel (`codegen.triton.gemv`), more tensor-core tiles
     x_row_stride: int = 0
+    prologue: FusedGroup | None = None  # a row group of one row whose output `prologue_x` is the input row,
+    prologue_x: int = 0  # computed by the kernel first (`passes.fusion.gemv_prologue`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,4 +173,11 @@ class SpatialMeanPlan:
     out: TensorMeta
 
 
-KernelPlan = Union[FusedGroup, GemvPlan, AttentionPlan, CacheWritePlan, SpatialMeanPlan]  # noqa: UP007
+@dataclass(frozen=True, slots=True)
+class HorizontalPlan:
+    """Independent pointwise groups run by one launch, their blocks one group after another."""
+
+    parts: tuple[FusedGroup, ...]
+
+
+KernelPlan = Union[FusedGroup, GemvPlan, AttentionPlan, CacheWritePlan, SpatialMeanPlan, HorizontalPlan]  # noqa: UP007

@@ -33,7 +33,10 @@ kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and conv
 readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves a permute or
 reshape above the pointwise node it reads, so that the nodes on both sides share one iteration
 space, and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels
-once the graph is simplified, before memo and memory planning see the calls; `dependent_launch`
+once the graph is simplified, before memo and memory planning see the calls; `gemv_prologue` (CUDA)
+makes a row kernel of one row (a norm) the first step of the matrix-vector kernel that alone reads its
+output; `horizontal` (CUDA) runs neighbouring pointwise kernels that read nothing of each other in
+one launch; `dependent_launch`
 then lets each generated kernel start while the one before it finishes (Hopper and newer). The passes
 that make Triton kernels only decide: each kernel is a `FusedKernel` holding its plan
 (`opgen.runtime.ir.plans`), whose source `opgen.runtime.codegen.triton` prints after the last pass;
@@ -61,6 +64,8 @@ from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
+from opgen.runtime.passes.fusion.gemv_prologue import fuse_gemv_prologue
+from opgen.runtime.passes.fusion.horizontal import fuse_horizontal
 from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.fusion.spatial_mean import spatial_means
@@ -107,6 +112,8 @@ PASSES: dict[str, Pass] = {
     "lift_views": lift_views,
     "fusion": fuse,
     "spatial_mean": spatial_means,
+    "gemv_prologue": fuse_gemv_prologue,
+    "horizontal": fuse_horizontal,
     "dependent_launch": launch_dependently,
     "memory": plan_memory,
     "hoist_views": hoist_views,
@@ -142,6 +149,8 @@ DEFAULT_PIPELINE = (
     "lift_views",
     "fusion",
     "spatial_mean",
+    "gemv_prologue",
+    "horizontal",
     "dependent_launch",
     "memo",
     "memory",
@@ -156,7 +165,7 @@ DEFAULT_PIPELINE = (
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
     ("decode_attention", "sink_updates", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "spatial_mean",
-     "dependent_launch")
+     "gemv_prologue", "horizontal", "dependent_launch")
 )  # fmt: skip
 
 

@@ -102,23 +102,26 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     return jit_module("gemv", params, META, body, dependent_helper(_GATED if plan.gated else _ROWS, plan.dependent))
 
 
-def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int],
-                tail: list[int]) -> tuple[str, list[str]]:  # fmt: skip
+def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int], tail: list[int],
+                x: tuple[str, ...] = ("x",), x_outputs: tuple[str, ...] = ()) -> tuple[str, list[str]]:  # fmt: skip
     """(body, parameters) of a product kernel: each program calls `helper` (`_gated` for a gated pair) for
     its block of its product's rows, the products' blocks one after another. A helper's arguments:
-    x, w, bias, out, block, *lead, N, K, *x_strides, the weight's row stride, HAS_BIAS, *tail, BLOCK_N,
-    BLOCK_K (a gated pair's: x, the gate's and up's weights, out, block, *lead, N, K, *x_strides, both
-    row strides, *tail, BLOCK_N, BLOCK_K)."""
+    *x, *x_outputs, w, bias, out, block, *lead, N, K, *x_strides, the weight's row stride, HAS_BIAS,
+    *tail, BLOCK_N, BLOCK_K (a gated pair's: *x, *x_outputs, the gate's and up's weights, out, block,
+    *lead, N, K, *x_strides, both row strides, *tail, BLOCK_N, BLOCK_K). `x`: the input's parameters
+    (a prologue's inputs: `codegen.triton.gemv_prologue`), `x_outputs`: outputs before the products'."""
     products = plan.products
+    inputs = [*x, *x_outputs]
     if plan.gated:
         gate, up = products
-        args = ["x", "w0", "w1", "out0", "pid", *lead, gate.n, plan.k, *x_strides, gate.row_stride, up.row_stride]
-        args += [*tail, "BLOCK_N", "BLOCK_K"]
+        args = [*inputs, "w0", "w1", "out0", "pid", *lead, gate.n, plan.k, *x_strides, gate.row_stride]
+        args += [up.row_stride, *tail, "BLOCK_N", "BLOCK_K"]
         body = [f"    # silu(gate) * up of {of}: {gate.n} rows", "    pid = tl.program_id(0)"]
         body.append(f"    _gated({', '.join(map(str, args))})")
-        return "\n".join(body), ["x", "w0", "w1", "out0"]
+        return "\n".join(body), [*x, "w0", "w1", *x_outputs, "out0"]
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
-    params = ["x", *(f"w{i}" for i in range(len(products))), *biases, *(f"out{i}" for i in range(len(products)))]
+    outs = [*x_outputs, *(f"out{i}" for i in range(len(products)))]
+    params = [*x, *(f"w{i}" for i in range(len(products))), *biases, *outs]
     rows = " + ".join(str(p.n) for p in products)
     body = [f"    # {len(products)} product(s) of {of}: {rows} rows", "    pid = tl.program_id(0)"]
     start = ""
@@ -128,7 +131,7 @@ def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides
         end = f"{start} + {blocks}" if start else blocks
         block = f"pid - ({start})" if start else "pid"
         bias = f"b{i}" if product.bias else f"out{i}"
-        args = ["x", f"w{i}", bias, f"out{i}", block, *lead, product.n, plan.k, *x_strides]
+        args = [*inputs, f"w{i}", bias, f"out{i}", block, *lead, product.n, plan.k, *x_strides]
         args += [product.row_stride, product.bias, *tail, "BLOCK_N", "BLOCK_K"]
         calls.append((end, f"{helper}({', '.join(map(str, args))})"))
         start = end

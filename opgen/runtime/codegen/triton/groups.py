@@ -41,14 +41,14 @@ def kernel(group: FusedGroup) -> Kernel:
     kernel `fused_<hash of the body>`), so groups that compute the same thing on the same sizes, as a
     model's layers do, share one source: one compile and one tuning. The report names the nodes."""
     group = in_memory_order(group)
-    body = _Body(group)
+    body = GroupBody(group)
     for step in group.steps:
         body.step(step)
     for out in group.outputs:
         body.store(out)
     meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
     text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in (*_prologue(group), *body.lines))])
-    name, source = jit_module("fused", _params(group), meta, text)
+    name, source = jit_module("fused", group_params(group), meta, text)
     return Kernel(name, source, _configs(group))
 
 
@@ -56,7 +56,7 @@ def _names(group: FusedGroup) -> list[str]:
     return [t.name for t in (*group.inputs, *group.outputs)]
 
 
-def _params(group: FusedGroup) -> list[str]:
+def group_params(group: FusedGroup) -> list[str]:
     """The kernel's parameters: `in0..` for the inputs, `out0..` for the outputs (no graph names)."""
     return [f"in{i}" for i in range(len(group.inputs))] + [f"out{i}" for i in range(len(group.outputs))]
 
@@ -88,7 +88,7 @@ class _Space:
 
 
 @dataclass
-class _Body:
+class GroupBody:
     group: FusedGroup
     lines: list[str] = field(default_factory=list)
     values: dict[str, Operand] = field(default_factory=dict)  # graph value -> its Operand in `space`
@@ -102,7 +102,7 @@ class _Body:
         tensors = [*self.group.inputs, *(t for s in steps for t in s.outputs if t is not None)]
         self.space = _Space(self.group.shape)
         self.tensors = {t.name: t for t in tensors}
-        self.params = dict(zip(_names(self.group), _params(self.group), strict=True))
+        self.params = dict(zip(_names(self.group), group_params(self.group), strict=True))
 
     @contextmanager
     def within(self, space: _Space) -> Iterator[None]:
@@ -176,18 +176,19 @@ class _Body:
 
     def store(self, tensor: Tensor) -> None:
         if tensor.placement is not None:  # the group's value, where a chain of data movements puts it
-            value = self.values[tensor.placement.source]
             address, where = placed_address(_start(self.group), tensor.placement, tensor.meta), "mask"
         else:
-            value = self.values[tensor.name]
             address, where = _address(self.group, tensor, output=True)
+        mask = f", mask={where}" if where else ""
+        self.lines.append(f"tl.store({self.params[tensor.name]} + {address}, {self.stored(tensor)}{mask})")
+
+    def stored(self, tensor: Tensor) -> str:
+        """The output's value as it is stored: in its dtype."""
+        value = self.values[tensor.placement.source if tensor.placement is not None else tensor.name]
         dtype = tensor.meta.dtype
         if dtype in ("float16", "bfloat16"):
-            stored = f"{value.text}.to({TL[dtype]})"
-        else:
-            stored = cast(value, dtype) if value.ctype != dtype else value.text
-        mask = f", mask={where}" if where else ""
-        self.lines.append(f"tl.store({self.params[tensor.name]} + {address}, {stored}{mask})")
+            return f"{value.text}.to({TL[dtype]})"
+        return cast(value, dtype) if value.ctype != dtype else value.text
 
 
 def _address(group: FusedGroup, tensor: Tensor, output: bool = False, space: _Space | None = None) -> tuple[str, str]:
@@ -245,7 +246,7 @@ def _linear(shape: tuple[int, ...], strides: list[int], index: str) -> str:
     return " + ".join(terms)
 
 
-def _cat(body: _Body, step: Step) -> Operand:
+def _cat(body: GroupBody, step: Step) -> Operand:
     """The concatenation at the current index: each operand evaluated in its own range of the joined
     dimension (its index shifted into the operand, its loads masked to the range), then selected."""
     if body.group.kind != "pointwise" or body.space.index != "offs":
@@ -298,7 +299,7 @@ def _full(x: Operand, identity: str) -> str:
     return f"tl.where(mask, {x.text}, {identity})"
 
 
-def _softmax(body: _Body, values: Mapping[str, Any], step: Step, log: bool = False) -> list[Operand]:
+def _softmax(body: GroupBody, values: Mapping[str, Any], step: Step, log: bool = False) -> list[Operand]:
     x = values["self"]
     ctype = compute_type(next(t for t in step.outputs if t is not None).meta.dtype)
     x = Operand(cast(x, ctype), ctype)
@@ -312,7 +313,7 @@ def _softmax(body: _Body, values: Mapping[str, Any], step: Step, log: bool = Fal
     return [body.let(f"{e.text} / {s.text}", ctype)]
 
 
-def _layer_norm(body: _Body, values: Mapping[str, Any], step: Step) -> list[Operand]:
+def _layer_norm(body: GroupBody, values: Mapping[str, Any], step: Step) -> list[Operand]:
     n = body.group.shape[-1]
     x = values["input"]
     x = Operand(cast(x, "float32"), "float32") if x.ctype != "float64" else x
@@ -330,7 +331,7 @@ def _layer_norm(body: _Body, values: Mapping[str, Any], step: Step) -> list[Oper
 
 
 def _reduce(kind: str) -> Any:
-    def emit(body: _Body, values: Mapping[str, Any], step: Step) -> list[Operand]:
+    def emit(body: GroupBody, values: Mapping[str, Any], step: Step) -> list[Operand]:
         out = next(t for t in step.outputs if t is not None)
         ctype = compute_type(out.meta.dtype)
         x = Operand(cast(values["self"], ctype), ctype)

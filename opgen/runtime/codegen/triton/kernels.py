@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from opgen.runtime.codegen.triton import attention, cache_writes, few_rows, gemv, groups, spatial_mean
+from opgen.runtime.codegen.triton import (
+    attention,
+    cache_writes,
+    few_rows,
+    gemv,
+    gemv_prologue,
+    groups,
+    horizontal,
+    spatial_mean,
+)
 from opgen.runtime.codegen.triton.dependent_launch import waiting
 from opgen.runtime.codegen.triton.module import Kernel
 from opgen.runtime.ir import (
@@ -20,6 +29,7 @@ from opgen.runtime.ir import (
     FusedGroup,
     FusedKernel,
     GemvPlan,
+    HorizontalPlan,
     KernelCall,
     KernelPlan,
     Line,
@@ -62,8 +72,10 @@ def write(plan: KernelPlan) -> Kernel:
     match plan:
         case FusedGroup():
             return groups.kernel(plan)
-        case GemvPlan(m=1):
+        case GemvPlan(m=1, prologue=None):
             return Kernel(*gemv.kernel(plan), gemv.configs(plan))
+        case GemvPlan(m=1):
+            return Kernel(*gemv_prologue.kernel(plan), gemv_prologue.configs(plan))
         case GemvPlan():
             return Kernel(*few_rows.kernel(plan), few_rows.configs(plan))
         case AttentionPlan():
@@ -72,5 +84,7 @@ def write(plan: KernelPlan) -> Kernel:
             return Kernel(*cache_writes.kernel(plan), cache_writes.configs(plan))
         case SpatialMeanPlan():
             return Kernel(*spatial_mean.kernel(plan), spatial_mean.configs(plan))
+        case HorizontalPlan():
+            return horizontal.kernel(plan)
         case _:
             assert_never(plan)

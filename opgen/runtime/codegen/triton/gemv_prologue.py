@@ -1,0 +1,94 @@
+"""The Triton source of a matrix-vector kernel that computes its input row first: a one-row `GemvPlan`
+with a `prologue` (`opgen.runtime.passes.fusion.gemv_prologue`).
+
+The input row is the output of a row group of one row (a norm, with the residual add before it): each
+program reads its whole tile of weights (one step of K: BLOCK_K covers the row), then computes the row
+itself (`group_parts.row_prologue`: the group's inputs, a few KB, read from cache) and multiplies. The first
+program also stores the group's other outputs (the residual sum the next layer reads). Where kernels
+launch dependently, the tile is read before the wait for the kernel before, as in `codegen.triton.gemv`:
+the weights stream in while that kernel finishes. Laid out and named as the plain kernel is (one
+launch for every sibling; names shared by a model's layers).
+"""
+
+from __future__ import annotations
+
+import math
+
+from opgen.runtime.codegen.triton.gemv import META, dependent_helper, grid_blocks, kernel_body
+from opgen.runtime.codegen.triton.group_parts import row_prologue
+from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.ir import Config, GemvPlan
+
+TILE_ELEMENTS = 16384  # BLOCK_N * BLOCK_K at most: the tile lives in registers, converted to float32
+ROWS = (2, 4, 8, 16)  # BLOCK_N candidates, where the tile fits
+
+# {x}: the prologue's parameters. `xs` is zero past K (the tile is too: their products add nothing).
+_ROWS = """@triton.jit
+def _rows({x}, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SW: tl.constexpr, HAS_BIAS: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    \"\"\"out[rows] = w[rows, :] @ x (+ bias[rows]), x the prologue's row.\"\"\"
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    col_ok = cols < K
+{signal}    tile = tl.load(w + rows[:, None] * SW + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0,
+                   eviction_policy="evict_first")
+{wait}    xs = tl.where(col_ok, tl.reshape(_prologue({x}, tl.program_id(0) == 0, BLOCK_K), (BLOCK_K,)), 0.0)
+    y = tl.sum(tile.to(tl.float32) * xs[None, :], axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
+"""
+
+_GATED = """@triton.jit
+def _gated({x}, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SG: tl.constexpr, SU: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    \"\"\"out[rows] = silu(wg[rows, :] @ x) * (wu[rows, :] @ x), x the prologue's row, each product and the
+    silu rounded to out's dtype as the separate calls store them.\"\"\"
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    col_ok = cols < K
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+{signal}    g = tl.load(wg + rows[:, None] * SG + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
+    u = tl.load(wu + rows[:, None] * SU + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
+{wait}    xs = tl.where(col_ok, tl.reshape(_prologue({x}, tl.program_id(0) == 0, BLOCK_K), (BLOCK_K,)), 0.0)
+    dtype = out.dtype.element_ty
+    g = tl.sum(g.to(tl.float32) * xs[None, :], axis=1).to(dtype).to(tl.float32)
+    u = tl.sum(u.to(tl.float32) * xs[None, :], axis=1).to(dtype).to(tl.float32)
+    s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+    tl.store(out + rows, (s * u).to(dtype), mask=row_ok)
+"""
+
+
+def kernel(plan: GemvPlan) -> tuple[str, str]:
+    """(name, source). Parameters: the prologue's inputs (`p_in0..`), the weights, the biases, the
+    prologue's other outputs (`p_out<i>`), the products' outputs (`out0..`)."""
+    assert plan.prologue is not None and plan.m == 1
+    prologue, params = row_prologue(plan.prologue, plan.prologue_x)
+    inputs = tuple(f"p_{p}" for p in params if p.startswith("in"))
+    outputs = tuple(f"p_{p}" for p in params if p.startswith("out"))
+    of = f"one row of {plan.k}, computed first ({plan.prologue.describe()})"
+    body, kernel_params = kernel_body(plan, of, "_rows", [], [], [], x=inputs, x_outputs=outputs)
+    helper = dependent_helper((_GATED if plan.gated else _ROWS).replace("{x}", ", ".join(params)), plan.dependent)
+    return jit_module("gemv", kernel_params, META, body, f"{prologue}\n\n{helper}")
+
+
+def block_k(plan: GemvPlan) -> int:
+    """The whole row in one step: K rounded up to a power of two (at least 16)."""
+    return 1 << max(4, math.ceil(math.log2(plan.k)))
+
+
+def configs(plan: GemvPlan) -> tuple[Config, ...]:
+    """Per BLOCK_N whose tile fits (`TILE_ELEMENTS`; a gated pair holds two), warps by its size; the grid
+    covers every product's rows (a gated pair's once)."""
+    k = block_k(plan)
+    tiles = 2 if plan.gated else 1
+    found: list[Config] = []
+    for block_n in ROWS:
+        elements = tiles * block_n * k
+        if elements > TILE_ELEMENTS and block_n > ROWS[0]:
+            continue
+        warps = 4 if elements <= 8192 else 8
+        found.append(((("BLOCK_N", block_n), ("BLOCK_K", k)), warps, 1, grid_blocks(plan, block_n)))
+    return tuple(found)

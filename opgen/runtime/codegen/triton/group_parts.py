@@ -1,0 +1,65 @@
+"""A fusion group's code as a function that another kernel calls: the printers of kernels that take
+groups in (`codegen.triton.gemv_prologue`: a norm computed first; `codegen.triton.horizontal`: several
+groups in one launch). The code is the group's own kernel's (`codegen.triton.groups`), its start
+(which row, which block) given by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+
+from opgen.runtime.codegen.triton.groups import GroupBody, group_params
+from opgen.runtime.codegen.triton.order import in_memory_order
+from opgen.runtime.ir import FusedGroup
+
+
+def row_prologue(group: FusedGroup, returned: int) -> tuple[str, list[str]]:
+    """(source, tensor parameters) of `@triton.jit def _prologue(<parameters>, STORE, BLOCK_N)`: a row
+    group of one row computed whole in registers, for a kernel that starts with it
+    (`codegen.triton.gemv_prologue`). It stores the group's outputs but output `returned` where STORE
+    holds (one program of the calling kernel), and returns that one as it would be stored, in float32:
+    a [1, BLOCK_N] tensor (BLOCK_N at least the row's length). Parameters: `in0..` for the inputs,
+    `out<i>` for each output but `returned` (numbered as in the group's own kernel)."""
+    assert group.kind == "row" and math.prod(group.shape[:-1]) == 1, group.describe()
+    body = GroupBody(group)
+    for step in group.steps:
+        body.step(step)
+    computed = len(body.lines)
+    for i, out in enumerate(group.outputs):
+        if i != returned:
+            body.store(out)
+    stores = [f"    {line}" for line in body.lines[computed:]]
+    value = body.stored(group.outputs[returned])
+    params = [p for i, p in enumerate(group_params(group)) if i != len(group.inputs) + returned]
+    one_row = ["rows = tl.arange(0, 1)[:, None]", "cols = tl.arange(0, BLOCK_N)[None, :]", "rmask = rows < 1",
+               f"cmask = cols < {group.shape[-1]}", "mask = rmask & cmask"]  # fmt: skip
+    lines = [
+        "@triton.jit",
+        f"def _prologue({', '.join(params)}, STORE, BLOCK_N: tl.constexpr):",
+        f'    """{group.describe()}: its one row, whole; the outputs stored where STORE holds."""',
+        *(f"    {line}" for line in (*one_row, *body.lines[:computed])),
+        *(["    if STORE:", *(f"    {line}" for line in stores)] if stores else []),
+        f"    return ({value}).to(tl.float32)",
+    ]
+    return "\n".join(lines) + "\n", params
+
+
+def pointwise_part(group: FusedGroup, name: str) -> str:
+    """Source of `@triton.jit def <name>(in0.., out0.., pid, BLOCK)`: the pointwise group's kernel as a
+    function of its block number, for a kernel that launches several groups at once
+    (`codegen.triton.horizontal`). Parameters as the group's own kernel's (`group_params`)."""
+    assert group.kind == "pointwise", group.describe()
+    group = in_memory_order(group)
+    body = GroupBody(group)
+    for step in group.steps:
+        body.step(step)
+    for out in group.outputs:
+        body.store(out)
+    start = ["offs = pid * BLOCK + tl.arange(0, BLOCK)", f"mask = offs < {math.prod(group.shape)}"]
+    lines = [
+        "@triton.jit",
+        f"def {name}({', '.join(group_params(group))}, pid, BLOCK: tl.constexpr):",
+        f'    """{group.describe()}"""',
+        *(f"    {line}" for line in (*start, *body.lines)),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,59 @@
+"""The Triton source of one launch for several independent pointwise groups (a `HorizontalPlan` of
+`opgen.runtime.passes.fusion.horizontal`).
+
+Each group is its own kernel's code as a function of its block number (`group_parts.pointwise_part`);
+programs are laid out group after group (the first group's blocks, then the second's, ...), all with
+one BLOCK. The kernel's parameters are the groups' inputs, each once (two groups reading one tensor
+share its parameter), then their outputs; names of graph values never appear, so a model's layers
+share one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from opgen.runtime.codegen.triton.group_parts import pointwise_part
+from opgen.runtime.codegen.triton.module import Kernel, jit_module
+from opgen.runtime.ir import Config, HorizontalPlan
+
+BLOCKS = ((256, 2), (1024, 4))  # (elements per program, warps): the first call's timing picks
+
+
+def inputs(plan: HorizontalPlan) -> list[str]:
+    """The graph values the kernel reads, each once, in the order the groups first read them."""
+    return list(dict.fromkeys(t.name for g in plan.parts for t in g.inputs))
+
+
+def kernel(plan: HorizontalPlan) -> Kernel:
+    reads = inputs(plan)
+    outputs = [t.name for g in plan.parts for t in g.outputs]
+    params = [*(f"in{i}" for i in range(len(reads))), *(f"out{i}" for i in range(len(outputs)))]
+    helpers, calls, start = [], [], ""
+    for i, group in enumerate(plan.parts):
+        helpers.append(pointwise_part(group, f"_part{i}"))
+        args = [f"in{reads.index(t.name)}" for t in group.inputs]
+        args += [f"out{outputs.index(t.name)}" for t in group.outputs]
+        blocks = f"({math.prod(group.shape)} + BLOCK - 1) // BLOCK"
+        end = f"{start} + {blocks}" if start else blocks
+        block = f"pid - ({start})" if start else "pid"
+        calls.append((end, f"_part{i}({', '.join([*args, block, 'BLOCK'])})"))
+        start = end
+    body = [f"    # one launch, {len(plan.parts)} groups: " + "; ".join(g.describe() for g in plan.parts)]
+    body.append("    pid = tl.program_id(0)")
+    for i, (end, call) in enumerate(calls):
+        test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
+        body += [f"    {test}", f"        {call}"]
+    name, source = jit_module("fused", params, "BLOCK: tl.constexpr", "\n".join(body), "\n\n".join(helpers))
+    return Kernel(name, source, configs(plan))
+
+
+def configs(plan: HorizontalPlan) -> tuple[Config, ...]:
+    largest = max(math.prod(g.shape) for g in plan.parts)
+    found: list[Config] = []
+    for block, warps in BLOCKS:
+        block = min(block, max(128, 1 << math.ceil(math.log2(largest))))
+        grid = (sum(-(-math.prod(g.shape) // block) for g in plan.parts),)
+        config: Config = ((("BLOCK", block),), warps, 1, grid)
+        if config not in found:
+            found.append(config)
+    return tuple(found)

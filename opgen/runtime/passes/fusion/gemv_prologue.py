@@ -1,0 +1,128 @@
+"""Norms as the prologue of the products that read them: a row kernel of one row whose output only a
+matrix-vector kernel reads becomes that kernel's first step.
+
+A decoder layer normalizes its residual stream (RMSNorm or LayerNorm, the residual add before it) and
+multiplies the result by the query/key/value weights, and again by the gate/up weights: at batch 1 the
+`fusion` pass makes the add and the norm one row kernel of one row, and the `gemv` pass the products
+one kernel, two launches that follow each other twice a layer. Here the matrix-vector kernel takes
+the row kernel in: each of its programs computes the row itself (the group's inputs are a few KB, read
+from cache) once it has read its weights, and the first program stores the group's other outputs
+(the residual sum). The norm's launch, and the trip of its output through memory, are gone.
+
+It applies where the row group (any, not only norms: `FusedGroup` of kind "row" with one row of K
+elements, K at most `MAX_K`) has an output that only views read, ending at the input of a one-row
+matrix-vector kernel without a prologue, reading it contiguously; and where the lines between the two
+write no memory and read none of the group's outputs (the merged kernel runs where the products did).
+The merged kernel is one multi-kernel choice against all the ATen calls the two replaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from opgen.runtime.ir import FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref, uses
+from opgen.runtime.passes.analysis import RESHAPES, defined_at, readers, writes_memory
+from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.registry import KernelRegistry
+
+MAX_K = 4096  # the row and a tile of weights over it live in registers
+
+
+def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
+    specs = {spec.local: spec for spec in program.fused}
+    body = program.body
+    producers, read_by = defined_at(body), readers(body)
+    found: list[tuple[FusedKernel, list[int], int]] = []
+    gone: set[str] = set()
+    for at, line in enumerate(body):
+        gemv = _gemv(line, specs)
+        if gemv is None:
+            continue
+        match = _row_group(line, at, body, specs, producers, read_by)
+        if match is None:
+            continue
+        group_at, views, returned = match
+        group = specs[body[group_at].kernel]  # type: ignore[union-attr]
+        if group.local in gone:
+            continue
+        gone |= {group.local, gemv.local}
+        kernel = merged(group, gemv, returned, [body[i] for i in views])
+        found.append((kernel, [group_at, *views, at], at))
+    if not found:
+        return program
+    return place(replace(program, fused=tuple(s for s in program.fused if s.local not in gone)), found)
+
+
+def _gemv(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
+    """The one-row matrix-vector kernel `line` calls, without a prologue, its row contiguous, or None."""
+    if not isinstance(line, KernelCall) or not line.jit or line.kernel not in specs:
+        return None
+    spec = specs[line.kernel]
+    plan = spec.plan
+    if not isinstance(plan, GemvPlan) or plan.m != 1 or plan.prologue is not None or plan.x_stride != 1:
+        return None
+    return spec if plan.k <= MAX_K else None
+
+
+Match = tuple[int, list[int], int]  # the row kernel's call, the views after it, the output the products read
+
+
+def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: dict[str, FusedKernel],
+               producers: dict[str, int], read_by: dict[str, set[int]]) -> Match | None:  # fmt: skip
+    """(body index of the row kernel's call, of the views between, index of the output the products
+    read) where the products' input comes from a one-row group as the module says, or None."""
+    value, views = line.args[0].name, []  # type: ignore[union-attr]
+    while True:
+        if read_by.get(value) != ({at} if not views else {views[0]}):
+            return None  # something else reads it
+        source = producers.get(value)
+        if source is None:
+            return None
+        found = body[source]
+        if not isinstance(found, KernelCall):
+            return None
+        if found.jit:
+            break
+        if found.target not in RESHAPES or writes_memory(found) or not found.args or not isinstance(found.args[0], Ref):
+            return None
+        views.insert(0, source)
+        value = found.args[0].name
+    spec = specs.get(found.kernel)
+    group = spec.plan if spec is not None else None
+    if not isinstance(group, FusedGroup) or group.kind != "row" or spec is None:
+        return None
+    rows, k = group.shape[:-1], group.shape[-1]
+    if any(n != 1 for n in rows) or k != specs[line.kernel].plan.k:  # type: ignore[union-attr]
+        return None
+    names = [v.name for v in found.outputs if v is not None]
+    returned = names.index(value)
+    others = set(names) - {value}
+    for between in range(source + 1, at):
+        if between in views:
+            continue
+        if writes_memory(body[between]) or others & set(uses(body[between])):
+            return None
+    meta = found.outputs[returned].meta
+    if meta is None or not meta.is_contiguous():
+        return None
+    return source, views, returned
+
+
+def merged(group: FusedKernel, gemv: FusedKernel, returned: int, views: list[Line]) -> FusedKernel:
+    """The matrix-vector kernel computing its input first: the group's inputs, then the products' weights
+    and biases; the group's other outputs, then the products' outputs. Its ATen side: the group's calls,
+    the views, the products' calls."""
+    plan = replace(gemv.plan, prologue=group.plan, prologue_x=returned)  # type: ignore[type-var]
+    inputs = [*zip(group.inputs, group.input_dtypes, strict=True)]
+    inputs += zip(gemv.inputs[1:], gemv.input_dtypes[1:], strict=True)  # the weights and biases
+    outputs = [v for i, v in enumerate(group.outputs) if i != returned]
+    lines = [*group.lines, *views, *gemv.lines]
+    return FusedKernel.make(
+        gemv.local,
+        plan,
+        inputs=inputs,
+        outputs=[*outputs, *gemv.outputs],
+        nodes=(*group.nodes, *(v.node for v in views), *gemv.nodes),  # type: ignore[union-attr]
+        describe=f"{gemv.describe}, its row computed first ({group.describe})",
+        lines=lines,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,137 @@
+"""Independent pointwise kernels in one launch (`passes.fusion.horizontal`): the rotary embedding of the
+queries and of the keys, which read the same angles and nothing of each other.
+
+Without a GPU the program is relabelled as CUDA around the fusion passes; each kernel is bound to its
+ATen calls, or, where triton is installed, run in Triton's interpreter with every config. With a GPU
+the kernels run for real.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+from fusion_interp import InterpretedBinding, compile_with_pass, ran_in_fresh_interpreter
+from torch import nn
+
+import opgen
+from opgen.runtime.execution import fused as fused_module
+from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.passes.fusion.horizontal import fuse_horizontal
+from opgen.runtime.passes.fusion.rewrite import fuse
+from opgen.runtime.registry import KernelRegistry
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton, run in its interpreter on a machine without a GPU",
+)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Rotary(nn.Module):
+    """transformers' apply_rotary_pos_emb on one decode step's queries and keys, then a product of them
+    (`between`: the queries' rotation is read by a product before the keys' is made)."""
+
+    def __init__(self, dim: int = 16, between: bool = False) -> None:
+        super().__init__()
+        self.between = between
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = q * cos + rotate_half(q) * sin
+        if self.between:
+            k = k + self.proj(q).mean(1, keepdim=True)
+        k = k * cos + rotate_half(k) * sin
+        return q @ k.transpose(-1, -2).mean(1, keepdim=True)
+
+
+def inputs(dim: int = 16, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple:
+    q = torch.randn(1, 4, 1, dim, dtype=dtype, device=device)
+    k = torch.randn(1, 2, 1, dim, dtype=dtype, device=device)
+    angles = torch.randn(1, 1, 1, dim, dtype=dtype, device=device)
+    return q, k, angles.cos(), angles.sin()
+
+
+def run_passes(program: Program, registry: KernelRegistry) -> Program:
+    return fuse_horizontal(fuse(program, registry), registry)
+
+
+def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: tuple,
+                   checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
+    with torch.no_grad():
+        return compile_with_pass(monkeypatch, model.eval(), example, "fusion", run_passes, checks,  # type: ignore[no-any-return]
+                                 {"atol": 1e-5, "rtol": 1e-5}, leave_out=("split_bias", "lift_views"))  # fmt: skip
+
+
+def shared(specs: list[FusedKernel]) -> list[FusedKernel]:
+    return [s for s in specs if s.describe.startswith("one launch for")]
+
+
+def test_the_queries_and_keys_rotations_share_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, example = Rotary(), inputs()
+    compiled, specs = compile_on_cpu(monkeypatch, model, example)
+    (spec,) = shared(specs)
+    assert spec.describe.startswith("one launch for 2 pointwise kernels: pointwise kernel over 1x4x1x16")
+    assert "def _part0(" in spec.source and "def _part1(" in spec.source and "elif" not in spec.source
+    # q, k, the halves rotate_half reads (views of them) and the angles: the angles once, though both read them
+    assert len(spec.inputs) == len(set(spec.inputs)) == 8 and spec.inputs.count("cos__") == 1
+    assert [len(s.outputs) for s in shared(specs)] == [2]
+    for meta, _, _, grid in spec.configs:  # both groups' blocks
+        block = dict(meta)["BLOCK"]
+        assert grid == (-(-64 // block) + -(-32 // block),)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), model(*example))  # type: ignore[operator]
+
+
+def test_a_kernel_whose_result_is_read_between_keeps_its_own_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, example = Rotary(between=True), inputs()
+    compiled, specs = compile_on_cpu(monkeypatch, model, example)
+    assert shared(specs) == []
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), model(*example))  # type: ignore[operator]
+
+
+@interpreter
+def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    if ran_in_fresh_interpreter(request):
+        return
+    checks: list[str] = []
+    model = Rotary(dim=24)
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(24), checks=checks)
+    example = inputs(24)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), model(*example), atol=1e-5, rtol=1e-5)  # type: ignore[operator]
+    assert [s.name for s in shared(specs)] == [c for c in checks if c == shared(specs)[0].name]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_the_gpu_plain_in_graph_mode_and_every_config(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    model = Rotary(dim=64).to(device="cuda", dtype=dtype).eval()
+    eager = copy.deepcopy(model)
+    for graphs in (False, True):
+        with torch.no_grad():
+            compiled = opgen.compile(model, inputs(64, dtype, "cuda"), cuda_graphs=graphs, cache=False)
+            assert "one launch for 2 pointwise kernels" in str(compiled.report())
+            example = inputs(64, dtype, "cuda")
+            torch.testing.assert_close(compiled(*example).clone(), eager(*example), atol=tol, rtol=tol)
+    checks: list[str] = []
+    monkeypatch.setattr(
+        fused_module,
+        "bindings",
+        lambda found: {s.local: InterpretedBinding(s, checks, {"atol": tol, "rtol": tol}) for s in found},
+    )
+    with torch.no_grad():
+        compiled = opgen.compile(model, inputs(64, dtype, "cuda"), cache=False)
+        example = inputs(64, dtype, "cuda")
+        torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
+    assert checks
