@@ -62,7 +62,8 @@ def _check(name: str, force: str | None, monkeypatch: pytest.MonkeyPatch, cuda_g
             for g, e in zip(_outputs(got), _outputs(expected), strict=True):
                 torch.testing.assert_close(g, e, equal_nan=True, **_tolerance(*inputs, e))
     report = str(compiled.report())
-    assert report.count("fused fused") == EXPECTED_KERNELS[name], report
+    launches = {**EXPECTED_KERNELS, "rotary_pairs": 1}  # the `horizontal` pass runs the two rotations in one launch
+    assert report.count("fused fused") == launches[name], report
     return compiled
 
 
@@ -163,4 +164,5 @@ def test_fusion_is_optional() -> None:
     with torch.no_grad():
         compiled = opgen.compile(model, inputs, passes=[p for p in default_pipeline() if p != "fusion"])
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
-    assert "fused" not in str(compiled.report())
+    report = str(compiled.report())
+    assert "fused fused" not in report  # no fusion group (the gemv pass's `gemv` kernels remain)

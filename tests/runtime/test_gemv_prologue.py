@@ -187,7 +187,7 @@ def test_every_config_on_the_gpu(monkeypatch: pytest.MonkeyPatch, dtype: torch.d
     monkeypatch.setattr(
         fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
     )
-    model = Layer(d=2048, kv=512, hidden=1024).to(device="cuda", dtype=dtype).eval()
+    model = Layer(d=2048, kv=1024, hidden=1024).to(device="cuda", dtype=dtype).eval()
     example = inputs(2048, dtype=dtype, device="cuda")
     with torch.no_grad():
         compiled = opgen.compile(model, example, cache=False)
