@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.groups import GroupBody, group_params
+from opgen.runtime.codegen.triton.groups import group_body, group_params
 from opgen.runtime.codegen.triton.order import in_memory_order
 from opgen.runtime.ir import FusedGroup
 
@@ -21,9 +21,7 @@ def row_prologue(group: FusedGroup, returned: int) -> tuple[str, list[str]]:
     a [1, BLOCK_N] tensor (BLOCK_N at least the row's length). Parameters: `in0..` for the inputs,
     `out<i>` for each output but `returned` (numbered as in the group's own kernel)."""
     assert group.kind == "row" and math.prod(group.shape[:-1]) == 1, group.describe()
-    body = GroupBody(group)
-    for step in group.steps:
-        body.step(step)
+    body = group_body(group, stored=())
     computed = len(body.lines)
     for i, out in enumerate(group.outputs):
         if i != returned:
@@ -50,11 +48,7 @@ def pointwise_part(group: FusedGroup, name: str) -> str:
     (`codegen.triton.horizontal`). Parameters as the group's own kernel's (`group_params`)."""
     assert group.kind == "pointwise", group.describe()
     group = in_memory_order(group)
-    body = GroupBody(group)
-    for step in group.steps:
-        body.step(step)
-    for out in group.outputs:
-        body.store(out)
+    body = group_body(group)
     start = ["offs = pid * BLOCK + tl.arange(0, BLOCK)", f"mask = offs < {math.prod(group.shape)}"]
     lines = [
         "@triton.jit",

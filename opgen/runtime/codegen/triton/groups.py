@@ -18,7 +18,7 @@ copy; an operand that is contiguous in the iteration order is read with the runn
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,15 +41,21 @@ def kernel(group: FusedGroup) -> Kernel:
     kernel `fused_<hash of the body>`), so groups that compute the same thing on the same sizes, as a
     model's layers do, share one source: one compile and one tuning. The report names the nodes."""
     group = in_memory_order(group)
-    body = GroupBody(group)
-    for step in group.steps:
-        body.step(step)
-    for out in group.outputs:
-        body.store(out)
+    body = group_body(group)
     meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
     text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in (*_prologue(group), *body.lines))])
     name, source = jit_module("fused", group_params(group), meta, text)
     return Kernel(name, source, _configs(group))
+
+
+def group_body(group: FusedGroup, stored: Sequence[Tensor] | None = None) -> GroupBody:
+    """The code of the group's steps, then the stores of `stored` (default: every output)."""
+    body = GroupBody(group)
+    for step in group.steps:
+        body.step(step)
+    for out in group.outputs if stored is None else stored:
+        body.store(out)
+    return body
 
 
 def _names(group: FusedGroup) -> list[str]:
