@@ -13,6 +13,10 @@ eager's at every checked step). Besides its columns, per row:
 - **x r-o**: the step's time over reduce-overhead's (the `compile` candidate) on the same model.
 - **% copy BW**: bytes one step must read (every weight once, whatever the batch, and every row's KV
   cache up to the timed positions) per second, over the copy bandwidth measured in the run.
+- **max logit err**: ok where it is within the bench's fixed tolerance (`decode.TOLERANCE`), as before,
+  or within `RO_SLACK` times reduce-overhead's error on the same model and batch: in bf16 two compiled
+  paths round differently from eager by errors of one size, and reduce-overhead's is the bar the decode
+  issue sets. Reduce-overhead's own row keeps the fixed tolerance.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -30,6 +34,7 @@ from opgen.bench.llm_families import FAMILIES, causal_lm, step
 from opgen.bench.timing import format_table
 
 KERNEL_CALLS = 5  # steps profiled to count a step's GPU activities
+RO_SLACK = 1.5  # a candidate's logit error within this many times reduce-overhead's is ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +83,27 @@ def run_family(family: str, size: str, batch: int, dtype: torch.dtype, candidate
             result = decode.checked_result(family, size, dtype, name, ready[name], reference, timings, per_token,
                                            copy_bw)  # fmt: skip
             rows.append(Row(result, batch, layers, _kernels_per_layer(ready[name][0], inputs[0], layers, device)))
-        return rows
+        return against_reduce_overhead(rows)
     finally:
         ready.clear()
         del model, lm
         torch._dynamo.reset()
         decode.free_memory(device)
+
+
+def against_reduce_overhead(rows: list[Row]) -> list[Row]:
+    """The rows of one model and batch, each compiled candidate's logits also ok where its error is within
+    `RO_SLACK` times reduce-overhead's (the `compile` candidate's) on them."""
+    bar = next((r.result.max_logit_err for r in rows if r.result.candidate == "compile"), None)
+    if bar is None:
+        return rows
+    return [
+        replace(row, result=replace(row.result, agrees=True))
+        if row.result.candidate not in ("eager", "compile") and row.result.max_logit_err is not None
+        and not row.result.agrees and row.result.max_logit_err <= RO_SLACK * bar
+        else row
+        for row in rows
+    ]  # fmt: skip
 
 
 def _kernels_per_layer(call: decode.Step, inputs: tuple[torch.Tensor, torch.Tensor], layers: int,

@@ -117,3 +117,23 @@ def test_families_at_several_batch_sizes(tmp_path: Path, capsys: pytest.CaptureF
 def test_families_refuse_a_batch_below_one() -> None:
     with pytest.raises(SystemExit, match="--batches must be >= 1"):
         decode_families.main(["--device", "cpu", "--families", "llama", "--batches", "0"])
+
+
+def test_a_compiled_candidate_is_held_to_reduce_overheads_error() -> None:
+    """bf16 logits: a candidate's error within 1.5x reduce-overhead's on the same model is ok; past it, only the
+    fixed tolerance counts; reduce-overhead's own row keeps the fixed tolerance."""
+    from opgen.bench.decode import Result
+
+    def row(candidate: str, err: float | None, agrees: bool | None) -> decode_families.Row:
+        result = Result("phi3", "real", candidate, 1.0, 1.0, 1.0, 1.0, 1.0, 1, 0.5, 7, 8, err, agrees)
+        return decode_families.Row(result, 1, 32, 14.5)
+
+    rows = [row("eager", 0.0, True), row("compile", 0.20, False), row("opgen_graphs", 0.22, False)]
+    judged = [r.result.agrees for r in decode_families.against_reduce_overhead(rows)]
+    assert judged == [True, False, True]
+    rows[2] = row("opgen_graphs", 0.31, False)  # past 1.5 x 0.20
+    assert [r.result.agrees for r in decode_families.against_reduce_overhead(rows)] == [True, False, False]
+    no_bar = [row("eager", 0.0, True), row("opgen_graphs", 0.22, False)]  # reduce-overhead did not run
+    assert decode_families.against_reduce_overhead(no_bar) == no_bar
+    failed = [row("eager", 0.0, True), row("compile", 0.2, False), row("opgen_graphs", None, None)]
+    assert decode_families.against_reduce_overhead(failed)[2].result.agrees is None  # a failed row stays failed
