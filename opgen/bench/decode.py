@@ -228,33 +228,53 @@ def run_model(family: str, shape: dm.Shape, candidates: Sequence[str], plan: Pla
         model = dm.build(family, shape, plan.max_seq, device)
     except (Skipped, ImportError) as exc:
         return [failed_result(family, shape.name, name, 0, plan, reason(exc)) for name in candidates]
+    try:
+        named = (family, shape.name, f"{family} {shape.name}")
+        measured = measure(model, named, shape.dtype, shape.vocab, candidates, plan, device, copy_bw)
+        return [result for result, _ in measured]
+    finally:
+        del model
+        torch._dynamo.reset()
+        free_memory(device)
+
+
+Probe = Callable[[Step, tuple[torch.Tensor, torch.Tensor]], Any]  # a candidate's step, its first timed inputs
+
+
+def measure(model: torch.nn.Module, named: tuple[str, str, str], dtype: torch.dtype, vocab: int,
+            candidates: Sequence[str], plan: Plan, device: torch.device, copy_bw: float, batch: int = 1,
+            probe: Probe | None = None) -> list[tuple[Result, Any]]:  # fmt: skip
+    """Every candidate on a built model (`named`: its name and size for the rows, and what the progress
+    lines call it): build, check against eager, time interleaved, every row of the batch fed one token
+    (the reference's; row 0 read); per candidate, its result and what `probe` says of its step (None
+    where it did not run or there is no probe). The candidates' steps are dropped before it returns."""
+    model_name, size, shown = named
     positions = plan.timed_positions
     cached = round(statistics.mean(p + 1 for p in positions))  # positions a timed step reads, on average
     per_token = dm.weight_bytes(model) + dm.kv_bytes_per_position(model) * cached
     ready: dict[str, Ready] = {}
     try:
-        failed = build_candidates(model, f"{family} {shape.name}", shape.vocab, candidates, plan, device, ready)
+        failed = build_candidates(model, shown, vocab, candidates, plan, device, ready, batch)
         reference = next(iter(ready.values()))[2] if ready else None
-        timings: dict[str, tuple[float, float, float]] = {}
-        if reference is not None:
-            tokens = reference.tokens
-            inputs = [(torch.tensor([[tokens[i % len(tokens)]]], device=device), torch.tensor([p], device=device))
-                      for i, p in enumerate(positions)]  # fmt: skip
-            timings = dict(zip(ready, time_steps([r[0] for r in ready.values()], inputs, plan.repeats, device),
-                               strict=True))  # fmt: skip
-        results = []
+        if reference is None:
+            return [(failed_result(model_name, size, name, per_token, plan, failed.get(name, "not run")), None)
+                    for name in candidates]  # fmt: skip
+        tokens = reference.tokens
+        inputs = [(torch.full((batch, 1), tokens[i % len(tokens)], device=device), torch.tensor([p], device=device))
+                  for i, p in enumerate(positions)]  # fmt: skip
+        timings = dict(zip(ready, time_steps([r[0] for r in ready.values()], inputs, plan.repeats, device),
+                           strict=True))  # fmt: skip
+        measured: list[tuple[Result, Any]] = []
         for name in candidates:
-            if name not in ready or reference is None:
-                results.append(failed_result(family, shape.name, name, per_token, plan, failed.get(name, "not run")))
+            if name not in ready:
+                measured.append((failed_result(model_name, size, name, per_token, plan, failed.get(name, "not run")),
+                                 None))  # fmt: skip
                 continue
-            results.append(checked_result(family, shape.name, shape.dtype, name, ready[name], reference, timings,
-                                          per_token, copy_bw))  # fmt: skip
-        return results
+            result = checked_result(model_name, size, dtype, name, ready[name], reference, timings, per_token, copy_bw)
+            measured.append((result, probe(ready[name][0], inputs[0]) if probe is not None else None))
+        return measured
     finally:
         ready.clear()
-        del model
-        torch._dynamo.reset()
-        free_memory(device)
 
 
 def build_candidates(model: torch.nn.Module, model_name: str, vocab: int, candidates: Sequence[str], plan: Plan,

@@ -22,14 +22,13 @@ eager's at every checked step). Besides its columns, per row:
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from opgen.bench import decode
-from opgen.bench import decode_models as dm
 from opgen.bench.llm_families import FAMILIES, causal_lm, step
 from opgen.bench.timing import format_table
 
@@ -58,34 +57,12 @@ def run_family(family: str, size: str, batch: int, dtype: torch.dtype, candidate
     except (decode.Skipped, ImportError, torch.OutOfMemoryError) as exc:
         return [Row(decode.failed_result(family, size, name, 0, plan, decode.reason(exc)), batch, 0, None)
                 for name in candidates]  # fmt: skip
-    positions = plan.timed_positions
-    cached = round(statistics.mean(p + 1 for p in positions))
-    per_token = dm.weight_bytes(model) + dm.kv_bytes_per_position(model) * cached
-    ready: dict[str, decode.Ready] = {}
     try:
-        failed = decode.build_candidates(model, f"{family} {size} batch {batch}", vocab, candidates, plan, device,
-                                         ready, batch)  # fmt: skip
-        reference = next(iter(ready.values()))[2] if ready else None
-        if reference is None:
-            return [Row(decode.failed_result(family, size, name, per_token, plan, failed.get(name, "not run")), batch,
-                        layers, None) for name in candidates]  # fmt: skip
-        tokens = reference.tokens
-        inputs = [(torch.full((batch, 1), tokens[i % len(tokens)], device=device), torch.tensor([p], device=device))
-                  for i, p in enumerate(positions)]  # fmt: skip
-        steps = [r[0] for r in ready.values()]
-        timings = dict(zip(ready, decode.time_steps(steps, inputs, plan.repeats, device), strict=True))
-        rows = []
-        for name in candidates:
-            if name not in ready:
-                result = decode.failed_result(family, size, name, per_token, plan, failed.get(name, "not run"))
-                rows.append(Row(result, batch, layers, None))
-                continue
-            result = decode.checked_result(family, size, dtype, name, ready[name], reference, timings, per_token,
-                                           copy_bw)  # fmt: skip
-            rows.append(Row(result, batch, layers, _kernels_per_layer(ready[name][0], inputs[0], layers, device)))
-        return against_reduce_overhead(rows)
+        named = (family, size, f"{family} {size} batch {batch}")
+        kernels = functools.partial(_kernels_per_layer, layers=layers, device=device)
+        measured = decode.measure(model, named, dtype, vocab, candidates, plan, device, copy_bw, batch, kernels)
+        return against_reduce_overhead([Row(result, batch, layers, counted) for result, counted in measured])
     finally:
-        ready.clear()
         del model, lm
         torch._dynamo.reset()
         decode.free_memory(device)
