@@ -1,5 +1,6 @@
 """Putting generated kernels into a program, for the fusion and gemv passes alike: each kernel's
-member lines leave the body and one call of the kernel takes the place of one of them."""
+member lines leave the body and one call of the kernel takes the place of one of them. A pass that
+merges generated kernels (`gemv_prologue`, `horizontal`) drops the ones it absorbed (`absorbing`)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,12 @@ def place(program: Program, kernels: Sequence[tuple[FusedKernel, Collection[int]
         replaced[at] = fused_call(spec)
     body = tuple(new for index, line in enumerate(program.body) if (new := replaced.get(index, line)) is not None)
     return replace(program, body=body, fused=(*program.fused, *(spec for spec, _, _ in kernels)))
+
+
+def absorbing(program: Program, kernels: Sequence[tuple[FusedKernel, Collection[int], int]],
+              absorbed: Collection[str]) -> Program:  # fmt: skip
+    """`place`, the program's fused kernels named in `absorbed` (their `local`s) dropped: the new kernels'
+    member lines include their calls."""
+    if not kernels:
+        return program
+    return place(replace(program, fused=tuple(s for s in program.fused if s.local not in absorbed)), kernels)

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from opgen.runtime.ir import FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref, uses
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, readers, writes_memory
-from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.fusion.calls import absorbing
 from opgen.runtime.registry import KernelRegistry
 
 MAX_K = 4096  # the row and a tile of weights over it live in registers
@@ -48,9 +48,7 @@ def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
         gone |= {group.local, gemv.local}
         kernel = merged(group, gemv, returned, [body[i] for i in views])
         found.append((kernel, [group_at, *views, at], at))
-    if not found:
-        return program
-    return place(replace(program, fused=tuple(s for s in program.fused if s.local not in gone)), found)
+    return absorbing(program, found, gone)
 
 
 def _gemv(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:

@@ -13,11 +13,9 @@ where the last one did). One multi-kernel choice against every ATen call the ker
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, KernelCall, Line, Program, uses
 from opgen.runtime.passes.analysis import fresh_namer, writes_memory
-from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.fusion.calls import absorbing
 from opgen.runtime.registry import KernelRegistry
 
 MAX_PARTS = 4
@@ -34,7 +32,7 @@ def fuse_horizontal(program: Program, registry: KernelRegistry) -> Program:
         parts = [specs[program.body[at].kernel] for at in run]  # type: ignore[union-attr]
         gone |= {p.local for p in parts}
         found.append((merged(parts, next(locals_)), run, run[-1]))
-    return place(replace(program, fused=tuple(s for s in program.fused if s.local not in gone)), found)
+    return absorbing(program, found, gone)
 
 
 def _pointwise(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
