@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.gemv import META, dependent_helper, grid_blocks, kernel_body
+from opgen.runtime.codegen.triton.gemv import META, SWIGLU, dependent_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.ir import Config, GemvPlan
 
@@ -98,11 +98,7 @@ def _gated(x, wg, wu, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.conste
         g = tl.load(wg + cols[None, :] * SG + ks[:, None], mask=tile_ok, other=0.0, eviction_policy="evict_first")
         u = tl.load(wu + cols[None, :] * SU + ks[:, None], mask=tile_ok, other=0.0, eviction_policy="evict_first")
 {_indent(_dots(("acc_g", "g"), ("acc_u", "u")))}
-    dtype = out.dtype.element_ty
-    g = acc_g.to(dtype).to(tl.float32)
-    u = acc_u.to(dtype).to(tl.float32)
-    s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
-    tl.store(out + ms[:, None] * N + cols[None, :], (s * u).to(dtype), mask=m_ok[:, None] & col_ok[None, :])
+    tl.store(out + ms[:, None] * N + cols[None, :], _swiglu(acc_g, acc_u, out), mask=m_ok[:, None] & col_ok[None, :])
 '''
 
 
@@ -116,7 +112,7 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     launch for every sibling, names shared by layers), its helpers tensor-core tiles over the rows."""
     of, strides = f"{plan.m} rows of {plan.k}", [plan.x_row_stride, plan.x_stride]
     body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)])
-    helpers = dependent_helper(_GATED if plan.gated else _TILES, plan.dependent)
+    helpers = dependent_helper(SWIGLU + _GATED if plan.gated else _TILES, plan.dependent)
     return jit_module("gemm_rows", params, META, body, helpers)
 
 

@@ -75,11 +75,21 @@ def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
         u = tl.load(wu + rows[:, None] * SU + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
         acc_g += g.to(tl.float32) * xs[None, :]
         acc_u += u.to(tl.float32) * xs[None, :]
+    tl.store(out + rows, _swiglu(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1), out), mask=row_ok)
+'''
+
+# The gated kernels' last step (one row's, a few rows', a prologue's), the helper before their `_gated`.
+SWIGLU = '''@triton.jit
+def _swiglu(g, u, out):
+    """silu(g) * u in out's dtype from float32 products, each product and the silu rounded to that dtype as
+    the separate calls store them."""
     dtype = out.dtype.element_ty
-    g = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)
-    u = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
+    g = g.to(dtype).to(tl.float32)
+    u = u.to(dtype).to(tl.float32)
     s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
-    tl.store(out + rows, (s * u).to(dtype), mask=row_ok)
+    return (s * u).to(dtype)
+
+
 '''
 
 
@@ -99,7 +109,9 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     `plan.gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
     `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`dependent_helper`)."""
     body, params = kernel_body(plan, f"one row of {plan.k}", "_rows", [], [plan.x_stride], [])
-    return jit_module("gemv", params, META, body, dependent_helper(_GATED if plan.gated else _ROWS, plan.dependent))
+    return jit_module(
+        "gemv", params, META, body, dependent_helper(SWIGLU + _GATED if plan.gated else _ROWS, plan.dependent)
+    )
 
 
 def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int], tail: list[int],

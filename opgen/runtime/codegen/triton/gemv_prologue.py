@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.gemv import META, dependent_helper, grid_blocks, kernel_body
+from opgen.runtime.codegen.triton.gemv import META, SWIGLU, dependent_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.group_parts import row_prologue
 from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.ir import Config, GemvPlan
@@ -53,11 +53,9 @@ def _gated({x}, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SG: tl.con
 {signal}    g = tl.load(wg + rows[:, None] * SG + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
     u = tl.load(wu + rows[:, None] * SU + cols[None, :], mask=tile_ok, other=0.0, eviction_policy="evict_first")
 {wait}    xs = tl.where(col_ok, tl.reshape(_prologue({x}, tl.program_id(0) == 0, BLOCK_K), (BLOCK_K,)), 0.0)
-    dtype = out.dtype.element_ty
-    g = tl.sum(g.to(tl.float32) * xs[None, :], axis=1).to(dtype).to(tl.float32)
-    u = tl.sum(u.to(tl.float32) * xs[None, :], axis=1).to(dtype).to(tl.float32)
-    s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
-    tl.store(out + rows, (s * u).to(dtype), mask=row_ok)
+    g = tl.sum(g.to(tl.float32) * xs[None, :], axis=1)
+    u = tl.sum(u.to(tl.float32) * xs[None, :], axis=1)
+    tl.store(out + rows, _swiglu(g, u, out), mask=row_ok)
 """
 
 
@@ -70,7 +68,8 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     outputs = tuple(f"p_{p}" for p in params if p.startswith("out"))
     of = f"one row of {plan.k}, computed first ({plan.prologue.describe()})"
     body, kernel_params = kernel_body(plan, of, "_rows", [], [], [], x=inputs, x_outputs=outputs)
-    helper = dependent_helper((_GATED if plan.gated else _ROWS).replace("{x}", ", ".join(params)), plan.dependent)
+    template = SWIGLU + _GATED if plan.gated else _ROWS
+    helper = dependent_helper(template.replace("{x}", ", ".join(params)), plan.dependent)
     return jit_module("gemv", kernel_params, META, body, f"{prologue}\n\n{helper}")
 
 

@@ -4,7 +4,7 @@ merges generated kernels (`gemv_prologue`, `horizontal`) drops the ones it absor
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref
@@ -44,3 +44,10 @@ def absorbing(program: Program, kernels: Sequence[tuple[FusedKernel, Collection[
     if not kernels:
         return program
     return place(replace(program, fused=tuple(s for s in program.fused if s.local not in absorbed)), kernels)
+
+
+def called(line: Line, specs: Mapping[str, FusedKernel]) -> FusedKernel | None:
+    """The generated kernel `line` calls (`specs`: the program's, by `local`), or None."""
+    if isinstance(line, KernelCall) and line.jit:
+        return specs.get(line.kernel)
+    return None

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from opgen.runtime.ir import FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref, uses
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, readers, writes_memory
-from opgen.runtime.passes.fusion.calls import absorbing
+from opgen.runtime.passes.fusion.calls import absorbing, called
 from opgen.runtime.registry import KernelRegistry
 
 MAX_K = 4096  # the row and a tile of weights over it live in registers
@@ -53,10 +53,8 @@ def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
 
 def _gemv(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
     """The one-row matrix-vector kernel `line` calls, without a prologue, its row contiguous, or None."""
-    if not isinstance(line, KernelCall) or not line.jit or line.kernel not in specs:
-        return None
-    spec = specs[line.kernel]
-    plan = spec.plan
+    spec = called(line, specs)
+    plan = spec.plan if spec is not None else None
     if not isinstance(plan, GemvPlan) or plan.m != 1 or plan.prologue is not None or plan.x_stride != 1:
         return None
     return spec if plan.k <= MAX_K else None

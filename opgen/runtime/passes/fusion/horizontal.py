@@ -13,9 +13,9 @@ where the last one did). One multi-kernel choice against every ATen call the ker
 
 from __future__ import annotations
 
-from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, KernelCall, Line, Program, uses
+from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, Line, Program, uses
 from opgen.runtime.passes.analysis import fresh_namer, writes_memory
-from opgen.runtime.passes.fusion.calls import absorbing
+from opgen.runtime.passes.fusion.calls import absorbing, called
 from opgen.runtime.registry import KernelRegistry
 
 MAX_PARTS = 4
@@ -36,11 +36,10 @@ def fuse_horizontal(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _pointwise(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
-    if not isinstance(line, KernelCall) or not line.jit or line.kernel not in specs:
+    spec = called(line, specs)
+    if spec is None or not isinstance(spec.plan, FusedGroup) or spec.plan.kind != "pointwise" or spec.writes:
         return None
-    spec = specs[line.kernel]
-    plan = spec.plan
-    return spec if isinstance(plan, FusedGroup) and plan.kind == "pointwise" and not spec.writes else None
+    return spec
 
 
 def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel]) -> list[list[int]]:
