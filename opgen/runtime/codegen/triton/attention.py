@@ -9,8 +9,8 @@ model's layers share one kernel.
 With a mask, a static cache is mostly positions not yet written, masked out: configs with SKIP read
 each block's mask first and load none of its keys and values where it keeps no position (a boolean
 mask all false, an additive one at most `MASKED_OUT` everywhere: such a block adds exactly nothing to
-the running sums, whose maximum starts at -1e30). That costs a wait for the mask before the keys' loads, so the
-configs without it stay, and the first call's timing picks.
+the running sums, whose maximum starts at -1e30). That costs a wait for the mask before the keys'
+loads, so the configs without it stay, and the first call's timing picks.
 """
 
 from __future__ import annotations
