@@ -490,6 +490,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "prepack",
         "dead_code",
         "collectives",
+        "one_shot_all_reduce",
         "decode_attention",
         "grouped_attention",
         "attention_masks",

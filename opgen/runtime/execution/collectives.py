@@ -124,6 +124,10 @@ def issuer(spec: Collective, group: Any) -> Callable[..., Any]:
             return lambda out, tensor, out_splits, in_splits: alltoall(
                 out, tensor, list(out_splits), list(in_splits), aopts
             )
+        case "one_shot_all_reduce":
+            from opgen.runtime.execution.one_shot import issuer as one_shot
+
+            return one_shot(spec, group)
         case "broadcast":
             bopts = c10d.BroadcastOptions()
             bopts.rootRank = spec.root

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# What the records' `kind` may be: one per functional collective of `_c10d_functional`, and "wait".
+# What the records' `kind` may be: one per functional collective of `_c10d_functional`, "wait", and
+# "one_shot_all_reduce" (a sum over peer memory, stream-ordered, no Work and no wait:
+# `passes.one_shot_all_reduce`).
 KINDS = (
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced", "reduce_scatter",
-    "reduce_scatter_coalesced", "all_to_all", "broadcast", "wait",
+    "reduce_scatter_coalesced", "all_to_all", "broadcast", "wait", "one_shot_all_reduce",
 )  # fmt: skip
 
 
@@ -36,6 +38,8 @@ class Collective:
     reduce_op: str = ""  # "sum", "avg", "product", "min", "max", "band", "bor", "bxor" (reductions)
     root: int = 0  # broadcast: the source rank
     node: str = ""  # the first graph node that uses it
+    dtype: str = ""  # one_shot_all_reduce: the tensors' dtype ("bfloat16")
+    numel: int = 0  # one_shot_all_reduce: elements of the largest tensor it reduces (its buffer's size)
 
 
 def issue_kinds(collectives: tuple[Collective, ...]) -> dict[str, str]:

@@ -14,11 +14,12 @@ cache's `index_put`, `slice_scatter`) into in-place ones once views are simplifi
 folding (views of the buffer stay in the body) and memory planning (which must see the writes);
 `collectives` issues torch.distributed collectives early and waits for them late once the body is
 simplified, before fusion and memory planning see it (its wait lines list the tensors in flight, so
-both keep them); constant folding and memory planning decide what lives in
-setup; `hoist_views` then moves views of setup values out of the call; `memo` moves what depends
-only on the size symbols of dynamic shapes (views of buffers and constants, calls on constants)
-into the size memo, recomputed only when the sizes change: before memory planning (calls on
-constants keep their own results) and after it (views of the buffers it made);
+both keep them); `one_shot_all_reduce` then sends the small CUDA all-reduces (decode's few KB) through a
+one-shot all-reduce over peer memory, leaving larger ones on the process group; constant folding and
+memory planning decide what lives in setup; `hoist_views` then moves views of setup values out of the
+call; `memo` moves what depends only on the size symbols of dynamic shapes (views of buffers and
+constants, calls on constants) into the size memo, recomputed only when the sizes change: before memory
+planning (calls on constants keep their own results) and after it (views of the buffers it made);
 `decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
 Triton kernel reading grouped heads in place (no repeat of the cache), reading a boolean mask as it
 is; `grouped_attention` lets the other attention calls of grouped-query models read the key/value
@@ -75,6 +76,7 @@ from opgen.runtime.passes.layout import channels_last_pooling
 from opgen.runtime.passes.memo import memoize_sizes
 from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.mkl_linear import pack_linear_mkl
+from opgen.runtime.passes.one_shot_all_reduce import one_shot_all_reduces
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.pads import fold_pads
 from opgen.runtime.passes.prepack import prepack_linear
@@ -102,6 +104,7 @@ PASSES: dict[str, Pass] = {
     "prepack": prepack_linear,
     "dead_code": eliminate_dead_code,
     "collectives": overlap_collectives,
+    "one_shot_all_reduce": one_shot_all_reduces,
     "decode_attention": fuse_decode_attention,
     "grouped_attention": read_grouped_heads,
     "attention_masks": additive_masks,
@@ -139,6 +142,7 @@ DEFAULT_PIPELINE = (
     "prepack",
     "dead_code",
     "collectives",
+    "one_shot_all_reduce",
     "decode_attention",
     "grouped_attention",
     "attention_masks",

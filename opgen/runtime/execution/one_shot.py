@@ -1,0 +1,95 @@
+"""Binding a one-shot all-reduce (`passes.one_shot_all_reduce`) to torch's symmetric memory.
+
+Each record gets a buffer every rank of its group maps (`symm_mem.empty` + `rendezvous`, a collective
+call: every rank binds its compiled graphs in the same order, as it runs them), allocated when the
+graph is bound, so before any CUDA-graph capture. Programs share the buffer of a (group, dtype,
+device) where it is large enough. A call copies the local tensor into the buffer, waits for every
+rank (a barrier through the buffer's signal pads), sums all ranks' buffers into the tensor itself and
+waits again before the buffer is reused: `torch.ops.symm_mem.one_shot_all_reduce_copy_out`, one
+kernel on the current stream, captured into a CUDA graph like any other (its barrier flags reset
+themselves, so replays need no host work).
+
+Where the buffer cannot be mapped (no peer access between the GPUs, a torch without symmetric memory)
+the record runs on the process group instead (`ProcessGroup.allreduce`, waited for at once), with a
+warning: slower, never wrong. A tensor whose address the kernel cannot take (not 16-byte aligned)
+takes that path for its call too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from opgen.runtime.ir import Collective
+
+_BUFFERS: dict[tuple[str, str, str], torch.Tensor] = {}  # (group, dtype, device) -> the largest mapped buffer
+
+
+def issuer(spec: Collective, group: Any) -> Callable[[torch.Tensor], None]:
+    """The callable of a one-shot record: sums `tensor` over the group, in place, on the current stream."""
+    nccl = _process_group_sum(group)
+    try:
+        buffer = _buffer(spec, group)
+    except Exception as exc:  # any reason there is no mapped buffer: the process group works
+        warnings.warn(
+            f"opgen: graph node '{spec.node}': no symmetric memory for a one-shot all-reduce on group "
+            f"'{spec.group}' ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "its all-reduces run on the process group instead",
+            stacklevel=2,
+        )
+        return nccl
+    op = torch.ops.symm_mem.one_shot_all_reduce_copy_out.default
+    name = str(group.group_name)
+    views: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def one_shot(tensor: torch.Tensor) -> None:
+        if tensor.data_ptr() % 16:
+            return nccl(tensor)
+        shape = tuple(tensor.shape)
+        view = views.get(shape)
+        if view is None:
+            view = views[shape] = buffer[: tensor.numel()].view(shape)
+        op(view, tensor, "sum", name, tensor)
+        return None
+
+    one_shot.buffer = buffer  # type: ignore[attr-defined]  # for tests and the report
+    return one_shot
+
+
+def _process_group_sum(group: Any) -> Callable[[torch.Tensor], None]:
+    from torch._C import _distributed_c10d as c10d
+    from torch.distributed import ReduceOp
+
+    opts = c10d.AllreduceOptions()
+    opts.reduceOp = ReduceOp.SUM
+    allreduce = group.allreduce
+
+    def on_group(tensor: torch.Tensor) -> None:
+        allreduce([tensor], opts).wait()
+
+    return on_group
+
+
+def _buffer(spec: Collective, group: Any) -> torch.Tensor:
+    """A mapped buffer of at least `spec.numel` elements of `spec.dtype` on this rank's current device."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    dtype = getattr(torch, spec.dtype.removeprefix("torch."))
+    device = torch.device("cuda", torch.cuda.current_device())
+    key = (str(group.group_name), spec.dtype, str(device))
+    held = _BUFFERS.get(key)
+    if held is not None and held.numel() >= spec.numel:
+        return held
+    numel = max(spec.numel, held.numel() * 2 if held is not None else 0)
+    buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:  # needed before torch 2.9, a deprecated no-op after
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enable(group.group_name)
+    symm_mem.rendezvous(buffer, group.group_name)
+    _BUFFERS[key] = buffer
+    return buffer

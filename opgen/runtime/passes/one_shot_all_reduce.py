@@ -1,0 +1,119 @@
+"""Small all-reduces through a one-shot all-reduce over peer memory, large ones through the process group.
+
+Decoding a tensor-parallel model all-reduces a few KB twice a layer. NCCL's general path takes
+16-22 us for such a message on H100 NVLink, while the payload itself needs well under one: the cost
+is latency. A one-shot all-reduce reads every rank's copy straight from its memory over NVLink and
+sums locally, one kernel with a barrier before and after (vLLM's and SGLang's custom all-reduce;
+here torch's symmetric memory, `symm_mem.one_shot_all_reduce_copy_out`, which copies the local input
+into a buffer every rank mapped, then reduces into the output). It reads world-size times the message
+per rank, so it loses to NCCL's ring as messages grow: the choice is by size.
+
+An `all_reduce` issue line (after `passes.collectives`) becomes one-shot where:
+
+- its tensor is on CUDA, static, contiguous, float32 or bfloat16 (the dtypes torch's kernel takes),
+  at most `ONE_SHOT_MAX_BYTES`;
+- the reduction is a sum and the group has 2, 4, 6 or 8 ranks (the sizes the kernel is built for).
+
+The line then calls a `Collective` of kind "one_shot_all_reduce" (one per group and dtype, sized for
+its largest tensor) that reduces in place on the current stream: no Work, so the issue line loses its
+Work value and the wait line goes. It uses no NVLink multicast. Every all-reduce gets a report note
+saying which path it takes and why. Leaving this pass out of `passes=` keeps every all-reduce on the
+process group (NCCL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from opgen.runtime.ir import Collective, KernelCall, Line, Program, Ref, TensorMeta, defs, meta_table, program_lines
+from opgen.runtime.registry import KernelRegistry
+
+ONE_SHOT_MAX_BYTES = 512 * 1024  # vLLM's custom all-reduce stops at 512 KB on 4+ ranks of an H100 node
+WORLD_SIZES = (2, 4, 6, 8)  # torch's one-shot kernel: DISPATCH_WORLD_SIZES
+DTYPES = {"float32": 4, "bfloat16": 2}  # AT_DISPATCH_FLOAT_AND_BFLOAT16
+
+
+def one_shot_all_reduces(program: Program, registry: KernelRegistry) -> Program:
+    records = {c.local: c for c in program.collectives}
+    reductions = {local for local, c in records.items() if c.kind == "all_reduce"}
+    if not reductions:
+        return program
+    metas = meta_table(program)
+    chosen: dict[str, tuple[Collective, TensorMeta]] = {}  # work value -> (its all-reduce's record, tensor)
+    notes = []
+    for line in program.body:
+        if not (isinstance(line, KernelCall) and line.jit and line.kernel in reductions):
+            continue
+        record = records[line.kernel]
+        tensor = line.args[0] if len(line.args) == 1 else None
+        meta = metas.get(tensor.name) if isinstance(tensor, Ref) else None
+        why = _refusal(record, meta)
+        size = f"{_bytes(meta)} bytes" if meta is not None and meta.is_static else "a tensor of symbolic size"
+        path = "one-shot over peer memory" if why is None else f"the process group (NCCL on CUDA): {why}"
+        notes.append(f"all-reduce of node '{line.node}' ({size}, group '{record.group}'): {path}")
+        if why is None and line.outputs and line.outputs[0] is not None:
+            assert meta is not None
+            chosen[line.outputs[0].name] = (record, meta)
+    if not chosen:
+        return replace(program, notes=(*program.notes, *notes))
+    one_shot = _records(program, chosen)
+    body: list[Line] = []
+    for line in program.body:
+        if isinstance(line, KernelCall) and line.jit and line.outputs and line.outputs[0] is not None:
+            work = line.outputs[0].name
+            if work in chosen:
+                record, meta = chosen[work]
+                body.append(replace(line, kernel=one_shot[(record.group, meta.dtype)].local, outputs=()))
+                continue
+        if isinstance(line, KernelCall) and line.jit and line.args and isinstance(line.args[0], Ref):
+            if line.args[0].name in chosen:  # the wait for a one-shot all-reduce: nothing is in flight
+                continue
+        body.append(line)
+    kept = _kept_records(program, body)
+    return replace(program, body=tuple(body), collectives=(*kept, *one_shot.values()), notes=(*program.notes, *notes))
+
+
+def _refusal(record: Collective, meta: TensorMeta | None) -> str | None:
+    """Why an all-reduce stays on the process group, or None where it goes one-shot."""
+    if meta is None or not meta.device.startswith("cuda"):
+        return "not a CUDA tensor"
+    if record.reduce_op != "sum":
+        return f"reduce op '{record.reduce_op}' (one-shot sums only)"
+    if record.group_size not in WORLD_SIZES:
+        return f"a group of {record.group_size} ranks (one-shot takes {', '.join(map(str, WORLD_SIZES))})"
+    if meta.dtype not in DTYPES:
+        return f"dtype {meta.dtype} (one-shot takes {', '.join(DTYPES)})"
+    if not meta.is_static:
+        return "a symbolic size"
+    if not meta.is_contiguous() or meta.offset != 0:
+        return "not contiguous"
+    if _bytes(meta) > ONE_SHOT_MAX_BYTES:
+        return f"over {ONE_SHOT_MAX_BYTES // 1024} KiB, where the ring wins"
+    return None
+
+
+def _bytes(meta: TensorMeta) -> int:
+    return meta.numel * DTYPES.get(meta.dtype, 1)
+
+
+def _records(program: Program, chosen: dict[str, tuple[Collective, TensorMeta]]) -> dict[tuple[str, str], Collective]:
+    """One one-shot record per (group, dtype), sized for the largest tensor it reduces."""
+    taken = {c.local for c in program.collectives} | {v.name for line in program_lines(program) for v in defs(line)}
+    records: dict[tuple[str, str], Collective] = {}
+    for record, meta in chosen.values():
+        key = (record.group, meta.dtype)
+        if key in records:
+            records[key] = replace(records[key], numel=max(records[key].numel, meta.numel))
+            continue
+        local = f"c10d_one_shot_all_reduce_{len(records)}"
+        while local in taken:
+            local += "_"
+        records[key] = Collective(local, "one_shot_all_reduce", record.group, record.group_size, "sum",
+                                  node=record.node, dtype=meta.dtype, numel=meta.numel)  # fmt: skip
+    return records
+
+
+def _kept_records(program: Program, body: list[Line]) -> tuple[Collective, ...]:
+    """The program's records that some line still calls."""
+    called = {line.kernel for line in body if isinstance(line, KernelCall) and line.jit}
+    return tuple(c for c in program.collectives if c.local in called)
