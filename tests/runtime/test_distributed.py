@@ -7,17 +7,13 @@ fails the test and the ranks are killed and started again). The IR tests need no
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
-import socket
 import time
-import traceback
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import Ranks, started
 
 from opgen.runtime.ir import Alloc, Collective, KernelCall, Line, Program, Ref, Return, TensorMeta, Value, View
 from opgen.runtime.passes import run_passes
@@ -25,112 +21,11 @@ from opgen.runtime.passes import run_passes
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
 WORLD = 2
-CASE_SECONDS = 50  # one case in both ranks; tests run well under a minute
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(rank: int, world: int, port: int, cache: str, inbox: Any, outbox: Any) -> None:
-    """One rank: join the group, then run each case name it is sent until it is sent None."""
-    import datetime
-    import os
-
-    os.environ["OPGEN_CACHE_DIR"] = cache
-
-    import distributed_cases
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=CASE_SECONDS),
-    )  # fmt: skip
-    try:
-        while (name := inbox.get()) is not None:
-            try:
-                outbox.put((rank, "ok", distributed_cases.CASES[name](rank, world)))
-            except BaseException:  # sent to the test, which fails with it
-                outbox.put((rank, "error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
-
-
-class Ranks:
-    """`world` processes in one gloo group, each running the cases it is sent."""
-
-    def __init__(self, world: int, cache: str) -> None:
-        ctx = mp.get_context("spawn")
-        port = _free_port()
-        self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(world)]
-        self.procs = [
-            ctx.Process(target=_serve, args=(r, world, port, cache, self.inboxes[r], self.outbox), daemon=True)
-            for r in range(world)
-        ]
-        for p in self.procs:
-            p.start()
-
-    def alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs)
-
-    def run(self, case: str, timeout: float = CASE_SECONDS) -> list[Any]:
-        """Each rank's result, by rank; a rank's exception fails the test with its traceback."""
-        for box in self.inboxes:
-            box.put(case)
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout
-        while len(results) < len(self.procs):
-            try:
-                rank, status, value = self.outbox.get(timeout=1.0)
-            except queue.Empty:
-                dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs) if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
-                    self.close()
-                    why = f"{', '.join(dead)} died" if dead else f"it did not finish in {timeout:g} s"
-                    pytest.fail(f"case {case!r} failed: {why} (ranks stopped)")
-                continue
-            if status == "error":
-                self.close()
-                pytest.fail(f"case {case!r} failed in rank {rank}:\n{value}")
-            results[rank] = value
-        return [results[r] for r in range(len(self.procs))]
-
-    def close(self) -> None:
-        for box in self.inboxes:
-            box.put(None)
-        for p in self.procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
-    cache = str(tmp_path_factory.mktemp("opgen-cache-ranks"))
-    holder = [Ranks(WORLD, cache)]
-
-    def get() -> Ranks:
-        if not holder[0].alive():
-            holder[0].close()
-            holder[0] = Ranks(WORLD, cache)
-        return holder[0]
-
-    yield _Lazy(get)  # type: ignore[misc]
-    holder[0].close()
-
-
-class _Lazy:
-    """The module's ranks, started again if a failed case killed them."""
-
-    def __init__(self, get: Any) -> None:
-        self._get = get
-
-    def run(self, case: str, timeout: float = CASE_SECONDS) -> list[Any]:
-        return self._get().run(case, timeout)
+    yield from started(WORLD, str(tmp_path_factory.mktemp("opgen-cache-ranks")))
 
 
 def _close(errors: dict[str, float], atol: float = 1e-5) -> None:

@@ -1,0 +1,95 @@
+"""Cases for tests/runtime/test_distributed_nccl.py, run inside each rank's process (NCCL, one GPU per rank).
+
+Each case takes (rank, world), builds the whole model from one seed in every rank and this rank's
+shard of it, runs both on this rank's GPU and returns plain data: the errors of the compiled shard
+against the whole model, and which path each all-reduce took (from the compiled function's report).
+Every case runs twice: with opgen's default passes (small all-reduces one-shot over peer memory) and
+with the one-shot pass left out (every all-reduce on NCCL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from distributed_cases import Block, ShardedBlock
+
+from opgen.bench import decode_models as dm
+from opgen.bench.tp_models import fill_caches, shard
+
+ONE_SHOT_NOTE = "one-shot over peer memory"
+
+
+def _passes(route: str) -> tuple[str, ...]:
+    from opgen.runtime.pipeline import default_pipeline
+
+    passes = default_pipeline()
+    return passes if route == "one_shot" else tuple(p for p in passes if p != "one_shot_all_reduce")
+
+
+def _routes(fn: Any) -> dict[str, int]:
+    """How many all-reduces of a compiled function take each path, from its report's notes."""
+    notes = [n for n in fn.report().notes if n.startswith("all-reduce of node")]
+    one_shot = sum(ONE_SHOT_NOTE in n for n in notes)
+    return {"one_shot": one_shot, "process group": len(notes) - one_shot}
+
+
+def tp_block(route: str) -> Callable[[int, int], dict[str, Any]]:
+    def case(rank: int, world: int) -> dict[str, Any]:
+        import opgen
+
+        device = torch.device("cuda", rank)
+        torch.manual_seed(0)
+        whole = Block().eval().to(device)
+        x = torch.randn(2, 5, 32, device=device)
+        model = ShardedBlock(whole, rank, world).eval().to(device)
+        errors: dict[str, float] = {}
+        with torch.no_grad():
+            expected = whole(x)
+            plain = opgen.compile(model, (x,), passes=_passes(route), cache=False)
+            errors["opgen.compile"] = (plain(x) - expected).abs().max().item()
+            errors["opgen.compile again"] = (plain(x * 2) - whole(x * 2)).abs().max().item()
+            graphs = opgen.compile(model, (x,), passes=_passes(route), cache=False, cuda_graphs=True)
+            for i in range(3):  # captured, then replayed on new values
+                y = x + i
+                errors[f"cuda_graphs call {i}"] = (graphs(y) - whole(y)).abs().max().item()
+            torch.cuda.synchronize()
+        return {"errors": errors, "routes": _routes(plain)}
+
+    return case
+
+
+def tp_decoder(route: str) -> Callable[[int, int], dict[str, Any]]:
+    """The bench's gpt-fast Llama (tiny widths, float32) split over the ranks (`tp_models.shard`), in
+    CUDA-graph mode, against the whole model over a few decode steps."""
+
+    def case(rank: int, world: int) -> dict[str, Any]:
+        import opgen
+
+        device = torch.device("cuda", rank)
+        shape, context, steps = dm.SHAPES["tiny"], 12, 4
+        ids = [torch.tensor([[(7 * p + 3) % shape.vocab]], device=device) for p in range(context + steps)]
+        pos = [torch.tensor([p], device=device) for p in range(context + steps)]
+        with torch.no_grad():
+            model = dm.gpt_fast(shape, context + steps, device)
+            fill_caches(model, context)
+            expected = [model(ids[p], pos[p]) for p in range(context, context + steps)]
+            model = shard(model, rank, world, dist.group.WORLD)
+            fast = opgen.compile(model, (ids[0], pos[0]), passes=_passes(route), cache=False, cuda_graphs=True)
+            got = [fast(ids[p], pos[p]).clone() for p in range(context, context + steps)]
+            torch.cuda.synchronize()
+        scale = max(e.abs().max().item() for e in expected)
+        errors = {f"step {i}": (g - e).abs().max().item() / scale for i, (g, e) in enumerate(zip(got, expected))}
+        return {"errors": errors, "routes": _routes(fast), "tokens": [int(g.argmax()) for g in got],
+                "expected tokens": [int(e.argmax()) for e in expected]}  # fmt: skip
+
+    return case
+
+
+CASES: dict[str, Callable[[int, int], Any]] = {
+    f"{name}_{route}": make(route)
+    for name, make in (("tp_block", tp_block), ("tp_decoder", tp_decoder))
+    for route in ("one_shot", "nccl")
+}
