@@ -17,7 +17,7 @@ COMMANDS = {
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode_families", "LLM decoding, static KV cache: two Llamas at batch 1, or --families"),
     "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
-    "tp": ("opgen.bench.tp", "a Llama-style decoder split over N processes (gloo/NCCL): eager, inductor, opgen"),
+    "tp": ("opgen.bench.tp", "Llama decode split over N GPUs (tensor parallelism): eager, reduce-overhead, opgen"),
 }
 
 

@@ -1,189 +1,164 @@
-"""`python -m opgen.bench tp`: a Llama-style decoder split over N processes (tensor parallelism, issue 22).
+"""`python -m opgen.bench tp`: a Llama decode step split over N processes (tensor parallelism).
 
-Each decoding step takes one new token and attends to a fixed-length context (a static KV cache held
-as buffers). Every layer is pre-norm (RMSNorm), attention with its heads split over the ranks
-(q/k/v column-parallel, o row-parallel, then `dist.all_reduce`) and a SwiGLU MLP (gate/up
-column-parallel, down row-parallel, then `dist.all_reduce`). Per-token time, interleaved per
-../shared/BENCH.md (all ranks call in lockstep, a barrier before each repeat; rank 0's median, min and
-max over the repeats):
+The model is the decode bench's gpt-fast Llama (`decode_models`, random weights made on the device)
+at a real shape, `--shape 1b` (Llama-3.2-1B) or `8b` (Llama-3.1-8B), bf16, batch 1, a static KV cache
+filled up to `--context` positions, split over N ranks as gpt-fast splits it (`tp_models`: heads and
+MLP width column/row-parallel with an all-reduce after each row-parallel product, the head split
+over the vocabulary with an all-gather). `--tiny` is a small float32 version for the CPU.
 
-- eager, Inductor (`torch.compile`) and opgen (`opgen.compile`, strict) on N ranks;
-- the same three with the whole model in one process (N=1) beside them.
-
-CPU: gloo on 127.0.0.1, N=2 by default, one thread per rank. CUDA (`--device cuda`, one GPU per
-rank): NCCL, and opgen in CUDA-graph mode (the collectives are captured into the graph).
+Each N of `--tp` (default 1,2,4 on CUDA) starts N processes, one GPU each, NCCL (gloo on the CPU),
+and runs `tp_rank.run` in them: candidates eager, reduce-overhead (Inductor's default on the CPU) and
+opgen in CUDA-graph mode, and on N > 1 opgen with every all-reduce left on NCCL (its one-shot pass
+out). Per row: us per token (median [min, max]), speed-up over N=1, time / reduce-overhead's at the
+same N, % of copy bandwidth per rank (the bytes a rank reads: its weights and its part of the cache),
+the all-reduces' share of the step (`tp_rank`), and agreement with the whole model's logits
+(`tp_rank`). This workplace keeps NVLink multicast off (`NCCL_NVLS_ENABLE=0`,
+`TORCH_SYMM_MEM_DISABLE_MULTICAST=1`); the bench sets them where unset.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import json
 import multiprocessing as mp
+import os
 import socket
-import statistics
-import time
-from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+
+from opgen.bench.timing import format_table
+from opgen.bench.tp_rank import Plan, Row
+
+TEARDOWN_SECONDS = 60  # after rank 0's rows arrive, for the ranks to leave the group and exit
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+def _rank(rank: int, world: int, port: int, plan: Plan, device_type: str, copy_bw: float, outbox: Any) -> None:
+    import datetime
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+    import torch.distributed as dist
 
+    from opgen.bench import tp_rank
 
-class Layer(nn.Module):
-    """One decoder layer holding `heads` of the attention heads and `hidden` of the MLP's width."""
-
-    def __init__(self, dim: int, heads: int, head_dim: int, hidden: int, context: int, world: int) -> None:
-        super().__init__()
-        self.heads, self.head_dim, self.world = heads, head_dim, world
-        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * heads * head_dim, bias=False)
-        self.o = nn.Linear(heads * head_dim, dim, bias=False)
-        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-        self.register_buffer("cache_k", torch.randn(1, heads, context, head_dim))
-        self.register_buffer("cache_v", torch.randn(1, heads, context, head_dim))
-
-    def reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(x)
-        return x
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(self.norm1(x)).view(1, 1, 3, self.heads, self.head_dim).unbind(2)
-        k = torch.cat([self.cache_k, k.transpose(1, 2)], dim=2)
-        v = torch.cat([self.cache_v, v.transpose(1, 2)], dim=2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v)
-        h = x + self.reduce(self.o(a.transpose(1, 2).reshape(1, 1, -1)))
-        gate, up = self.gate_up(self.norm2(h)).chunk(2, dim=-1)
-        return h + self.reduce(self.down(F.silu(gate) * up))
-
-
-class Decoder(nn.Module):
-    def __init__(self, sizes: dict[str, int], world: int) -> None:
-        super().__init__()
-        dim, heads, hidden = sizes["dim"], sizes["heads"], sizes["hidden"]
-        self.layers = nn.ModuleList(
-            Layer(dim, heads // world, dim // heads, hidden // world, sizes["context"], world)
-            for _ in range(sizes["layers"])
-        )
-        self.norm = RMSNorm(dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.norm(x)
-
-
-SIZES = {
-    "tiny": {"dim": 128, "heads": 4, "hidden": 256, "layers": 2, "context": 64},
-    "full": {"dim": 2048, "heads": 16, "hidden": 5632, "layers": 8, "context": 1024},
-}
-
-
-def candidates(model: nn.Module, x: torch.Tensor, cuda: bool) -> dict[str, Callable[[], Any]]:
-    import opgen
-
-    return {
-        "eager": lambda: model(x),
-        # Inductor: reduce-overhead (CUDA graphs) on CUDA, as opgen's graph mode there; its default on the CPU.
-        "inductor": (lambda f: lambda: f(x))(torch.compile(model, mode="reduce-overhead" if cuda else "default")),
-        "opgen": (lambda f: lambda: f(x))(opgen.compile(model, (x,), cuda_graphs=cuda, cache=False)),
-    }
-
-
-Times = dict[str, tuple[float, float, float]]
-
-
-def time_steps(
-    fns: dict[str, Callable[[], Any]], calls: int, repeats: int, sync: Callable[[], None], lockstep: bool = True
-) -> Times:
-    """Microseconds per step: {name: (median, min, max)}. With `lockstep`, every rank runs the same calls in
-    the same order, a barrier before each repeat (the collectives would deadlock otherwise)."""
-    with torch.no_grad():
-        for fn in fns.values():
-            for _ in range(3):
-                fn()
-        samples: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                if lockstep:
-                    dist.barrier()
-                sync()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                sync()
-                samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {k: (statistics.median(v), min(v), max(v)) for k, v in samples.items()}
-
-
-def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
-    cuda = args.device == "cuda"
+    cuda = device_type == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 if not cuda else torch.get_num_threads())
     backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))  # fmt: skip
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    sizes = SIZES["tiny" if args.tiny else "full"]
-    x = torch.randn(1, 1, sizes["dim"], device=device)
-    rows = []
-    with torch.no_grad():
-        torch.manual_seed(0)
-        split = Decoder(sizes, world).eval().to(device)
-        rows.append((f"N={world}", time_steps(candidates(split, x, cuda), args.calls, args.repeats, sync)))
+    if world > 1:
+        address, timeout = f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=600)
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=timeout,
+                                device_id=device if cuda else None)  # fmt: skip
+    rows = tp_rank.run(rank, world, plan, device, copy_bw)
+    if rank == 0:  # printed and sent before the group is torn down (that has hung with graphs holding NCCL work)
+        print(table(rows, plan.shape, device_type, copy_bw), flush=True)
+        outbox.put([asdict(r) for r in rows])
+        outbox.close()
+        outbox.join_thread()
+    if world > 1:
         dist.barrier()
-        if rank == 0:  # the whole model in this one process
-            torch.manual_seed(0)
-            whole = Decoder(sizes, 1).eval().to(device)
-            rows.append(("N=1", time_steps(candidates(whole, x, cuda), args.calls, args.repeats, sync, False)))
-        dist.barrier()
-    if rank == 0:
-        print(table(rows, sizes, world, args.device))
-    dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
-def table(rows: list[tuple[str, Times]], sizes: dict[str, int], world: int, device: str) -> str:
-    names = ("eager", "inductor", "opgen")
-    mode = "reduce-overhead" if device == "cuda" else "default"
-    head = f"tensor-parallel decoder, {device}, {sizes}: per-token time, us (median [min, max]); inductor: {mode}"
-    lines = [head, f"{'ranks':6s}" + "".join(f"{n:>26s}" for n in names) + f"{'opgen/eager':>13s}"]
-    for label, times in rows:
-        cells = "".join(f"{times[n][0]:10.1f} [{times[n][1]:6.1f},{times[n][2]:7.1f}]" for n in names)
-        lines.append(f"{label:6s}{cells}{times['opgen'][0] / times['eager'][0]:12.2f}x")
-    return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opgen.bench tp", description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2, help="processes (ranks); default 2")
-    parser.add_argument("--tiny", action="store_true", help="small sizes: runs in under a minute on 2 CPU cores")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--calls", type=int, default=20, help="steps per repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    if args.device == "cuda" and torch.cuda.device_count() < args.world:
-        parser.error(f"--device cuda needs {args.world} GPUs, this machine has {torch.cuda.device_count()}")
+def run_size(world: int, plan: Plan, device_type: str, copy_bw: float) -> list[Row]:
+    """Rank 0's rows of one TP size, its N processes started and joined here."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, args.world, port, args)) for r in range(args.world)]
+    outbox = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, plan, device_type, copy_bw, outbox)) for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
-    return max(p.exitcode or 0 for p in procs)
+    rows = _rank0_rows(procs, outbox)
+    for r, p in enumerate(procs):
+        p.join(timeout=TEARDOWN_SECONDS)
+        if p.is_alive():
+            print(f"  TP={world}: rank {r} still tearing down after {TEARDOWN_SECONDS} s: killed", flush=True)
+            p.kill()
+            p.join()
+    if rows is None:
+        codes = ", ".join(f"rank {r}: {p.exitcode}" for r, p in enumerate(procs))
+        return [Row(world, "all", None, None, None, None, None, "-", None, None, f"ranks failed ({codes})")]
+    return rows
+
+
+def _rank0_rows(procs: list[Any], outbox: Any) -> list[Row] | None:
+    """Rank 0's rows, or None where a rank exits before they arrive (its traceback is on stderr)."""
+    import queue
+
+    while True:
+        try:
+            return [Row(**r) for r in outbox.get(timeout=1.0)]
+        except queue.Empty:
+            if any(p.exitcode is not None for p in procs):
+                try:
+                    return [Row(**r) for r in outbox.get(timeout=5.0)]
+                except queue.Empty:
+                    return None
+
+
+def table(rows: list[Row], shape: str, device: str, copy_bw: float) -> str:
+    base = {r.candidate: r.us for r in rows if r.tp == 1}
+    ro = {r.tp: r.us for r in rows if r.candidate in ("reduce-overhead", "inductor")}
+    headers = ["TP", "candidate", "us/token (min-max)", "x TP=1", "x r-o", "% copy BW/rank", "all-reduce share",
+               "tokens", "max logit err", "note"]  # fmt: skip
+    lines = []
+    for r in rows:
+        timed = r.us is not None
+        one = base.get(r.candidate) or base.get("opgen")
+        lines.append([
+            str(r.tp), r.candidate,
+            f"{r.us:.1f} ({r.low:.1f}-{r.high:.1f})" if timed else "-",
+            f"{one / r.us:.2f}x" if timed and one else "-",
+            f"{r.us / ro[r.tp]:.3f}" if timed and ro.get(r.tp) else "-",
+            f"{100 * r.bandwidth:.1f}" if r.bandwidth is not None else "-",
+            f"{100 * r.reduce_share:.1f}%" if r.reduce_share is not None else "-",
+            r.tokens,
+            f"{r.error:.1e} ({'ok' if r.ok else 'NOT ok'})" if r.error is not None else "-",
+            r.note,
+        ])  # fmt: skip
+    head = (f"tensor-parallel decode, {shape} shape, {device}, batch 1; copy bandwidth {copy_bw / 1e9:.0f} GB/s; "
+            "x TP=1: the same candidate's N=1 time over this one (opgen (NCCL) against opgen)")  # fmt: skip
+    return head + "\n" + format_table(headers, lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opgen.bench tp", description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=("1b", "8b"), default="1b", help="Llama-3.2-1B or Llama-3.1-8B widths")
+    parser.add_argument("--tiny", action="store_true", help="a small float32 model (runs in a minute on 2 CPU cores)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tp", default=None, help="comma-separated TP sizes (default 1,2,4 on CUDA, 1,2 on the CPU)")
+    parser.add_argument("--context", type=int, default=512, help="cache positions filled before the steps")
+    parser.add_argument("--check", type=int, default=4, help="steps checked against the whole model")
+    parser.add_argument("--steps", type=int, default=32, help="timed positions per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    cuda = args.device == "cuda"
+    sizes = [int(n) for n in (args.tp or ("1,2,4" if cuda else "1,2")).split(",")]
+    if cuda and max(sizes) > torch.cuda.device_count():
+        parser.error(f"--tp {max(sizes)} needs {max(sizes)} GPUs, this machine has {torch.cuda.device_count()}")
+    for key, value in MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
+    shape = "tiny" if args.tiny else args.shape
+    plan = Plan(shape, args.context if not args.tiny else 24, args.check, args.steps if not args.tiny else 8,
+                args.repeats)  # fmt: skip
+    from opgen.bench.decode import copy_bandwidth
+
+    copy_bw = copy_bandwidth(torch.device("cuda", 0) if cuda else torch.device("cpu"))
+    rows: list[Row] = []
+    for world in sizes:
+        print(f"TP={world}: {world} process(es) ...", flush=True)
+        rows += run_size(world, plan, args.device, copy_bw)  # rank 0 prints this size's table
+    where = torch.cuda.get_device_name(0) if cuda else "cpu"
+    print(f"\n== all sizes ({where}, torch {torch.__version__}) ==")
+    print(table(rows, shape, args.device, copy_bw))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": where, "torch": torch.__version__, "shape": shape, "plan": asdict(plan),
+                       "copy_bandwidth": copy_bw, "rows": [asdict(r) for r in rows]}, f, indent=1)  # fmt: skip
+    return 0 if all(r.us is not None for r in rows) else 1
