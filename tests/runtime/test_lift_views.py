@@ -69,6 +69,15 @@ class Chain(nn.Module):
         return p + y
 
 
+class Rotary(nn.Module):
+    """gpt-fast's rotary embedding: the pairs rotated, then `torch.stack`ed back (cat of unsqueezes)."""
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        from opgen.bench.decode_models import apply_rotary
+
+        return apply_rotary(x, freqs)
+
+
 compiled = compile_as_on_cuda  # split_bias, lift_views and fusion as on CUDA
 
 
@@ -87,6 +96,18 @@ def residual_norm(bias: bool = False) -> tuple[nn.Module, tuple[torch.Tensor, ..
 
 def chain(then: str = "add") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return Chain(then), (torch.randn(2, 5, 7), torch.randn(2, 7, 5))
+
+
+def rotary() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return Rotary(), (torch.randn(1, 1, 4, 8), torch.randn(1, 4, 2))
+
+
+def test_the_rotary_pairs_and_their_stack_are_one_kernel(monkeypatch) -> None:
+    model, inputs = rotary()
+    fn, kernels = compiled(monkeypatch, model, inputs)
+    (kernel,) = kernels  # the unsqueezes moved above the products: the stack's cat reads them in its kernel
+    assert {"mul", "sub", "add", "cat"} <= set(kernel.nodes), kernel.nodes
+    check(fn, model, inputs)
 
 
 def test_the_bias_add_scale_and_residual_add_are_one_kernel(monkeypatch) -> None:
@@ -130,6 +151,15 @@ def test_a_permute_returned_or_read_by_a_product_stays(monkeypatch, then) -> Non
             assert fn(*inputs)[0].stride() == model(*inputs)[0].stride()  # type: ignore[operator]
 
 
+def test_only_a_reshape_that_inserts_ones_views_any_operand() -> None:
+    from opgen.runtime.passes.fusion.lift_views import _inserted_ones
+
+    assert _inserted_ones((2, 3), (2, 3, 1)) == [2]
+    assert _inserted_ones((2, 3), (1, 2, 1, 3)) == [0, 2]
+    assert _inserted_ones((2, 3), (2, 3)) is None  # nothing inserted
+    assert _inserted_ones((2, 3), (6,)) is None and _inserted_ones((2, 3), (3, 2, 1)) is None
+
+
 def test_cpu_programs_are_unchanged() -> None:
     model, inputs = chain()
     passes = [p for p in opgen.runtime.pipeline.default_pipeline() if p not in CPU_PASSES]
@@ -141,11 +171,12 @@ def test_cpu_programs_are_unchanged() -> None:
 
 
 @interpreter
-@pytest.mark.parametrize("what", ["block_tail", "chain", "residual_norm"])
+@pytest.mark.parametrize("what", ["block_tail", "chain", "residual_norm", "rotary"])
 def test_the_kernels_through_views_run_in_the_interpreter(monkeypatch, request, what) -> None:
     if ran_in_fresh_interpreter(request):
         return
-    model, inputs = {"block_tail": block_tail, "chain": chain, "residual_norm": lambda: residual_norm(True)}[what]()
+    model, inputs = {"block_tail": block_tail, "chain": chain, "residual_norm": lambda: residual_norm(True),
+                     "rotary": rotary}[what]()  # fmt: skip
     checks: list[str] = []
     fn, kernels = compiled(monkeypatch, model, inputs, checks)
     check(fn, model, inputs)

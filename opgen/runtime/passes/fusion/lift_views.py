@@ -11,6 +11,9 @@ share an iteration space, and a view changes it:
   `triton_poi_fused_add_addmm_mul_permute_view` does.
 - a reshape: Swin's `x + attn(...)` over (B, H, W, C), reshaped to (B, H*W, C) for the next layer
   norm; lifted, the residual add and the norm are one row kernel.
+- an unsqueeze: gpt-fast's rotary embedding `torch.stack`s its rotated pairs, a cat of unsqueezes;
+  lifted up to the pairs' loads (an unsqueeze views any operand, whatever its strides), the
+  products, the sums and the stack are one kernel.
 
 A pointwise node's loads follow its operands' strides, so the permuted views cost no copy. Only where
 every reader of the view is a node fusion takes (so kernels merge) and nothing returns it (the caller
@@ -21,6 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
+
+import torch
 
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, contiguous_strides, meta_table
 from opgen.runtime.ir.fusible import PERMUTE, POINTWISE, VIEW
@@ -30,6 +36,7 @@ from opgen.runtime.passes.regions import dense
 from opgen.runtime.registry import KernelRegistry
 
 ROUNDS = 8  # a view moves above a chain of at most this many pointwise nodes
+UNSQUEEZE = "aten.unsqueeze.default"  # a reshape too: gpt-fast's rotary `stack`s its pairs as cat(unsqueeze, ...)
 
 
 def lift_views(program: Program, registry: KernelRegistry) -> Program:
@@ -85,7 +92,7 @@ def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
     its depthwise convolution)."""
     if not isinstance(line, KernelCall) or line.fallback or len(line.outputs) != 1 or len(line.args) < 2:
         return False
-    if line.target != PERMUTE and line.target not in RESHAPES:
+    if line.target != PERMUTE and line.target not in RESHAPES and line.target != UNSQUEEZE:
         return False
     out, source = line.outputs[0], line.args[0]
     meta = metas.get(source.name) if isinstance(source, Ref) else None
@@ -145,7 +152,16 @@ class _Lift:
 
     def _reshaped(self, arg: Ref, meta: TensorMeta) -> Arg:
         """The whole operand reshaped like the node's result (it must be contiguous for a view), or one
-        that broadcasts over dimensions the reshape leaves alone, as it is."""
+        that broadcasts over dimensions the reshape leaves alone, as it is. A reshape that only inserts
+        dimensions of size 1 (an unsqueeze) views any operand, whatever its strides or broadcast."""
+        inserted = _inserted_ones(self.before, self.after)
+        if inserted is not None and len(meta.shape) <= len(self.before):
+            padded = [1] * (len(self.before) - len(meta.shape)) + list(meta.shape)
+            for at in inserted:
+                padded.insert(at, 1)
+            shape = tuple(padded)
+            strided = torch.empty_strided(meta.shape, meta.stride, device="meta").view(shape)  # type: ignore[arg-type]
+            return self._line("view", VIEW, (arg, shape), replace(meta, shape=shape, stride=strided.stride()))
         if meta.shape == self.before and meta.is_contiguous():
             shaped = replace(meta, shape=self.after, stride=contiguous_strides(self.after))  # type: ignore[arg-type]
             return self._line("view", VIEW, (arg, self.after), shaped)
@@ -166,3 +182,17 @@ class _Lift:
         value = Value(next(self.names), meta)
         self.lines.append(KernelCall(kernel, args, (), (value,), self.view.node, target))
         return Ref(value.name)
+
+
+def _inserted_ones(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[int] | None:
+    """The positions in `after` of the size-1 dimensions a reshape from `before` inserts, where that is
+    all it does (every dimension of `before` kept, in order); else None."""
+    positions, i = [], 0
+    for at, n in enumerate(after):
+        if i < len(before) and n == before[i]:
+            i += 1
+        elif n == 1:
+            positions.append(at)
+        else:
+            return None
+    return positions if i == len(before) and positions else None
