@@ -52,6 +52,22 @@ class Rotary(nn.Module):
         return q @ k.transpose(-1, -2).mean(1, keepdim=True)
 
 
+class GptFastRotary(nn.Module):
+    """gpt-fast's rotary on one step's queries and keys: pairs rotated and stacked (`apply_rotary`), each
+    result reshaped right after its kernel, then a product of them."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        from opgen.bench.decode_models import apply_rotary
+
+        q = apply_rotary(q, freqs).transpose(1, 2)
+        k = apply_rotary(k, freqs).transpose(1, 2)
+        return q @ k.transpose(-1, -2).mean(1, keepdim=True)
+
+
+def gpt_fast_inputs(dim: int = 16) -> tuple:
+    return torch.randn(1, 1, 4, dim), torch.randn(1, 1, 2, dim), torch.randn(1, dim // 2, 2)
+
+
 def inputs(dim: int = 16, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple:
     q = torch.randn(1, 4, 1, dim, dtype=dtype, device=device)
     k = torch.randn(1, 2, 1, dim, dtype=dtype, device=device)
@@ -67,6 +83,20 @@ def compile_on_cpu(monkeypatch: pytest.MonkeyPatch, model: nn.Module, example: t
                    checks: list[str] | None = None) -> tuple[object, list[FusedKernel]]:  # fmt: skip
     with torch.no_grad():
         return compile_with_pass(monkeypatch, model.eval(), example, "fusion", run_passes, checks,  # type: ignore[no-any-return]
+                                 {"atol": 1e-5, "rtol": 1e-5}, leave_out=("split_bias", "lift_views"))  # fmt: skip
+
+
+def compile_gpt_fast(
+    monkeypatch: pytest.MonkeyPatch, checks: list[str] | None = None
+) -> tuple[object, list[FusedKernel]]:
+    """`GptFastRotary` with lift_views, fusion and horizontal as if on CUDA (the stack fuses once lifted)."""
+    from opgen.runtime.passes.fusion.lift_views import lift_views
+
+    def passes(program: Program, registry: KernelRegistry) -> Program:
+        return fuse_horizontal(fuse(lift_views(program, registry), registry), registry)
+
+    with torch.no_grad():
+        return compile_with_pass(monkeypatch, GptFastRotary().eval(), gpt_fast_inputs(), "fusion", passes, checks,  # type: ignore[no-any-return]
                                  {"atol": 1e-5, "rtol": 1e-5}, leave_out=("split_bias", "lift_views"))  # fmt: skip
 
 
@@ -96,6 +126,31 @@ def test_a_kernel_whose_result_is_read_between_keeps_its_own_launch(monkeypatch:
     assert shared(specs) == []
     with torch.no_grad():
         torch.testing.assert_close(compiled(*example), model(*example))  # type: ignore[operator]
+
+
+def test_views_of_a_rotated_tensor_between_the_kernels_move_after_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled, specs = compile_gpt_fast(monkeypatch)
+    (spec,) = shared(specs)  # the queries' reshape sat between the two kernels
+    assert spec.describe.startswith("one launch for 2 pointwise kernels") and spec.nodes.count("cat") + sum(
+        n.startswith("cat_") for n in spec.nodes) == 2  # fmt: skip
+    example = gpt_fast_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), GptFastRotary()(*example))  # type: ignore[operator]
+
+
+@interpreter
+def test_the_gpt_fast_kernel_matches_in_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    if ran_in_fresh_interpreter(request):
+        return
+    checks: list[str] = []
+    compiled, specs = compile_gpt_fast(monkeypatch, checks)
+    torch.manual_seed(1)
+    example = gpt_fast_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), GptFastRotary()(*example), atol=1e-5, rtol=1e-5)  # type: ignore[operator]
+    assert shared(specs)[0].name in checks
 
 
 @interpreter

@@ -8,13 +8,17 @@ programs take the groups' blocks one group after another (`codegen.triton.horizo
 
 A run: fused pointwise kernels in body order where none reads what an earlier one of the run returns,
 and the lines between write no memory and read nothing the run's kernels return (the merged kernel runs
-where the last one did). One multi-kernel choice against every ATen call the kernels replaced.
+where the last one did), except views: a view of what the run returns (gpt-fast reshapes each rotated
+tensor right after its kernel), and views of those, move to just after the merged kernel, where no
+kernel of the run reads them. One multi-kernel choice against every ATen call the kernels replaced.
 """
 
 from __future__ import annotations
 
-from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, Line, Program, uses
-from opgen.runtime.passes.analysis import fresh_namer, writes_memory
+from dataclasses import dataclass, field, replace
+
+from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, Line, Program, defs, uses
+from opgen.runtime.passes.analysis import fresh_namer, is_view_call, writes_memory
 from opgen.runtime.passes.fusion.calls import absorbing, called
 from opgen.runtime.registry import KernelRegistry
 
@@ -23,9 +27,10 @@ MAX_PARTS = 4
 
 def fuse_horizontal(program: Program, registry: KernelRegistry) -> Program:
     specs = {spec.local: spec for spec in program.fused}
-    runs = [run for run in _runs(program.body, specs) if len(run) > 1]
-    if not runs:
+    found_runs = [run for run in _runs(program.body, specs, registry) if len(run.kernels) > 1]
+    if not found_runs:
         return program
+    program, runs = _views_after(program, found_runs)
     locals_ = fresh_namer(program, "fused")
     found, gone = [], set()
     for run in runs:
@@ -42,23 +47,53 @@ def _pointwise(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
     return spec
 
 
-def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel]) -> list[list[int]]:
-    """Body indices of each run (see the module's docstring), in body order."""
-    runs: list[list[int]] = []
-    run: list[int] = []
-    returned: set[str] = set()  # what the open run's kernels return
+@dataclass
+class _Run:
+    kernels: list[int] = field(default_factory=list)  # body indices of the run's kernels
+    views: list[int] = field(default_factory=list)  # views of their results between them, moved after the last
+    returned: set[str] = field(default_factory=set)  # what the kernels return, and the views of it
+
+
+def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel], registry: KernelRegistry) -> list[_Run]:
+    """Each run (see the module's docstring), in body order."""
+    runs: list[_Run] = []
+    run = _Run()
     for at, line in enumerate(body):
         spec = _pointwise(line, specs)
-        if spec is not None and not (set(uses(line)) & returned) and len(run) < MAX_PARTS:
-            run.append(at)
-            returned |= {v.name for v in spec.outputs}
+        reads_run = bool(set(uses(line)) & run.returned)
+        if spec is not None and not reads_run and len(run.kernels) < MAX_PARTS:
+            run.kernels.append(at)
+            run.returned |= {v.name for v in spec.outputs}
             continue
-        if run and (writes_memory(line) or set(uses(line)) & returned or spec is not None):
+        if run.kernels and reads_run and spec is None and is_view_call(line, registry):
+            run.views.append(at)
+            run.returned |= {v.name for v in defs(line)}
+            continue
+        if run.kernels and (writes_memory(line) or reads_run or spec is not None):
             runs.append(run)
-            run, returned = ([at], {v.name for v in spec.outputs}) if spec is not None else ([], set())
-    if run:
+            run = _Run([at], [], {v.name for v in spec.outputs}) if spec is not None else _Run()
+    if run.kernels:
         runs.append(run)
+    for run in runs:  # views after the last kernel stay where they are
+        run.views = [at for at in run.views if at < run.kernels[-1]]
     return runs
+
+
+def _views_after(program: Program, runs: list[_Run]) -> tuple[Program, list[list[int]]]:
+    """The body with each run's views moved to just after its last kernel; the runs' kernels' new indices."""
+    moved = {at for run in runs for at in run.views}
+    if not moved:
+        return program, [run.kernels for run in runs]
+    after = {run.kernels[-1]: run.views for run in runs}
+    body: list[Line] = []
+    where: dict[int, int] = {}
+    for at, line in enumerate(program.body):
+        if at in moved:
+            continue
+        where[at] = len(body)
+        body.append(line)
+        body.extend(program.body[v] for v in after.get(at, ()))
+    return replace(program, body=tuple(body)), [[where[at] for at in run.kernels] for run in runs]
 
 
 def merged(parts: list[FusedKernel], local: str) -> FusedKernel:
