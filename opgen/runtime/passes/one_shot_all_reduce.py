@@ -1,12 +1,13 @@
 """Small all-reduces through a one-shot all-reduce over peer memory, large ones through the process group.
 
-Decoding a tensor-parallel model all-reduces a few KB twice a layer. NCCL's general path takes
-16-22 us for such a message on H100 NVLink, while the payload itself needs well under one: the cost
-is latency. A one-shot all-reduce reads every rank's copy straight from its memory over NVLink and
-sums locally, one kernel with a barrier before and after (vLLM's and SGLang's custom all-reduce;
-here torch's symmetric memory, `symm_mem.one_shot_all_reduce_copy_out`, which copies the local input
-into a buffer every rank mapped, then reduces into the output). It reads world-size times the message
-per rank, so it loses to NCCL's ring as messages grow: the choice is by size.
+Decoding a tensor-parallel model all-reduces a few KB twice a layer. NCCL's general path took 12-18 us
+for such a message (4-8 KB, 2 H200s, replayed in a CUDA graph; docs/distributed.md), while the payload
+needs well under one: the cost is latency. A one-shot all-reduce reads every rank's copy straight from
+its memory over NVLink and sums locally, one kernel with a barrier before and after (vLLM's and
+SGLang's custom all-reduce; here torch's symmetric memory, `symm_mem.one_shot_all_reduce_copy_out`,
+which copies the local input into a buffer every rank mapped, then reduces into the output): 6.5-6.7 us
+there. It reads world-size times the message per rank, so it loses to NCCL's ring as messages grow:
+the choice is by size.
 
 An `all_reduce` issue line (after `passes.collectives`) becomes one-shot where:
 
