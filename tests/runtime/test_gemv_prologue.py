@@ -131,10 +131,37 @@ class ReadTwice(nn.Module):
         return self.q(y), y  # the norm's output is read by the caller too
 
 
+class PostNorm(nn.Module):
+    """OLMo-2's post-norm layer after attention: `h = residual + norm(o(x))` feeds the MLP's products and
+    the residual add after them."""
+
+    def __init__(self, d: int = 64, hidden: int = 96) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.o = RMSNorm(d), RMSNorm(d), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        h = residual + self.norm1(self.o(x))
+        return h + self.norm2(self.down(nn.functional.silu(self.gate(h)) * self.up(h)))
+
+
+@pytest.mark.parametrize("model", [ReadTwice, PostNorm], ids=["returned", "post_norm"])
+def test_a_row_also_read_after_the_products_is_stored_by_their_kernel(
+    monkeypatch: pytest.MonkeyPatch, model: type[nn.Module]
+) -> None:
+    layer, example = model(), inputs()
+    compiled, specs = compile_on_cpu(monkeypatch, layer, example)
+    (merged,) = prologues(specs)
+    assert len(merged.outputs) == 2 and "if STORE:" in merged.source  # the row, stored, and the products'
+    rows_left = sum(s.describe.startswith("row kernel") for s in specs)  # the post-norm's last norm and add
+    assert rows_left == (1 if model is PostNorm else 0), [s.describe for s in specs]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), layer(*example))  # type: ignore[operator]
+
+
 def test_what_does_not_fit_keeps_its_two_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A norm read elsewhere too, a row longer than MAX_K, two rows: the kernels stay apart."""
-    _, specs = compile_on_cpu(monkeypatch, ReadTwice(), inputs())
-    assert prologues(specs) == [] and any("row kernel" in s.describe for s in specs)
+    """A row longer than MAX_K, two rows: the kernels stay apart."""
     wide = MAX_K + 16
     _, specs = compile_on_cpu(monkeypatch, Layer(d=wide, kv=wide // 2, hidden=32), inputs(wide))
     assert prologues(specs) == [] and any("matrix-vector kernel" in s.describe for s in specs)
@@ -155,6 +182,20 @@ def test_the_kernels_match_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, r
     with torch.no_grad():
         torch.testing.assert_close(compiled(*example), model(*example), atol=1e-4, rtol=1e-4)  # type: ignore[operator]
     assert {s.name for s in prologues(specs)} <= set(checks) and len(prologues(specs)) == 2
+
+
+@interpreter
+def test_a_stored_row_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
+                                                 request: pytest.FixtureRequest) -> None:  # fmt: skip
+    if ran_in_fresh_interpreter(request):
+        return
+    model, checks = PostNorm(d=80, hidden=70), []
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(80), checks=checks)
+    example = inputs(80)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), model(*example), atol=1e-4, rtol=1e-4)  # type: ignore[operator]
+    (merged,) = prologues(specs)
+    assert len(merged.outputs) == 2 and merged.name in checks
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}

@@ -111,6 +111,7 @@ class GemvPlan:
     x_row_stride: int = 0
     prologue: FusedGroup | None = None  # a row group of one row whose output `prologue_x` is the input row,
     prologue_x: int = 0  # computed by the kernel first (`passes.fusion.gemv_prologue`)
+    prologue_stored: bool = False  # the input row is also stored (lines after the kernel read it)
 
 
 @dataclass(frozen=True, slots=True)

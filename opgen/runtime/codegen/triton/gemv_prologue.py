@@ -4,7 +4,8 @@ with a `prologue` (`opgen.runtime.passes.fusion.gemv_prologue`).
 The input row is the output of a row group of one row (a norm, with the residual add before it): each
 program reads its whole tile of weights (one step of K: BLOCK_K covers the row), then computes the row
 itself (`group_parts.row_prologue`: the group's inputs, a few KB, read from cache) and multiplies. The first
-program also stores the group's other outputs (the residual sum the next layer reads). Where kernels
+program also stores the group's other outputs (the residual sum the next layer reads), and the row itself
+where lines after the kernel read it too (`prologue_stored`: a post-norm layer's residual stream). Where kernels
 launch dependently, the tile is read before the wait for the kernel before, as in `codegen.triton.gemv`:
 the weights stream in while that kernel finishes. Laid out and named as the plain kernel is (one
 launch for every sibling; names shared by a model's layers).
@@ -63,7 +64,7 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     """(name, source). Parameters: the prologue's inputs (`p_in0..`), the weights, the biases, the
     prologue's other outputs (`p_out<i>`), the products' outputs (`out0..`)."""
     assert plan.prologue is not None and plan.m == 1
-    prologue, params = row_prologue(plan.prologue, plan.prologue_x)
+    prologue, params = row_prologue(plan.prologue, plan.prologue_x, plan.prologue_stored)
     inputs = tuple(f"p_{p}" for p in params if p.startswith("in"))
     outputs = tuple(f"p_{p}" for p in params if p.startswith("out"))
     of = f"one row of {plan.k}, computed first ({plan.prologue.describe()})"

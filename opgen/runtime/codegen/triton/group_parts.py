@@ -13,22 +13,24 @@ from opgen.runtime.codegen.triton.order import in_memory_order
 from opgen.runtime.ir import FusedGroup
 
 
-def row_prologue(group: FusedGroup, returned: int) -> tuple[str, list[str]]:
+def row_prologue(group: FusedGroup, returned: int, store_returned: bool = False) -> tuple[str, list[str]]:
     """(source, tensor parameters) of `@triton.jit def _prologue(<parameters>, STORE, BLOCK_N)`: a row
     group of one row computed whole in registers, for a kernel that starts with it
-    (`codegen.triton.gemv_prologue`). It stores the group's outputs but output `returned` where STORE
-    holds (one program of the calling kernel), and returns that one as it would be stored, in float32:
-    a [1, BLOCK_N] tensor (BLOCK_N at least the row's length). Parameters: `in0..` for the inputs,
-    `out<i>` for each output but `returned` (numbered as in the group's own kernel)."""
+    (`codegen.triton.gemv_prologue`). It stores the group's outputs but output `returned` (that one
+    too with `store_returned`) where STORE holds (one program of the calling kernel), and returns that
+    one as it would be stored, in float32: a [1, BLOCK_N] tensor (BLOCK_N at least the row's length).
+    Parameters: `in0..` for the inputs, `out<i>` for each output stored (numbered as in the group's
+    own kernel)."""
     assert group.kind == "row" and math.prod(group.shape[:-1]) == 1, group.describe()
     body = group_body(group, stored=())
     computed = len(body.lines)
     for i, out in enumerate(group.outputs):
-        if i != returned:
+        if i != returned or store_returned:
             body.store(out)
     stores = [f"    {line}" for line in body.lines[computed:]]
     value = body.stored(group.outputs[returned])
-    params = [p for i, p in enumerate(group_params(group)) if i != len(group.inputs) + returned]
+    params = [p for i, p in enumerate(group_params(group))
+              if i != len(group.inputs) + returned or store_returned]  # fmt: skip
     one_row = ["rows = tl.arange(0, 1)[:, None]", "cols = tl.arange(0, BLOCK_N)[None, :]", "rmask = rows < 1",
                f"cmask = cols < {group.shape[-1]}", "mask = rmask & cmask"]  # fmt: skip
     lines = [

@@ -13,6 +13,8 @@ It applies where the row group (any, not only norms: `FusedGroup` of kind "row" 
 elements, K at most `MAX_K`) has an output that only views read, ending at the input of a one-row
 matrix-vector kernel without a prologue, reading it contiguously; and where the lines between the two
 write no memory and read none of the group's outputs (the merged kernel runs where the products did).
+That output may also be read after the products (a post-norm layer, OLMo-2's, feeds its residual stream
+`h = x + norm(o)` to the MLP's products and to the next residual add): the kernel then stores it too.
 The merged kernel is one multi-kernel choice against all the ATen calls the two replaced.
 """
 
@@ -41,12 +43,12 @@ def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
         match = _row_group(line, at, body, specs, producers, read_by)
         if match is None:
             continue
-        group_at, views, returned = match
+        group_at, views, returned, stored = match
         group = specs[body[group_at].kernel]  # type: ignore[union-attr]
         if group.local in gone:
             continue
         gone |= {group.local, gemv.local}
-        kernel = merged(group, gemv, returned, [body[i] for i in views])
+        kernel = merged(group, gemv, returned, [body[i] for i in views], stored)
         found.append((kernel, [group_at, *views, at], at))
     return absorbing(program, found, gone)
 
@@ -60,17 +62,21 @@ def _gemv(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
     return spec if plan.k <= MAX_K else None
 
 
-Match = tuple[int, list[int], int]  # the row kernel's call, the views after it, the output the products read
+Match = tuple[int, list[int], int, bool]  # the row kernel's call, the views after it, the output the products
+# read, whether that output is also stored (lines after the products read it)
 
 
 def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: dict[str, FusedKernel],
                producers: dict[str, int], read_by: dict[str, set[int]]) -> Match | None:  # fmt: skip
     """(body index of the row kernel's call, of the views between, index of the output the products
-    read) where the products' input comes from a one-row group as the module says, or None."""
+    read, whether it is stored too) where the products' input comes from a one-row group as the module
+    says, or None."""
     value, views = line.args[0].name, []  # type: ignore[union-attr]
     while True:
-        if read_by.get(value) != ({at} if not views else {views[0]}):
-            return None  # something else reads it
+        reader = at if not views else views[0]
+        others = read_by.get(value, set()) - {reader}
+        if reader not in read_by.get(value, set()):
+            return None
         source = producers.get(value)
         if source is None:
             return None
@@ -79,10 +85,14 @@ def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: dict[st
             return None
         if found.jit:
             break
+        if others:
+            return None  # a view something else reads
         if found.target not in RESHAPES or writes_memory(found) or not found.args or not isinstance(found.args[0], Ref):
             return None
         views.insert(0, source)
         value = found.args[0].name
+    if any(i < at for i in others):
+        return None  # read before the products run
     spec = specs.get(found.kernel)
     group = spec.plan if spec is not None else None
     if not isinstance(group, FusedGroup) or group.kind != "row" or spec is None:
@@ -92,26 +102,28 @@ def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: dict[st
         return None
     names = [v.name for v in found.outputs if v is not None]
     returned = names.index(value)
-    others = set(names) - {value}
+    stored = set(names) - ({value} if not others else set())
     for between in range(source + 1, at):
         if between in views:
             continue
-        if writes_memory(body[between]) or others & set(uses(body[between])):
+        if writes_memory(body[between]) or stored & set(uses(body[between])):
             return None
     meta = found.outputs[returned].meta
     if meta is None or not meta.is_contiguous():
         return None
-    return source, views, returned
+    return source, views, returned, bool(others)
 
 
-def merged(group: FusedKernel, gemv: FusedKernel, returned: int, views: list[Line]) -> FusedKernel:
+def merged(
+    group: FusedKernel, gemv: FusedKernel, returned: int, views: list[Line], stored: bool = False
+) -> FusedKernel:
     """The matrix-vector kernel computing its input first: the group's inputs, then the products' weights
-    and biases; the group's other outputs, then the products' outputs. Its ATen side: the group's calls,
-    the views, the products' calls."""
-    plan = replace(gemv.plan, prologue=group.plan, prologue_x=returned)  # type: ignore[type-var]
+    and biases; the group's other outputs (with `stored`, all of them), then the products' outputs. Its
+    ATen side: the group's calls, the views, the products' calls."""
+    plan = replace(gemv.plan, prologue=group.plan, prologue_x=returned, prologue_stored=stored)  # type: ignore[type-var]
     inputs = [*zip(group.inputs, group.input_dtypes, strict=True)]
     inputs += zip(gemv.inputs[1:], gemv.input_dtypes[1:], strict=True)  # the weights and biases
-    outputs = [v for i, v in enumerate(group.outputs) if i != returned]
+    outputs = [v for i, v in enumerate(group.outputs) if i != returned or stored]
     lines = [*group.lines, *views, *gemv.lines]
     return FusedKernel.make(
         gemv.local,
