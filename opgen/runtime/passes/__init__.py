@@ -6,7 +6,8 @@ so that every later pass sees a convolution reading its input directly; batch-no
 raw conv -> bn pattern, and
 oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `onednn` runs before
 `layout` so that max pooling of its channels-last values joins its region; view
-simplification and shape folding leave dead code, removed before `prepack` looks for single
+simplification and shape folding (and `empty_cat`, which drops a cat's empty operands, a cat left with
+one being a copy) leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `mkl_linear` and `prepack` then replace
 (`mkl_linear` first: it takes the static row counts it wins on and leaves the rest to `prepack`),
 leaving dead code again, removed before memory planning; `reinplace` turns functional writes into buffers (a KV
@@ -61,6 +62,7 @@ from opgen.runtime.passes.conv_bn import fold_conv_bn
 from opgen.runtime.passes.cudnn import fuse_cudnn
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.dependent_launch import launch_dependently
+from opgen.runtime.passes.empty_cat import drop_empty_cat_operands
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
@@ -98,6 +100,7 @@ PASSES: dict[str, Pass] = {
     "identity_views": drop_identity_views,
     "sink_reshapes": sink_reshapes,
     "shapes": fold_shapes,
+    "empty_cat": drop_empty_cat_operands,
     "reinplace": reinplace,
     "constants": fold_constants,
     "mkl_linear": pack_linear_mkl,
@@ -135,6 +138,7 @@ DEFAULT_PIPELINE = (
     "identity_views",
     "sink_reshapes",
     "shapes",
+    "empty_cat",
     "dead_code",
     "reinplace",
     "constants",
