@@ -135,6 +135,47 @@ def test_a_gated_pair_writes_silu_gate_times_up_alone(monkeypatch: pytest.Monkey
     assert all(grid == (-(-96 // dict(meta)["BLOCK_N"]),) for meta, _, _, grid in mlp.configs)  # a program does both
 
 
+class GeGLU(nn.Module):
+    """Gemma's MLP: gelu (tanh-approximated, or exact) of the gate times up, then down."""
+
+    def __init__(self, approximate: str, d: int = 64, hidden: int = 96) -> None:
+        super().__init__()
+        self.approximate = approximate
+        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.gelu(self.gate(x), approximate=self.approximate) * self.up(x))
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_a_gelu_gated_pair_is_one_kernel_too(monkeypatch: pytest.MonkeyPatch, approximate: str) -> None:
+    model, x = GeGLU(approximate), torch.randn(1, 64)
+    compiled, specs = compile_gemv(monkeypatch, model, (x,))
+    name = "gelu_tanh" if approximate == "tanh" else "gelu"
+    (mlp,) = (s for s in specs if f"{name}(gate) * up" in s.describe)
+    assert [line.target for line in mlp.lines][-2:] == ["aten.gelu.default", "aten.mul.Tensor"]
+    assert ("tl.erf(" in mlp.source) == (approximate == "none") and "tl.sigmoid(g)" not in mlp.source
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))  # type: ignore[operator]
+
+
+@needs_triton
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_the_gelu_gated_kernels_match_in_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, approximate: str, rows: int
+) -> None:
+    if ran_in_fresh_interpreter(request):
+        return
+    model, checks = GeGLU(approximate, d=80, hidden=70), []
+    compiled, specs = compile_gemv(monkeypatch, model, (torch.randn(rows, 80),), checks=checks)
+    x = torch.randn(rows, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)  # type: ignore[operator]
+    assert any("gelu" in s.describe for s in specs) and sorted(checks) == sorted(s.name for s in specs)
+
+
 class GateReadTwice(nn.Module):
     def __init__(self) -> None:
         super().__init__()

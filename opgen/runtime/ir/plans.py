@@ -105,13 +105,14 @@ class GemvPlan:
     k: int
     x_stride: int
     products: tuple[GemvRows, ...]
-    gated: bool = False  # a gate and an up product (the gate first) writing `silu(gate) * up` alone
+    gated: bool = False  # a gate and an up product (the gate first) writing `activation(gate) * up` alone
     dependent: bool = False  # its first weights are read before it waits for the kernel before it
     m: int = 1  # input rows: one is a matrix-vector kernel (`codegen.triton.gemv`), more tensor-core tiles
     x_row_stride: int = 0
     prologue: FusedGroup | None = None  # a row group of one row whose output `prologue_x` is the input row,
     prologue_x: int = 0  # computed by the kernel first (`passes.fusion.gemv_prologue`)
     prologue_stored: bool = False  # the input row is also stored (lines after the kernel read it)
+    activation: str = "silu"  # a gated pair's: "silu" (SwiGLU), "gelu" or "gelu_tanh" (GeGLU)
 
 
 @dataclass(frozen=True, slots=True)

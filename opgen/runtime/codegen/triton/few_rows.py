@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.gemv import META, SWIGLU, dependent_helper, grid_blocks, kernel_body
+from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.ir import Config, GemvPlan
 
@@ -112,7 +112,7 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     launch for every sibling, names shared by layers), its helpers tensor-core tiles over the rows."""
     of, strides = f"{plan.m} rows of {plan.k}", [plan.x_row_stride, plan.x_stride]
     body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)])
-    helpers = dependent_helper(SWIGLU + _GATED if plan.gated else _TILES, plan.dependent)
+    helpers = dependent_helper(gated_helper(plan.activation) + _GATED if plan.gated else _TILES, plan.dependent)
     return jit_module("gemm_rows", params, META, body, helpers)
 
 

@@ -78,15 +78,25 @@ def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
     tl.store(out + rows, _swiglu(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1), out), mask=row_ok)
 '''
 
-# The gated kernels' last step (one row's, a few rows', a prologue's), the helper before their `_gated`.
-SWIGLU = '''@triton.jit
+# The gated kernels' last step (one row's, a few rows', a prologue's), the helper before their `_gated`:
+# `act(g) * u`, act the plan's activation, in float32 (as ATen's kernels compute it in half precision).
+ACTIVATIONS = {
+    "silu": "g * tl.sigmoid(g)",
+    "gelu": "0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))",
+    "gelu_tanh": "0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * (g + 0.044715 * g * g * g))) - 1.0))",
+}
+
+
+def gated_helper(activation: str) -> str:
+    """Source of `_swiglu(g, u, out)`: `activation(g) * u` in out's dtype from float32 products, each
+    product and the activation rounded to that dtype as the separate calls store them."""
+    return f'''@triton.jit
 def _swiglu(g, u, out):
-    """silu(g) * u in out's dtype from float32 products, each product and the silu rounded to that dtype as
-    the separate calls store them."""
+    """{activation}(g) * u in out's dtype, each product and the {activation} rounded to it."""
     dtype = out.dtype.element_ty
     g = g.to(dtype).to(tl.float32)
     u = u.to(dtype).to(tl.float32)
-    s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+    s = ({ACTIVATIONS[activation]}).to(dtype).to(tl.float32)
     return (s * u).to(dtype)
 
 
@@ -109,9 +119,8 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     `plan.gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
     `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`dependent_helper`)."""
     body, params = kernel_body(plan, f"one row of {plan.k}", "_rows", [], [plan.x_stride], [])
-    return jit_module(
-        "gemv", params, META, body, dependent_helper(SWIGLU + _GATED if plan.gated else _ROWS, plan.dependent)
-    )
+    helper = gated_helper(plan.activation) + _GATED if plan.gated else _ROWS
+    return jit_module("gemv", params, META, body, dependent_helper(helper, plan.dependent))
 
 
 def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int], tail: list[int],

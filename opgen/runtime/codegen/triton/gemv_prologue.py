@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.gemv import META, SWIGLU, dependent_helper, grid_blocks, kernel_body
+from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.group_parts import row_prologue
 from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.ir import Config, GemvPlan
@@ -69,7 +69,7 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     outputs = tuple(f"p_{p}" for p in params if p.startswith("out"))
     of = f"one row of {plan.k}, computed first ({plan.prologue.describe()})"
     body, kernel_params = kernel_body(plan, of, "_rows", [], [], [], x=inputs, x_outputs=outputs)
-    template = SWIGLU + _GATED if plan.gated else _ROWS
+    template = gated_helper(plan.activation) + _GATED if plan.gated else _ROWS
     helper = dependent_helper(template.replace("{x}", ", ".join(params)), plan.dependent)
     return jit_module("gemv", kernel_params, META, body, f"{prologue}\n\n{helper}")
 

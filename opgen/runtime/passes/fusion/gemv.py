@@ -145,7 +145,7 @@ def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constan
 
 
 def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, dependent: bool = False) -> FusedKernel:
-    """The group's kernel; with `gate`, the gated pair's, writing `silu(gate) * up` alone. `dependent`:
+    """The group's kernel; with `gate`, the gated pair's, writing `activation(gate) * up` alone. `dependent`:
     its weights are read before it waits for the kernel before it (`passes.dependent_launch`)."""
     products = group.products
     if gate is not None:  # the gate's weight first: the kernel's `w0`
@@ -154,7 +154,7 @@ def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, depende
     weights = tuple(GemvRows(p.n, p.row_stride, p.bias is not None) for p in products)
     rows, (row_stride, x_stride) = int(group.x_meta.shape[0]), group.x_meta.stride  # type: ignore[arg-type, misc]
     plan = GemvPlan(group.k, int(x_stride), weights, gated=gate is not None, dependent=dependent, m=rows,
-                    x_row_stride=int(row_stride))  # type: ignore[arg-type]  # fmt: skip
+                    x_row_stride=int(row_stride), activation=gate.activation if gate else "silu")  # type: ignore[arg-type]  # fmt: skip
     kind, of = ("matrix-vector kernel", "one row") if rows == 1 else ("few-row kernel", f"{rows} rows")
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
@@ -168,7 +168,7 @@ def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, depende
         outputs = (gate.out,)
         lines += gate.lines
         nodes = tuple(line.node for line in lines)
-        describe = f"{kind}, silu(gate) * up of {of} of {group.k}: {products[0].n} rows"
+        describe = f"{kind}, {gate.activation}(gate) * up of {of} of {group.k}: {products[0].n} rows"
     return FusedKernel.make(
         local,
         plan,

@@ -1,9 +1,10 @@
 """Gated products: a gate/up pair of few-row products read only by `silu(gate) * up` (SwiGLU, the MLP
-of Llama-family models) becomes one matrix-vector kernel that computes both and writes the product.
+of Llama-family models) or `gelu(gate) * up` (GeGLU, Gemma's, exact or tanh-approximated) becomes one
+matrix-vector kernel that computes both and writes the product.
 
 The `gemv` pass finds the pair as siblings over one input; here it checks what reads them: each
-output, through views that nothing else reads, reaches `silu` (the gate) or the `mul` (the up
-product), and the `silu` only that `mul`. The kernel then writes `silu(gate) * up` itself, so neither
+output, through views that nothing else reads, reaches the activation (the gate) or the `mul` (the up
+product), and the activation only that `mul`. The kernel then writes `silu(gate) * up` itself, so neither
 product reaches memory and the pointwise kernel after them is gone. It rounds each intermediate to
 the output's dtype where the separate calls store one, so it computes what they compute.
 """
@@ -18,6 +19,7 @@ from opgen.runtime.ir import KernelCall, Line, Ref, Value
 from opgen.runtime.passes.analysis import RESHAPES, writes_memory
 
 SILU = "aten.silu.default"
+GELU = "aten.gelu.default"
 MUL = "aten.mul.Tensor"
 
 
@@ -30,6 +32,7 @@ class Gated:
     lines: tuple[KernelCall, ...]  # those lines
     out: Value  # the mul's result: what the kernel writes
     at: int  # the mul's index: where the kernel's call goes
+    activation: str = "silu"  # the gate's: "silu", "gelu" or "gelu_tanh" (`GemvPlan.activation`)
 
 
 def gated(
@@ -43,7 +46,7 @@ def gated(
         found = _match(products[gate], products[1 - gate], body, read_by)
         if found is None:
             continue
-        members, mul = found
+        members, mul, activation = found
         out = body[mul].outputs[0]  # type: ignore[union-attr]
         meta = out.meta if out is not None else None
         if meta is None or math.prod(meta.shape) != n or not meta.is_contiguous():
@@ -51,27 +54,41 @@ def gated(
         if any(writes_memory(body[i]) for i in range(min(at), mul)):
             return None  # the products would move after a write that may change their input
         lines = tuple(body[i] for i in (*members, mul))
-        return Gated(gate, (*members, mul), lines, out, mul)  # type: ignore[arg-type]
+        return Gated(gate, (*members, mul), lines, out, mul, activation)  # type: ignore[arg-type]
     return None
 
 
 def _match(
     gate: KernelCall, up: KernelCall, body: Sequence[Line], read_by: dict[str, set[int]]
-) -> tuple[list[int], int] | None:
-    """(views, the mul's index) where `mul(silu(views(gate)), views(up))` is all that reads the pair."""
+) -> tuple[list[int], int, str] | None:
+    """(views, the mul's index, the activation) where `mul(act(views(gate)), views(up))` is all that reads
+    the pair."""
     g_views, g_end, g_reader = _through_views(gate, body, read_by)
     u_views, u_end, mul = _through_views(up, body, read_by)
     if g_reader is None or mul is None:
         return None
-    silu = body[g_reader]
-    if not _call(silu, SILU, 1) or silu.args[0] != Ref(g_end):  # type: ignore[union-attr]
+    act = body[g_reader]
+    activation = _activation(act, g_end)
+    if activation is None:
         return None
-    s = silu.outputs[0].name  # type: ignore[union-attr]
+    s = act.outputs[0].name  # type: ignore[union-attr]
     if read_by.get(s) != {mul} or not _call(body[mul], MUL, 2):
         return None
     if set(body[mul].args) != {Ref(s), Ref(u_end)}:  # type: ignore[union-attr]
         return None
-    return sorted((*g_views, *u_views, g_reader)), mul
+    return sorted((*g_views, *u_views, g_reader)), mul, activation
+
+
+def _activation(line: Line, gate: str) -> str | None:
+    """ "silu", "gelu" or "gelu_tanh" where `line` is that activation of `gate`, else None."""
+    if _call(line, SILU, 1) and line.args[0] == Ref(gate):  # type: ignore[union-attr]
+        return "silu"
+    if not isinstance(line, KernelCall) or line.target != GELU or line.args[:1] != (Ref(gate),):
+        return None
+    if len(line.outputs) != 1 or line.outputs[0] is None or writes_memory(line):
+        return None
+    approximate = dict(line.kwargs).get("approximate", line.args[1] if len(line.args) > 1 else "none")
+    return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)  # type: ignore[arg-type]
 
 
 def _through_views(
