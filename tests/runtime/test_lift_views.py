@@ -160,6 +160,23 @@ def test_only_a_reshape_that_inserts_ones_views_any_operand() -> None:
     assert _inserted_ones((2, 3), (6,)) is None and _inserted_ones((2, 3), (3, 2, 1)) is None
 
 
+@pytest.mark.parametrize(
+    ("make", "viewed"),
+    [
+        (lambda: torch.randn(4, 32, 2)[..., 0], (4, 32, 1)),  # gpt-fast's rotary pairs: strided, stacked
+        (lambda: torch.randn(4, 32, 2)[..., 0], (1, 4, 1, 32)),
+        (lambda: torch.randn(3, 5), (3, 1, 1, 5)),
+        (lambda: torch.randn(5)[None].expand(3, 5), (3, 5, 1)),  # a broadcast operand
+        (lambda: torch.randn(5), (1, 5, 1)),
+    ],
+)
+def test_an_inserted_dimension_gets_the_stride_atens_view_gives(make, viewed) -> None:  # type: ignore[no-untyped-def]
+    from opgen.runtime.passes.fusion.lift_views import _ones_inserted_strides
+
+    t = make()
+    assert _ones_inserted_strides(tuple(t.shape), t.stride(), viewed) == t.view(viewed).stride()
+
+
 def test_cpu_programs_are_unchanged() -> None:
     model, inputs = chain()
     passes = [p for p in opgen.runtime.pipeline.default_pipeline() if p not in CPU_PASSES]

@@ -26,8 +26,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, TensorMeta, Value, contiguous_strides, meta_table
 from opgen.runtime.ir.fusible import PERMUTE, POINTWISE, VIEW
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers
@@ -160,8 +158,8 @@ class _Lift:
             for at in inserted:
                 padded.insert(at, 1)
             shape = tuple(padded)
-            strided = torch.empty_strided(meta.shape, meta.stride, device="meta").view(shape)  # type: ignore[arg-type]
-            return self._line("view", VIEW, (arg, shape), replace(meta, shape=shape, stride=strided.stride()))
+            stride = _ones_inserted_strides(meta.shape, meta.stride, shape)
+            return self._line("view", VIEW, (arg, shape), replace(meta, shape=shape, stride=stride))
         if meta.shape == self.before and meta.is_contiguous():
             shaped = replace(meta, shape=self.after, stride=contiguous_strides(self.after))  # type: ignore[arg-type]
             return self._line("view", VIEW, (arg, self.after), shaped)
@@ -196,3 +194,20 @@ def _inserted_ones(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[int]
         else:
             return None
     return positions if i == len(before) and positions else None
+
+
+def _ones_inserted_strides(shape: tuple[Any, ...], stride: tuple[Any, ...], viewed: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The strides ATen's `view` gives `viewed`, which is `shape` with dimensions of size 1 inserted: the
+    kept dimensions keep theirs; an inserted one takes the next kept dimension's stride times its size,
+    or after the last, that dimension's stride (1 for a 0-d tensor)."""
+    out: list[Any] = []
+    i = 0
+    for n in viewed:
+        if i < len(shape) and n == shape[i]:
+            out.append(stride[i])
+            i += 1
+        elif i < len(shape):
+            out.append(stride[i] * shape[i])
+        else:
+            out.append(stride[-1] if stride else 1)
+    return tuple(out)
