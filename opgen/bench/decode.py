@@ -179,8 +179,10 @@ def first_call(name: str, model: torch.nn.Module, device: torch.device, batch: i
 
 
 def time_steps(steps: Sequence[Step], inputs: Sequence[tuple[torch.Tensor, torch.Tensor]], repeats: int,
-               device: torch.device) -> list[tuple[float, float, float]]:  # fmt: skip
-    """Per candidate, (median, min, max) over the repeats of the median step time in ms; interleaved."""
+               device: torch.device, before: Callable[[], Any] | None = None,
+               ) -> list[tuple[float, float, float]]:  # fmt: skip
+    """Per candidate, (median, min, max) over the repeats of the median step time in ms; interleaved.
+    `before` runs before each candidate's repeat (the tensor-parallel bench's barrier: ranks in lockstep)."""
     sync, clock = _sync(device), time.perf_counter
     for step in steps:  # warm-up: one pass over the positions
         for ids, pos in inputs:
@@ -189,6 +191,8 @@ def time_steps(steps: Sequence[Step], inputs: Sequence[tuple[torch.Tensor, torch
     samples: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
         for i, step in enumerate(steps):
+            if before is not None:
+                before()
             times = []
             for ids, pos in inputs:
                 start = clock()

@@ -45,7 +45,8 @@ def _rank(rank: int, world: int, port: int, plan: Plan, device_type: str, copy_b
     cuda = device_type == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
-    torch.set_num_threads(1 if not cuda else torch.get_num_threads())
+    if not cuda:
+        torch.set_num_threads(1)  # ranks share the CPU
     backend = "nccl" if cuda else "gloo"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if world > 1:

@@ -27,25 +27,24 @@ from torch import nn
 from opgen.bench.decode_models import Transformer
 
 
-class RowParallel(nn.Module):
-    """`x @ w.T` of this rank's columns of `w`, summed over the ranks."""
+class _Sharded(nn.Module):
+    """A linear layer's part on this rank, and the group its collective runs on."""
 
     def __init__(self, weight: torch.Tensor, group: Any) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.group = group
+
+
+class RowParallel(_Sharded):
+    """`x @ w.T` of this rank's columns of `w`, summed over the ranks."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _wait(torch.ops._c10d_functional.all_reduce(F.linear(x, self.weight), "sum", self.group.group_name))
 
 
-class VocabParallel(nn.Module):
+class VocabParallel(_Sharded):
     """The logits of this rank's rows of the head, gathered from every rank along the last dimension."""
-
-    def __init__(self, weight: torch.Tensor, group: Any) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         world = self.group.size()

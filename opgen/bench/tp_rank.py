@@ -87,7 +87,6 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
     """This rank's part of one TP size; rank 0's rows (the others return [])."""
     shape = dm.SHAPES[plan.shape]
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     checked = range(plan.context, plan.context + plan.check)
     timed = range(plan.context + plan.check, plan.max_seq)
     ids = [torch.tensor([[(97 * p + 13) % shape.vocab]], device=device) for p in range(plan.max_seq)]
@@ -119,7 +118,10 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
             say(f"{name} built and checked")
             steps[name] = step
             results[name] = _agreement(logits, reference, shape.dtype)
-        times = _time(steps, [(ids[p], pos[p]) for p in timed], plan.repeats, sync, world)
+        barrier = dist.barrier if world > 1 else None
+        timed_ms = decode.time_steps(list(steps.values()), [(ids[p], pos[p]) for p in timed], plan.repeats, device,
+                                     barrier)  # fmt: skip
+        times = {name: tuple(ms * 1e3 for ms in t) for name, t in zip(steps, timed_ms, strict=True)}
         say("timed")
         shares: dict[str, float] = {}
         if cuda and world > 1:
@@ -139,29 +141,6 @@ def _agreement(logits: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype
     equal = int((logits.argmax(-1) == reference.argmax(-1)).all(-1).sum())
     error = float((logits - reference).abs().max() / reference.abs().max())
     return f"{equal}/{len(reference)}", error, error <= decode.TOLERANCE[dtype]
-
-
-def _time(steps: dict[str, Any], inputs: list[tuple[torch.Tensor, torch.Tensor]], repeats: int,
-          sync: Callable[[], None], world: int) -> dict[str, tuple[float, float, float]]:  # fmt: skip
-    """us per step per candidate: (median, min, max) over the repeats of each repeat's median step."""
-    for step in steps.values():
-        for x in inputs:
-            step(*x)
-    sync()
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            if world > 1:
-                dist.barrier()
-            sync()
-            each = []
-            for x in inputs:
-                start = time.perf_counter()
-                step(*x)
-                sync()
-                each.append(time.perf_counter() - start)
-            samples[name].append(statistics.median(each) * 1e6)
-    return {name: (statistics.median(s), min(s), max(s)) for name, s in samples.items()}
 
 
 def _reduces_alone(shape: dm.Shape, route: str, world: int, device: torch.device) -> float:
