@@ -145,7 +145,7 @@ def _agreement(logits: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype
 
 def _reduces_alone(shape: dm.Shape, route: str, world: int, device: torch.device) -> float:
     """us a step spends in its all-reduces alone: 2 a layer of [1, 1, hidden], on `route`, graph-replayed."""
-    from opgen.runtime.execution.one_shot import issuer
+    from opgen.runtime.execution.collectives import issuer
     from opgen.runtime.ir import Collective
 
     group = dist.group.WORLD

@@ -232,7 +232,7 @@ def _runs_on(group: _FakeGroup, call: Any) -> None:
 
 
 def test_without_cuda_devices_the_record_runs_on_the_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opgen.runtime.execution import one_shot
+    from opgen.runtime.execution.collectives import issuer
 
     def no_device() -> int:  # what a CUDA build of torch raises on a machine without a GPU
         raise RuntimeError("No CUDA GPUs are available")
@@ -240,16 +240,16 @@ def test_without_cuda_devices_the_record_runs_on_the_process_group(monkeypatch: 
     monkeypatch.setattr(torch.cuda, "current_device", no_device)
     group = _FakeGroup()
     with pytest.warns(UserWarning, match="no symmetric memory"):
-        call = one_shot.issuer(SPEC, group)
+        call = issuer(SPEC, group)
     _runs_on(group, call)
 
 
 def test_on_this_torch_the_record_runs_on_the_process_group() -> None:
-    from opgen.runtime.execution import one_shot
+    from opgen.runtime.execution.collectives import issuer
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the binding would try to map symmetric memory")
     group = _FakeGroup()
     with pytest.warns(UserWarning, match="no symmetric memory"):
-        call = one_shot.issuer(SPEC, group)
+        call = issuer(SPEC, group)
     _runs_on(group, call)

@@ -17,6 +17,7 @@ C++ route would add a c10d translation unit to everyone's build for no measurabl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -127,7 +128,7 @@ def issuer(spec: Collective, group: Any) -> Callable[..., Any]:
         case "one_shot_all_reduce":
             from opgen.runtime.execution.one_shot import issuer as one_shot
 
-            return one_shot(spec, group)
+            return one_shot(spec, group, issuer(replace(spec, kind="all_reduce"), group))
         case "broadcast":
             bopts = c10d.BroadcastOptions()
             bopts.rootRank = spec.root

@@ -28,9 +28,13 @@ from opgen.runtime.ir import Collective
 _BUFFERS: dict[tuple[str, str, str], torch.Tensor] = {}  # (group, dtype, device) -> the largest mapped buffer
 
 
-def issuer(spec: Collective, group: Any) -> Callable[[torch.Tensor], None]:
-    """The callable of a one-shot record: sums `tensor` over the group, in place, on the current stream."""
-    nccl = _process_group_sum(group)
+def issuer(spec: Collective, group: Any, on_group: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], None]:
+    """The callable of a one-shot record: sums `tensor` over the group, in place, on the current stream.
+    `on_group`: the group's own all-reduce of a tensor (returning its Work), where the one-shot cannot run."""
+
+    def nccl(tensor: torch.Tensor) -> None:
+        on_group(tensor).wait()
+
     try:
         buffer = _buffer(spec, group)
     except Exception as exc:  # any reason there is no mapped buffer: the process group works
@@ -56,20 +60,6 @@ def issuer(spec: Collective, group: Any) -> Callable[[torch.Tensor], None]:
         return None
 
     return one_shot
-
-
-def _process_group_sum(group: Any) -> Callable[[torch.Tensor], None]:
-    from torch._C import _distributed_c10d as c10d
-    from torch.distributed import ReduceOp
-
-    opts = c10d.AllreduceOptions()
-    opts.reduceOp = ReduceOp.SUM
-    allreduce = group.allreduce
-
-    def on_group(tensor: torch.Tensor) -> None:
-        allreduce([tensor], opts).wait()
-
-    return on_group
 
 
 def _buffer(spec: Collective, group: Any) -> torch.Tensor:
