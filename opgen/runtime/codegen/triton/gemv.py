@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.codegen.triton.ops import gelu, silu
 from opgen.runtime.ir import Config, GemvPlan
 
 # (BLOCK_N, BLOCK_K, warps, stages): three shapes of tile (each one compile); the first call's autotuning
@@ -80,11 +81,7 @@ def _gated(x, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
 
 # The gated kernels' last step (one row's, a few rows', a prologue's), the helper before their `_gated`:
 # `act(g) * u`, act the plan's activation, in float32 (as ATen's kernels compute it in half precision).
-ACTIVATIONS = {
-    "silu": "g * tl.sigmoid(g)",
-    "gelu": "0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))",
-    "gelu_tanh": "0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * (g + 0.044715 * g * g * g))) - 1.0))",
-}
+ACTIVATIONS = {"silu": silu("g"), "gelu": gelu("g", "none"), "gelu_tanh": gelu("g", "tanh")}  # as fused kernels
 
 
 def gated_helper(activation: str) -> str:

@@ -144,11 +144,19 @@ def _leaky_relu(values: Mapping[str, Any], out: str) -> str:
 
 
 def _gelu(values: Mapping[str, Any], out: str) -> str:
-    t = cast(values["self"], out)
-    if values.get("approximate", "none") == "tanh":
+    return gelu(cast(values["self"], out), values.get("approximate", "none"))
+
+
+def gelu(t: str, approximate: str) -> str:
+    """gelu of the float32 expression `t`, exact ("none") or tanh-approximated ("tanh"), as ATen's."""
+    if approximate == "tanh":
         inner = f"0.7978845608028654 * ({t} + 0.044715 * {t} * {t} * {t})"
         return f"0.5 * {t} * (1.0 + {_tanh(inner)})"
     return f"0.5 * {t} * (1.0 + tl.erf({t} * 0.7071067811865476))"
+
+
+def silu(t: str) -> str:
+    return f"{t} * tl.sigmoid({t})"
 
 
 def _relu6_shifted(x: str) -> str:
@@ -220,7 +228,7 @@ POINTWISE: dict[str, Emit] = {
     "aten.sin.default": _unary("tl.sin({x})"),
     "aten.cos.default": _unary("tl.cos({x})"),
     "aten.erf.default": _unary("tl.erf({x})"),
-    "aten.silu.default": _unary("{x} * tl.sigmoid({x})"),
+    "aten.silu.default": _unary(silu("{x}")),
     "aten.hardswish.default": _unary("{x} * " + _relu6_shifted("{x}") + " / 6.0"),
     "aten.hardsigmoid.default": _unary(_relu6_shifted("{x}") + " / 6.0"),
     "aten.gelu.default": _gelu,
