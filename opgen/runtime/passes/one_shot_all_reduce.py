@@ -26,12 +26,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Collective, KernelCall, Line, Program, Ref, TensorMeta, defs, meta_table, program_lines
+from opgen.runtime.ir import (
+    ITEMSIZE,
+    Collective,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    TensorMeta,
+    defs,
+    meta_table,
+    program_lines,
+)
 from opgen.runtime.registry import KernelRegistry
 
 ONE_SHOT_MAX_BYTES = 512 * 1024  # vLLM's custom all-reduce stops at 512 KB on 4+ ranks of an H100 node
 WORLD_SIZES = (2, 4, 6, 8)  # torch's one-shot kernel: DISPATCH_WORLD_SIZES
-DTYPES = {"float32": 4, "bfloat16": 2}  # AT_DISPATCH_FLOAT_AND_BFLOAT16
+DTYPES = ("float32", "bfloat16")  # AT_DISPATCH_FLOAT_AND_BFLOAT16
 
 
 def one_shot_all_reduces(program: Program, registry: KernelRegistry) -> Program:
@@ -49,7 +60,7 @@ def one_shot_all_reduces(program: Program, registry: KernelRegistry) -> Program:
         tensor = line.args[0] if len(line.args) == 1 else None
         meta = metas.get(tensor.name) if isinstance(tensor, Ref) else None
         why = _refusal(record, meta)
-        size = f"{_bytes(meta)} bytes" if meta is not None and meta.is_static else "a tensor of symbolic size"
+        size = _size(meta)
         path = "one-shot over peer memory" if why is None else f"the process group (NCCL on CUDA): {why}"
         notes.append(f"all-reduce of node '{line.node}' ({size}, group '{record.group}'): {path}")
         if why is None and line.outputs and line.outputs[0] is not None:
@@ -94,7 +105,13 @@ def _refusal(record: Collective, meta: TensorMeta | None) -> str | None:
 
 
 def _bytes(meta: TensorMeta) -> int:
-    return meta.numel * DTYPES.get(meta.dtype, 1)
+    return meta.numel * ITEMSIZE[meta.dtype]
+
+
+def _size(meta: TensorMeta | None) -> str:
+    if meta is None or not meta.is_static:
+        return "a tensor of symbolic size"
+    return f"{_bytes(meta)} bytes" if meta.dtype in ITEMSIZE else f"{meta.numel} elements of {meta.dtype}"
 
 
 def _records(program: Program, chosen: dict[str, tuple[Collective, TensorMeta]]) -> dict[tuple[str, str], Collective]:

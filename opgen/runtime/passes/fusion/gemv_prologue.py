@@ -73,10 +73,10 @@ def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: dict[st
     says, or None."""
     value, views = line.args[0].name, []  # type: ignore[union-attr]
     while True:
-        reader = at if not views else views[0]
-        others = read_by.get(value, set()) - {reader}
-        if reader not in read_by.get(value, set()):
+        reader, found_by = at if not views else views[0], read_by.get(value, set())
+        if reader not in found_by:
             return None
+        others = found_by - {reader}
         source = producers.get(value)
         if source is None:
             return None
