@@ -108,15 +108,19 @@ class JitKernel:
     def _first_fit(self, *args: Any) -> None:
         """The launcher's fallback: no loaded variant fits these arguments."""
         device = _device(self, args)
+        key = autotune.size_key(args)
         with self._lock:
+            if key in self.picks:  # another thread's first call with these sizes loaded it meanwhile
+                self.native.jit_launch_strict(self.launcher, *args)
+                return
             specs = self._specialize(args)
             futures = [self._future(s, c, device) for s, c in zip(specs, self.configs, strict=True)]
             if len(self.configs) == 1:
                 index, why = 0, "the only config"
             else:
                 index, why = autotune.pick(self, args, specs, futures, device)
-            self.picks[autotune.size_key(args)] = f"config {index} ({self.configs[index].describe()}): {why}"
             self.add_variant(futures[index].result(), self.configs[index], args)
+            self.picks[key] = f"config {index} ({self.configs[index].describe()}): {why}"
         self.native.jit_launch_strict(self.launcher, *args)
 
     def add_variant(self, binary: KernelBinary, config: Config, args: Sequence[Any], *, into: Any = None) -> None:

@@ -19,8 +19,9 @@
 #include <dlfcn.h>
 #include <structmember.h>
 
-#include <array>
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <cstddef>
@@ -110,7 +111,8 @@ struct Variant {
   std::vector<Param> params;
   std::vector<std::vector<int64_t>> grid;  // one program per dimension; empty when `py_grid` is set
   py::object py_grid;                      // grid(*args) -> tuple of ints, where the grid is not traceable
-  std::array<CUfunction, kMaxDevices> functions{};
+  // Read without a lock (and without the GIL, from the C++ executor); written once, under load_mutex.
+  std::array<std::atomic<CUfunction>, kMaxDevices> functions{};
   std::array<CUmodule, kMaxDevices> modules{};
   std::mutex load_mutex;
 
@@ -124,9 +126,9 @@ struct Variant {
 // Loads the binary into `device`'s context (once) and returns the function.
 CUfunction function_for(Variant& v, int device) {
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "opgen.jit: device index ", device, " out of range");
-  if (CUfunction f = v.functions[device]) return f;
+  if (CUfunction f = v.functions[device].load(std::memory_order_acquire)) return f;
   std::lock_guard<std::mutex> lock(v.load_mutex);
-  if (CUfunction f = v.functions[device]) return f;
+  if (CUfunction f = v.functions[device].load(std::memory_order_relaxed)) return f;
   const Driver& d = driver();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   CUmodule module = nullptr;
@@ -146,7 +148,7 @@ CUfunction function_for(Variant& v, int device) {
           "cuFuncSetAttribute", v.name);
   }
   v.modules[device] = module;
-  v.functions[device] = f;
+  v.functions[device].store(f, std::memory_order_release);
   return f;
 }
 
@@ -361,6 +363,34 @@ void launch_variant(Variant& v, const Arg* args, size_t n) {
         "cuLaunchKernel", v.name);
 }
 
+// A launcher's compiled variants, in the order pick() tries them. The C++ executor walks them without the GIL (launch_with)
+// while a first call on another thread adds one (with the GIL, add_variant). So a list is never
+// changed once published: adding a variant publishes a new list, and every list stays until the
+// launcher dies, since a reader may still be walking an older one. Variants are few (one per
+// specialization a kernel meets), and so are the lists.
+class Variants {
+ public:
+  using List = std::vector<std::shared_ptr<Variant>>;
+
+  Variants() { publish(List{}); }
+  const List& current() const { return *current_.load(std::memory_order_acquire); }
+  // With the GIL held: writers take turns.
+  void add(std::shared_ptr<Variant> v, bool first) {
+    List next = current();
+    next.insert(first ? next.begin() : next.end(), std::move(v));
+    publish(std::move(next));
+  }
+
+ private:
+  void publish(List list) {
+    published_.push_back(std::make_unique<const List>(std::move(list)));
+    current_.store(published_.back().get(), std::memory_order_release);
+  }
+
+  std::atomic<const List*> current_{nullptr};
+  std::vector<std::unique_ptr<const List>> published_;
+};
+
 // --- the Python type ---------------------------------------------------------------------------------
 
 struct Launcher {
@@ -368,7 +398,7 @@ struct Launcher {
   vectorcallfunc vectorcall;
   PyObject* fallback;  // fallback(*args): compile what fits, launch, return None
   PyObject* dict;
-  std::vector<std::shared_ptr<Variant>>* variants;
+  Variants* variants;
   Py_ssize_t nargs;
   std::string* name;
 
@@ -384,7 +414,7 @@ PyTypeObject* launcher_type();
 
 // First variant whose specialization holds, or null.
 Variant* pick(Launcher* self, const Arg* args, size_t n) {
-  for (const auto& v : *self->variants) {
+  for (const auto& v : self->variants->current()) {
     if (fits(*v, args, n)) return v.get();
   }
   return nullptr;
@@ -537,8 +567,7 @@ void add_variant(py::object self_obj, py::bytes binary, std::string name, unsign
     }
     TORCH_CHECK_VALUE(!v->grid.empty() && v->grid.size() <= 3, "add_variant: a grid has 1 to 3 dimensions");
   }
-  auto& list = *self->variants;
-  list.insert(first ? list.begin() : list.end(), std::move(v));
+  self->variants->add(std::move(v), first);
 }
 
 // A launcher's arguments from a module function (`fn(launcher, *args)`), unpacked, and the first
@@ -611,7 +640,7 @@ void dealloc(PyObject* self) {
 }
 
 PyObject* get_count(PyObject* self, void*) {
-  return PyLong_FromSize_t(reinterpret_cast<Launcher*>(self)->variants->size());
+  return PyLong_FromSize_t(reinterpret_cast<Launcher*>(self)->variants->current().size());
 }
 
 PyObject* get_name(PyObject* self, void*) {
@@ -645,7 +674,7 @@ py::object make_launcher(std::string name, Py_ssize_t nargs, py::object fallback
   auto* l = reinterpret_cast<Launcher*>(self);
   l->vectorcall = call;
   l->fallback = fallback.release().ptr();
-  l->variants = new std::vector<std::shared_ptr<Variant>>();
+  l->variants = new Variants();
   l->nargs = nargs;
   l->name = new std::string(std::move(name));
   return py::reinterpret_steal<py::object>(self);
@@ -667,8 +696,13 @@ struct Switch {
   }
 };
 
+// The target is held for the call: another thread may repoint the switch meanwhile (the choice's first
+// call picks while others call through it), and the old target must outlive the calls it is in.
 PyObject* switch_call(PyObject* obj, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  return PyObject_Vectorcall(reinterpret_cast<Switch*>(obj)->target, args, nargsf, kwnames);
+  PyObject* target = Py_NewRef(reinterpret_cast<Switch*>(obj)->target);
+  PyObject* result = PyObject_Vectorcall(target, args, nargsf, kwnames);
+  Py_DECREF(target);
+  return result;
 }
 
 void switch_dealloc(PyObject* self) {
