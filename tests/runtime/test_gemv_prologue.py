@@ -111,6 +111,17 @@ def test_each_norm_is_the_first_step_of_the_products_that_read_it(
         assert all(dict(meta)["BLOCK_K"] == 64 for meta, *_ in spec.configs)  # the whole row in one step
 
 
+@pytest.mark.parametrize(("d", "merges"), [(2048, 2), (2304, 0)])
+def test_a_row_read_again_by_too_many_programs_keeps_its_kernel(monkeypatch: pytest.MonkeyPatch, d: int,
+                                                                merges: int) -> None:  # fmt: skip
+    """Every program reads the group's inputs (3 rows of d) again. A row of 2048 takes tiles of 4 and 8 rows;
+    one of 2304 pads them to 4096 columns, which then hold 2 and 4 rows: the reads come to 0.75 of the
+    weights' bytes (over MAX_REREAD), and each norm stays a kernel of its own."""
+    _, specs = compile_on_cpu(monkeypatch, Layer(d=d, kv=d // 2, hidden=16), inputs(d))
+    assert len(prologues(specs)) == merges, [s.describe for s in specs]
+    assert sum(s.describe.startswith("row kernel") for s in specs) == 2 - merges
+
+
 def test_the_kernel_reads_its_weights_then_computes_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
     _, specs = compile_on_cpu(monkeypatch, Layer(), inputs())
     qkv = next(s for s in prologues(specs) if "silu" not in s.describe)

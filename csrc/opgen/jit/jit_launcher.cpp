@@ -50,6 +50,10 @@ struct Driver {
   decltype(&::cuLaunchKernelEx) launchKernelEx = nullptr;  // null where the driver lacks it (before CUDA 11.8)
   decltype(&::cuGetErrorString) getErrorString = nullptr;
   decltype(&::cuDriverGetVersion) driverGetVersion = nullptr;
+  decltype(&::cuCtxGetCurrent) ctxGetCurrent = nullptr;
+  decltype(&::cuCtxSetCurrent) ctxSetCurrent = nullptr;
+  decltype(&::cuDeviceGet) deviceGet = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) devicePrimaryCtxRetain = nullptr;
 };
 
 template <class F>
@@ -73,6 +77,10 @@ const Driver& driver() {
     out.launchKernelEx = reinterpret_cast<decltype(&::cuLaunchKernelEx)>(dlsym(lib, "cuLaunchKernelEx"));
     resolve(lib, "cuGetErrorString", out.getErrorString);
     resolve(lib, "cuDriverGetVersion", out.driverGetVersion);
+    resolve(lib, "cuCtxGetCurrent", out.ctxGetCurrent);
+    resolve(lib, "cuCtxSetCurrent", out.ctxSetCurrent);
+    resolve(lib, "cuDeviceGet", out.deviceGet);
+    resolve(lib, "cuDevicePrimaryCtxRetain", out.devicePrimaryCtxRetain);
     return out;
   }();
   return d;
@@ -84,6 +92,27 @@ void check(CUresult result, const char* what, const std::string& kernel) {
   driver().getErrorString(result, &message);
   TORCH_CHECK(false, "opgen.jit: ", what, " failed for kernel ", kernel, ": ",
               message != nullptr ? message : "unknown CUDA error", " (CUresult ", static_cast<int>(result), ")");
+}
+
+// The driver API needs a current context, and a thread that has made no CUDA runtime call yet has none:
+// a new Python thread whose first kernel is a JIT one, its output taken from the allocator's cache.
+// Launching there crashed in the driver. Binds the device's primary context (the runtime's), as
+// Triton's own launcher does; checked once a thread (a device switch goes through the runtime, which
+// binds the other device's context).
+void ensure_context(int device) {
+  thread_local bool checked = false;
+  if (checked) return;
+  const Driver& d = driver();
+  CUcontext current = nullptr;
+  check(d.ctxGetCurrent(&current), "cuCtxGetCurrent", "-");
+  if (current == nullptr) {
+    CUdevice dev = 0;
+    check(d.deviceGet(&dev, device), "cuDeviceGet", "-");
+    CUcontext primary = nullptr;
+    check(d.devicePrimaryCtxRetain(&primary, dev), "cuDevicePrimaryCtxRetain", "-");
+    check(d.ctxSetCurrent(primary), "cuCtxSetCurrent", "-");
+  }
+  checked = true;
 }
 
 // How one runtime parameter of a variant takes its argument.
@@ -131,6 +160,7 @@ CUfunction function_for(Variant& v, int device) {
   if (CUfunction f = v.functions[device].load(std::memory_order_relaxed)) return f;
   const Driver& d = driver();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  ensure_context(device);
   CUmodule module = nullptr;
   check(d.moduleLoadData(&module, v.binary.data()), "cuModuleLoadData", v.name);
   CUfunction f = nullptr;
@@ -337,6 +367,7 @@ void launch_variant(Variant& v, const Arg* args, size_t n) {
   const bool switch_device = c10::cuda::current_device() != device;
   std::optional<c10::cuda::CUDAGuard> guard;
   if (switch_device) guard.emplace(static_cast<c10::DeviceIndex>(device));
+  ensure_context(device);
   const Driver& d = driver();
   if (v.dependent && d.launchKernelEx != nullptr) {
     // Programmatic dependent launch: the kernel may start once every program of the kernel before it

@@ -114,6 +114,27 @@ class GemvPlan:
     prologue_stored: bool = False  # the input row is also stored (lines after the kernel read it)
     activation: str = "silu"  # a gated pair's: "silu" (SwiGLU), "gelu" or "gelu_tanh" (GeGLU)
 
+    def blocks(self, block_n: int) -> int:
+        """Programs of `block_n` rows covering every product (a gated pair's once: a program does both)."""
+        products = self.products[:1] if self.gated else self.products
+        return sum(-(-p.n // block_n) for p in products)
+
+    def whole_row_k(self) -> int:
+        """BLOCK_K where one step covers the row (a kernel computing its row first): K rounded up to a power
+        of two, at least 16."""
+        return 1 << max(4, (self.k - 1).bit_length())
+
+    def whole_row_tiles(self) -> tuple[int, ...]:
+        """BLOCK_N of a kernel holding whole rows of weights in registers (`WHOLE_ROW_TILE` elements at most; a
+        gated pair holds two tiles), the smallest of `WHOLE_ROW_BLOCKS` always."""
+        tiles = 2 if self.gated else 1
+        fits = [n for n in WHOLE_ROW_BLOCKS if tiles * n * self.whole_row_k() <= WHOLE_ROW_TILE]
+        return tuple(fits) or WHOLE_ROW_BLOCKS[:1]
+
+
+WHOLE_ROW_TILE = 16384  # BLOCK_N * BLOCK_K at most where a tile spans the row: it lives in registers, in float32
+WHOLE_ROW_BLOCKS = (2, 4, 8, 16)  # BLOCK_N candidates of such a kernel
+
 
 @dataclass(frozen=True, slots=True)
 class AttentionPlan:

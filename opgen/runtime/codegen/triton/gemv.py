@@ -164,8 +164,7 @@ def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides
 
 def grid_blocks(plan: GemvPlan, block_n: int) -> tuple[int]:
     """The grid: every product's blocks of `block_n` rows (a gated pair's once: a program does both)."""
-    products = plan.products[:1] if plan.gated else plan.products
-    return (sum(-(-p.n // block_n) for p in products),)
+    return (plan.blocks(block_n),)
 
 
 def configs(plan: GemvPlan) -> tuple[Config, ...]:

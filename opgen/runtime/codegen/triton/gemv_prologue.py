@@ -13,15 +13,10 @@ launch for every sibling; names shared by a model's layers).
 
 from __future__ import annotations
 
-import math
-
-from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
+from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, kernel_body
 from opgen.runtime.codegen.triton.group_parts import row_prologue
 from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.ir import Config, GemvPlan
-
-TILE_ELEMENTS = 16384  # BLOCK_N * BLOCK_K at most: the tile lives in registers, converted to float32
-ROWS = (2, 4, 8, 16)  # BLOCK_N candidates, where the tile fits
 
 # {x}: the prologue's parameters. `xs` is zero past K (the tile is too: their products add nothing).
 _ROWS = """@triton.jit
@@ -74,21 +69,12 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     return jit_module("gemv", kernel_params, META, body, f"{prologue}\n\n{helper}")
 
 
-def block_k(plan: GemvPlan) -> int:
-    """The whole row in one step: K rounded up to a power of two (at least 16)."""
-    return 1 << max(4, math.ceil(math.log2(plan.k)))
-
-
 def configs(plan: GemvPlan) -> tuple[Config, ...]:
-    """Per BLOCK_N whose tile fits (`TILE_ELEMENTS`; a gated pair holds two), warps by its size; the grid
+    """Per BLOCK_N whose tile of whole rows fits (`GemvPlan.whole_row_tiles`), warps by its size; the grid
     covers every product's rows (a gated pair's once)."""
-    k = block_k(plan)
+    k = plan.whole_row_k()
     tiles = 2 if plan.gated else 1
-    found: list[Config] = []
-    for block_n in ROWS:
-        elements = tiles * block_n * k
-        if elements > TILE_ELEMENTS and block_n > ROWS[0]:
-            continue
-        warps = 4 if elements <= 8192 else 8
-        found.append(((("BLOCK_N", block_n), ("BLOCK_K", k)), warps, 1, grid_blocks(plan, block_n)))
-    return tuple(found)
+    return tuple(
+        ((("BLOCK_N", block_n), ("BLOCK_K", k)), 4 if tiles * block_n * k <= 8192 else 8, 1, (plan.blocks(block_n),))
+        for block_n in plan.whole_row_tiles()
+    )
