@@ -154,6 +154,32 @@ def test_the_pass_issues_early_waits_late_and_drops_the_clone(registry) -> None:
     assert isinstance(issue, KernelCall) and issue.args == (Ref("a"),)  # on `a` itself: nothing reads it later
 
 
+def test_the_clone_of_a_reshaped_product_goes_and_its_buffer_stays_out_of_reach(registry) -> None:  # type: ignore[no-untyped-def]
+    """A row-parallel product reaches its all_reduce reshaped (`x @ w.T` viewed as [1, 16]): the collective works
+    on that view in place, and the product's buffer is not handed to a value made while it is in flight."""
+    row = TensorMeta((1, 16), (16, 1), "float32", "cpu")
+    body: list[Line] = [
+        _call("mul", (Ref("x"), Ref("x")), "a"),
+        KernelCall("view", (Ref("a"), (1, 16)), (), (Value("v", row),), "v", "aten.view.default"),
+        KernelCall("clone", (Ref("v"),), (), (Value("c", row),), "c", "aten.clone.default"),
+        _issue("c10d_all_reduce", (Ref("c"),), ("c",)),
+        _call("add", (Ref("x"), Ref("x")), "m"),  # made while the all-reduce runs: another buffer than `a`
+        _call("sin", (Ref("m"),), "s"),
+        _wait("c", writes=("c",)),
+        _call("add", (Ref("c"), Ref("s")), "r", row),
+        Return((Ref("r"),), "single"),
+    ]
+    out = run_passes(_program(body), registry, ["collectives"])
+    issue = next(line for line in out.body if isinstance(line, KernelCall) and line.kernel == "c10d_all_reduce")
+    assert issue.args == (Ref("v"),) and "clone" not in _order(out), out.body
+    planned = run_passes(out, registry, ["memory"])
+    slots = {line.value.name: line.source for line in planned.setup if isinstance(line, View)}
+    assert "a" in slots and slots["m"] != slots["a"], slots
+    again = [*body[:4], _call("neg", (Ref("a"),), "n"), *body[4:-1], Return((Ref("r"), Ref("n")), "tuple")]
+    kept = run_passes(_program(again), registry, ["collectives"])  # the product read after: the clone stays
+    assert "clone" in _order(kept), kept.body
+
+
 def test_the_wait_stays_before_a_write_of_what_the_collective_reads(registry) -> None:  # type: ignore[no-untyped-def]
     body: list[Line] = [
         _call("add", (Ref("x"), Ref("x")), "a"),

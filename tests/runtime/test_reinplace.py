@@ -169,6 +169,25 @@ def test_kv_cache_writes_one_slot_in_place(model: type[nn.Module]) -> None:
     assert len(compiled.artifact.written_constants) == 2  # still written: CUDA graphs save and restore them
 
 
+class ShardedCache(GptFastCache):
+    """A tensor-parallel rank's cache: its heads sliced from the whole one and cloned, which keeps the size-1
+    batch dimension's stride (256, not a fresh tensor's 128)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k_cache = torch.zeros(1, 4, LEN, 4)[:, :2].clone()
+        self.v_cache = torch.zeros(1, 4, LEN, 4)[:, 2:].clone()
+
+
+def test_a_buffer_whose_size_one_dim_has_another_stride_is_written_in_place() -> None:
+    model = ShardedCache()
+    assert model.k_cache.stride() == (256, 64, 4, 1)
+    compiled = run_in_lockstep(model)
+    source = forward_source(compiled)
+    assert source.count("index_put_(b_") == 2 and not write_backs(source), source
+    assert any("reinplace: 2 buffers written in place" == n for n in compiled.report().notes), compiled.report()
+
+
 def test_writes_through_slices_copy_into_the_view() -> None:
     compiled = run_in_lockstep(SliceWrites())
     source = forward_source(compiled)

@@ -94,6 +94,14 @@ class TensorMeta:
             n == 1 or s == e for n, s, e in zip(self.shape, self.stride, expected, strict=True)
         )
 
+    def same_layout(self, other: TensorMeta) -> bool:
+        """The same elements at the same places: equal but for strides of size-1 dims, which address nothing
+        (a slice of a buffer, cloned, keeps its leading stride; a fresh tensor of its shape has its own)."""
+        return (
+            (self.shape, self.dtype, self.device, self.offset) == (other.shape, other.dtype, other.device, other.offset)
+            and all(n == 1 or a == b for n, a, b in zip(self.shape, self.stride, other.stride, strict=True))
+        )  # fmt: skip
+
     def with_shape(self, shape: tuple[Size, ...]) -> TensorMeta:
         if all(type(n) is int for n in shape):
             return replace(self, shape=shape, stride=contiguous_strides(shape), offset=0)  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from opgen.runtime.ir import (
     uses,
 )
 from opgen.runtime.ir.collectives import issue_kinds, wait_locals
-from opgen.runtime.passes.analysis import Groups, alias_groups, is_view_call, last_uses, setup_names
+from opgen.runtime.passes.analysis import RESHAPES, Groups, alias_groups, is_view_call, last_uses, setup_names
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -82,8 +82,9 @@ def _copied_output(line: Line, outputs: set[str], metas: dict[str, TensorMeta]) 
 
 def _drop_clones(body: list[Line], issues: set[str], program: Program, registry: KernelRegistry) -> list[Line]:
     """An all_reduce or broadcast works in place on a clone of its input; where the input is the body's
-    own (made by a kernel call, not a view, nothing else sharing its storage) and nothing reads it
-    after the clone, the collective works on the input itself."""
+    own (made by a kernel call, or a reshape of one: a row-parallel product's `x @ w.T` viewed as
+    [1, 1, N]; nothing else sharing its storage) and nothing reads it after the clone, the collective
+    works on the input itself."""
     foreign = setup_names(program) | {i.name for i in program.inputs}
     groups = alias_groups((*program.setup, *program.memo, *body), registry)
     last = last_uses(body)
@@ -97,18 +98,31 @@ def _drop_clones(body: list[Line], issues: set[str], program: Program, registry:
         out, source = clone.outputs[0], clone.args[0]
         if out is None or not isinstance(source, Ref) or out.name not in line.mutates:  # type: ignore[union-attr]
             continue
-        maker = made.get(source.name)
+        chain, maker = _reshaped_from(source.name, made)
         owned = isinstance(maker, KernelCall) and not maker.fallback and not is_view_call(maker, registry)
-        meta = next((v.meta for v in defs(maker) if v.name == source.name), None) if maker else None
+        meta = next((v.meta for v in defs(made[source.name]) if v.name == source.name), None) if maker else None
         if (
-            not owned or source.name in foreign or groups.members(source.name) != [source.name]
-            or last.get(source.name) != i - 1 or meta is None or meta != out.meta or not meta.is_contiguous()
+            not owned or set(chain) & foreign or sorted(groups.members(source.name)) != sorted(chain)
+            or last.get(source.name) != i - 1 or any(last.get(n, -1) > i - 1 for n in chain)
+            or meta is None or meta != out.meta or not meta.is_contiguous()
         ):  # fmt: skip
             continue
         mapping = {out.name: source}
         body[i - 1 :] = [Comment(f"{clone.node}: the collective works on {source.name} in place"),
                          *(substitute_line(b, mapping) for b in body[i:])]  # fmt: skip
     return body
+
+
+def _reshaped_from(name: str, made: dict[str, Line]) -> tuple[list[str], Line | None]:
+    """(`name` and the values it reshapes, back to the first that is not a reshape; the line making that one)."""
+    chain, maker = [name], made.get(name)
+    while (
+        isinstance(maker, KernelCall) and maker.target in RESHAPES and maker.args and isinstance(maker.args[0], Ref)
+        and maker.args[0].name not in chain
+    ):  # fmt: skip
+        chain.append(maker.args[0].name)
+        maker = made.get(chain[-1])
+    return chain, maker
 
 
 def _is_call(line: Line, locals_: set[str]) -> bool:

@@ -361,7 +361,8 @@ class _Rewrite:
         out = line.outputs[0]
         assert out is not None
         kept = self.names[base].region
-        self.names[out.name] = _Alias(kept, relaid=out.meta != kept, new=True)
+        relaid = out.meta != kept and not (out.meta is not None and kept is not None and out.meta.same_layout(kept))
+        self.names[out.name] = _Alias(kept, relaid=relaid, new=True)
         self.rename[out.name] = substitute(Ref(base), self.rename)
         self.changed = True
 
