@@ -31,7 +31,8 @@ import torch
 from opgen.bench.timing import format_table
 from opgen.bench.tp_rank import Plan, Row
 
-TEARDOWN_SECONDS = 60  # after rank 0's rows arrive, for the ranks to leave the group and exit
+TEARDOWN_SECONDS = 15  # after rank 0's rows arrive, for the ranks to leave the group and exit (with CUDA graphs
+# holding NCCL work they hang there: on 2 H200s both ranks were killed after a minute, a minute of device time lost)
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
