@@ -146,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for family in families:
             for batch in args.batches:
-                rows += run_family(family, size, batch, dtype, setting.candidates, setting.plan, setting.device,
-                                   setting.copy_bw)  # fmt: skip
+                measured = run_family(family, size, batch, dtype, setting.candidates, setting.plan, setting.device,
+                                      setting.copy_bw)  # fmt: skip
+                rows += measured
+                if len(families) * len(args.batches) > 1:  # each model's rows as they come: a run cut short keeps them
+                    print(table(measured, setting.cuda), flush=True)
     print(f"{decode.timed_line(setting.plan)}; {dtype}")
     print(table(rows, setting.cuda))
     if args.json:

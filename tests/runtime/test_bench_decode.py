@@ -103,6 +103,7 @@ def test_families_at_several_batch_sizes(tmp_path: Path, capsys: pytest.CaptureF
     assert decode_families.main([*argv, "--check", "3", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| llama  | tiny   | 3     | opgen.compile" in text and "kernels/layer" in text
+    assert text.count("| gpt2   | tiny   | 1     | eager") == 2  # as the model's rows came, then in the whole table
     rows = {(r["model"], r["batch"], r["candidate"]): r for r in json.loads(out.read_text())["results"]}
     assert set(rows) == {(f, b, c) for f in ("llama", "gpt2") for b in (1, 3) for c in ("eager", "opgen")}
     for (family, batch, candidate), row in rows.items():
