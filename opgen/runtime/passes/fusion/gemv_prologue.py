@@ -22,7 +22,7 @@ weights: at most `MAX_REREAD` of the weights' bytes over the whole grid (at the 
 may take). A row that is not a power of two pads the tile, which then holds fewer rows, and a
 post-norm layer's group reads four rows (two norms): Gemma-2's (K = 2304, tiles of 4096) read as many
 bytes again as their weights, and their products took 3-5x the time of their weights' reads on an H200
-(1.54 of the step's 2.41 ms in the gate/up kernel alone). There the norm stays a kernel of its own.
+(the gate/up kernel 59 us a layer for 85 MB, 20 us of reads). There the norm stays a kernel of its own.
 """
 
 from __future__ import annotations
