@@ -34,7 +34,7 @@ from opgen.runtime.ir import (
     uses,
 )
 from opgen.runtime.ir.collectives import issue_kinds, wait_locals
-from opgen.runtime.passes.analysis import RESHAPES, Groups, alias_groups, is_view_call, last_uses, setup_names
+from opgen.runtime.passes.analysis import Groups, alias_groups, is_view_call, last_uses, setup_names, view_roots
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -89,6 +89,7 @@ def _drop_clones(body: list[Line], issues: set[str], program: Program, registry:
     groups = alias_groups((*program.setup, *program.memo, *body), registry)
     last = last_uses(body)
     made = {v.name: line for line in body for v in defs(line)}
+    roots = view_roots(body)
     for i, line in enumerate(body):
         if not _is_call(line, issues) or i == 0:
             continue
@@ -98,12 +99,13 @@ def _drop_clones(body: list[Line], issues: set[str], program: Program, registry:
         out, source = clone.outputs[0], clone.args[0]
         if out is None or not isinstance(source, Ref) or out.name not in line.mutates:  # type: ignore[union-attr]
             continue
-        chain, maker = _reshaped_from(source.name, made)
+        root, members = roots.get(source.name, source.name), groups.members(source.name)
+        maker = made.get(root)
         owned = isinstance(maker, KernelCall) and not maker.fallback and not is_view_call(maker, registry)
-        meta = next((v.meta for v in defs(made[source.name]) if v.name == source.name), None) if maker else None
+        meta = next((v.meta for v in defs(made[source.name]) if v.name == source.name), None) if owned else None
         if (
-            not owned or set(chain) & foreign or sorted(groups.members(source.name)) != sorted(chain)
-            or last.get(source.name) != i - 1 or any(last.get(n, -1) > i - 1 for n in chain)
+            not owned or set(members) & foreign or any(roots.get(m, m) != root for m in members)
+            or last.get(source.name) != i - 1 or any(last.get(m, -1) > i - 1 for m in members)
             or meta is None or meta != out.meta or not meta.is_contiguous()
         ):  # fmt: skip
             continue
@@ -111,18 +113,6 @@ def _drop_clones(body: list[Line], issues: set[str], program: Program, registry:
         body[i - 1 :] = [Comment(f"{clone.node}: the collective works on {source.name} in place"),
                          *(substitute_line(b, mapping) for b in body[i:])]  # fmt: skip
     return body
-
-
-def _reshaped_from(name: str, made: dict[str, Line]) -> tuple[list[str], Line | None]:
-    """(`name` and the values it reshapes, back to the first that is not a reshape; the line making that one)."""
-    chain, maker = [name], made.get(name)
-    while (
-        isinstance(maker, KernelCall) and maker.target in RESHAPES and maker.args and isinstance(maker.args[0], Ref)
-        and maker.args[0].name not in chain
-    ):  # fmt: skip
-        chain.append(maker.args[0].name)
-        maker = made.get(chain[-1])
-    return chain, maker
 
 
 def _is_call(line: Line, locals_: set[str]) -> bool:
