@@ -166,6 +166,15 @@ def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, 
     assert [s.name for s in shared(specs)] == [c for c in checks if c == shared(specs)[0].name]
 
 
+def assert_near_eager(got: torch.Tensor, model: nn.Module, example: tuple, tol: float) -> None:
+    """`got` against the model run in float32 on the same inputs, allowed twice the error eager makes in
+    `got`'s dtype: the fused kernel keeps its rotations in float32, eager rounds them before the product's
+    sum of 64 terms, so in bf16 the two part by more than a fixed tolerance allows."""
+    want = copy.deepcopy(model).float()(*(t.float() for t in example))
+    eager_err = float((model(*example).float() - want).abs().max())
+    torch.testing.assert_close(got.float(), want, atol=2 * eager_err + tol, rtol=tol)
+
+
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu_plain_in_graph_mode_and_every_config(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
@@ -178,7 +187,7 @@ def test_on_the_gpu_plain_in_graph_mode_and_every_config(monkeypatch: pytest.Mon
             compiled = opgen.compile(model, inputs(64, dtype, "cuda"), cuda_graphs=graphs, cache=False)
             assert "one launch for 2 pointwise kernels" in str(compiled.report())
             example = inputs(64, dtype, "cuda")
-            torch.testing.assert_close(compiled(*example).clone(), eager(*example), atol=tol, rtol=tol)
+            assert_near_eager(compiled(*example).clone(), eager, example, tol)
     checks: list[str] = []
     monkeypatch.setattr(
         fused_module,
@@ -188,5 +197,5 @@ def test_on_the_gpu_plain_in_graph_mode_and_every_config(monkeypatch: pytest.Mon
     with torch.no_grad():
         compiled = opgen.compile(model, inputs(64, dtype, "cuda"), cache=False)
         example = inputs(64, dtype, "cuda")
-        torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
+        assert_near_eager(compiled(*example), eager, example, tol)
     assert checks
