@@ -21,7 +21,7 @@ import torch
 
 import opgen
 from opgen.runtime.codegen.triton.kernels import print_kernels
-from opgen.runtime.ir import FusedKernel, Program, TensorMeta, Value
+from opgen.runtime.ir import FusedKernel, Program, Sym, TensorMeta, Value
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.pipeline import default_pipeline
 from opgen.runtime.registry import KernelRegistry
@@ -43,8 +43,13 @@ def _relabel(program: Program, device: str) -> Program:
     def value(v: Value | None) -> Value | None:
         return None if v is None else replace(v, meta=meta(v.meta))
 
+    def kwarg(arg: Any) -> Any:  # a device a pass names (setup's buffers of a split attention kernel)
+        return Sym("device", device) if isinstance(arg, Sym) and arg.kind == "device" else arg
+
     def line(x: Any) -> Any:
         if hasattr(x, "outputs") and not isinstance(x, FusedKernel):
+            kwargs = tuple((k, kwarg(a)) for k, a in x.kwargs) if hasattr(x, "kwargs") else None
+            x = replace(x, kwargs=kwargs) if kwargs is not None else x
             return replace(x, outputs=tuple(value(v) for v in x.outputs))
         if hasattr(x, "value") and isinstance(getattr(x, "value", None), Value):
             return replace(x, value=value(x.value))
@@ -110,8 +115,11 @@ class InterpretedBinding:
 
     def __call__(self, aten: Callable[..., Any]) -> Callable[..., Any]:
         spec = self.spec
-        if spec.writes:
+        if spec.writes and not spec.outputs:
             return self._writing(aten)
+        # A kernel with outputs that writes inputs too writes its working memory (a split attention kernel's
+        # partials and counters): every config runs on the real buffers, one after the other, so a config
+        # that leaves them unfit for the next launch fails the next one.
 
         def run(*inputs: torch.Tensor) -> Any:
             expected = aten(*inputs)

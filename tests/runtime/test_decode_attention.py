@@ -33,12 +33,15 @@ class CacheAttention(nn.Module):
     """One decode step's attention: q [1, H, 1, D] over a cache [1, KVH, S, D] written at `pos`."""
 
     def __init__(self, heads: int = 8, kv_heads: int = 2, length: int = 40, dim: int = 16, how: str = "repeat_kv",
-                 mask: str = "bool", dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+                 mask: str = "bool", dtype: torch.dtype = torch.float32, window: int = 0) -> None:  # fmt: skip
         super().__init__()
         self.heads, self.kv_heads, self.how, self.mask = heads, kv_heads, how, mask
         self.register_buffer("k_cache", torch.randn(1, kv_heads, length, dim, dtype=dtype))
         self.register_buffer("v_cache", torch.randn(1, kv_heads, length, dim, dtype=dtype))
-        self.register_buffer("causal", torch.tril(torch.ones(length, length, dtype=torch.bool)))
+        causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
+        if window:  # a sliding window: each position keeps the `window` last ones
+            causal &= torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1 - window)
+        self.register_buffer("causal", causal)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         self.k_cache[:, :, pos] = k
@@ -109,14 +112,37 @@ def test_one_kernel_reads_the_cache_in_place_and_the_aten_side_matches(
 
 def test_the_kernel_source_reads_like_a_flash_decoding_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     model = CacheAttention(heads=8, kv_heads=2, length=40, dim=16)
-    _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
+    compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
     assert spec.name.startswith("attention_") and f"def {spec.name}(q, k, v, mask, out, BLOCK_S" in spec.source
     assert "g = h // 4" in spec.source and f"* {1 / math.sqrt(16)!r}" in spec.source
-    assert "for start in range(0, 40, BLOCK_S)" in spec.source and "masked = tl.load(mask" in spec.source
-    assert "tl.where(masked != 0, scores" in spec.source and "if SKIP:" in spec.source and "if live:" in spec.source
+    # the mask's kept range first, then only its blocks
+    assert "lo = tl.min(tl.where(keep, every, 40), 0)" in spec.source and "start < last" in spec.source
+    assert "for block in range(0, (40 + BLOCK_S - 1) // BLOCK_S)" in spec.source
+    assert "tl.where(masked != 0, scores" in spec.source and "atomic" not in spec.source  # 40 keys: one program
     assert {dict(meta)["BLOCK_S"] for meta, *_ in spec.configs} == {32, 64} and spec.configs[0][3] == (8,)
-    assert {dict(meta)["SKIP"] for meta, *_ in spec.configs} == {0, 1}  # skipping masked blocks is timed too
     assert "decode attention, 8 heads of one query over 40 keys (4 per key/value head" in spec.describe
+    assert "attention_split" not in compiled.artifact.source  # type: ignore[attr-defined]  # nor its buffers
+
+
+def test_a_long_cache_is_split_among_programs_with_buffers_from_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = CacheAttention(heads=8, kv_heads=2, length=600, dim=16)
+    compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert f"def {spec.name}(q, k, v, mask, part, count, out, BLOCK_S" in spec.source
+    assert "split = tl.program_id(1)" in spec.source and 'tl.atomic_add(count + pid, 1, sem="acq_rel")' in spec.source
+    assert "tl.atomic_xchg(count + pid, 0)" in spec.source  # the last program leaves the counter zero
+    assert {grid for *_, grid in spec.configs} == {(8, 16)} and "up to 16 programs a head" in spec.describe
+    assert spec.inputs[4:] == ("attention_split0_part", "attention_split0_count") and spec.written_inputs == (4, 5)
+    source = compiled.artifact.source  # type: ignore[attr-defined]
+    assert "attention_split0_part = empty_strided((2304,), (1,), dtype=float32" in source  # 8 rows x 16 x (16 + 2)
+    assert "attention_split0_count = zeros((8,), dtype=int32" in source
+
+
+@pytest.mark.parametrize(("rows", "length", "splits"), [(32, 640, 16), (256, 640, 2), (512, 640, 1), (14, 4096, 16),
+                                                        (32, 40, 1), (32, 100, 2)])  # fmt: skip
+def test_splits_fill_the_gpu_and_keep_pieces_of_a_block(rows: int, length: int, splits: int) -> None:
+    from opgen.runtime.passes.fusion.attention import splits_for
+
+    assert splits_for(rows, length) == splits
 
 
 def test_layers_share_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +233,7 @@ def test_nothing_changes_on_the_cpu() -> None:
     assert plain.artifact.fused == ()  # type: ignore[attr-defined]
 
 
-def test_without_a_mask_nothing_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_mask_the_whole_cache_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoMask(CacheAttention):
         def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
             self.k_cache[:, :, pos] = k
@@ -216,7 +242,7 @@ def test_without_a_mask_nothing_is_skipped(monkeypatch: pytest.MonkeyPatch) -> N
 
     model = NoMask()
     _, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
-    assert "SKIP" not in spec.source and all(len(meta) == 1 for meta, *_ in spec.configs)
+    assert "hi = lo + 40" in spec.source and "mask" not in spec.source.split("BLOCK_S")[0]  # the whole cache
 
 
 @interpreter
@@ -233,6 +259,24 @@ def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, 
     compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model), interpret=True, checks=checks)
     run_steps(compiled, eager, model, (0, 5, 69))  # the first position, one inside, the last
     assert len(checks) == 3 and checks[0] == specs[0].name
+
+
+@interpreter
+@pytest.mark.parametrize(("mask", "window"), [("bool", 0), ("additive_min", 0), ("bool", 200)])
+def test_the_split_kernel_matches_in_the_interpreter_at_any_fill(monkeypatch: pytest.MonkeyPatch,
+                                                                 request: pytest.FixtureRequest, mask: str,
+                                                                 window: int) -> None:  # fmt: skip
+    """Up to 16 programs a row: one kept position, a few pieces, the whole cache, a window's middle range.
+    Every config runs on the same counters one after another, so one that left them non-zero fails the next."""
+    if ran_in_fresh_interpreter(request):
+        return
+    model, eager = (CacheAttention(heads=4, kv_heads=2, length=600, mask=mask, window=window) for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    checks: list[str] = []
+    compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model), interpret=True, checks=checks)
+    assert "up to 16 programs a head" in spec.describe
+    run_steps(compiled, eager, model, (0, 70, 599))
+    assert checks == [spec.name] * 3
 
 
 @cuda

@@ -138,7 +138,10 @@ WHOLE_ROW_BLOCKS = (2, 4, 8, 16)  # BLOCK_N candidates of such a kernel
 
 @dataclass(frozen=True, slots=True)
 class AttentionPlan:
-    """One query row per (batch, head) over `key`/`value` [B, H / group, S, D], where they are."""
+    """One query row per (batch, head) over `key`/`value` [B, H / group, S, D], where they are, its kept
+    positions shared among up to `splits` programs (flash-decoding). With more than one, the kernel
+    also takes a float32 buffer of `partial_elements` for the programs' partial results and a zeroed
+    int32 counter per row (`rows`), which the row's last program resets once it has combined them."""
 
     query: TensorMeta  # [B, H, 1, D]
     key: TensorMeta
@@ -147,10 +150,20 @@ class AttentionPlan:
     out: TensorMeta
     group: int  # query heads per key/value head
     scale: float | None  # None: 1 / sqrt(D)
+    splits: int = 1  # programs per row at most (a power of two)
 
     @property
     def heads(self) -> int:
         return int(self.query.shape[1])  # type: ignore[arg-type]
+
+    @property
+    def rows(self) -> int:
+        return int(self.query.shape[0]) * self.heads  # type: ignore[arg-type]
+
+    @property
+    def partial_elements(self) -> int:
+        """Per row and program: the output row's partial sums, the running maximum and the sum of weights."""
+        return self.rows * self.splits * (int(self.query.shape[3]) + 2)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

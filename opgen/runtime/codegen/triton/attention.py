@@ -1,16 +1,25 @@
 """The Triton source of a decode-attention kernel (an `AttentionPlan` of `opgen.runtime.passes.fusion.attention`).
 
-One program per (batch, query head): it loads the query row, walks the keys in blocks of BLOCK_S
-with an online softmax in float32 (running maximum and sum, as flash attention does), and
-accumulates the value rows. Query head `h` reads key/value head `h // group` of the cache, where
-the cache is. Sizes, strides and the scale are literals; names are not (see `kernel`), so a
-model's layers share one kernel.
+A row is one (batch, query head): one query row against the keys. Query head `h` reads key/value head
+`h // group` of the cache, where the cache is. Sizes, strides and the scale are literals; names are
+not (see `kernel`), so a model's layers share one kernel.
 
-With a mask, a static cache is mostly positions not yet written, masked out: configs with SKIP read
-each block's mask first and load none of its keys and values where it keeps no position (a boolean
-mask all false, an additive one at most `MASKED_OUT` everywhere: such a block adds exactly nothing to
-the running sums, whose maximum starts at -1e30). That costs a wait for the mask before the keys'
-loads, so the configs without it stay, and the first call's timing picks.
+**The kept positions, found on the device.** A static cache is mostly positions not yet written, which
+the mask hides. Each program first loads its row's whole mask and takes the range it keeps, from the
+first kept position to the last (a boolean mask true, an additive one above `MASKED_OUT`); no key or
+value outside it is read. Without a mask the range is the whole cache.
+
+**Split over up to `plan.splits` programs (flash-decoding).** The range is cut into as many pieces of
+whole blocks (BLOCK_S keys) as it takes, at most `splits`: one early in a generation, more as the
+cache fills. Each program walks its piece with an online softmax in float32 (running maximum and
+sum, as flash attention does). Where one program holds the whole range it writes the output row
+itself. Otherwise each writes its partial row, maximum and sum to the `part` buffer and takes a
+ticket from the row's counter; the last to arrive combines the partials, writes the output row and
+resets the counter to zero for the next launch. One launch, whatever the fill: a row's serial chain
+of blocks stays short as the cache grows, where a single program per row would walk it all.
+
+The split is decided in the kernel from the mask, so it fits every position of the cache, not only
+the one the first call is timed at; the first call's timing picks only BLOCK_S and the warps.
 """
 
 from __future__ import annotations
@@ -20,41 +29,66 @@ import math
 from opgen.runtime.codegen.triton.module import jit_module
 from opgen.runtime.ir import AttentionPlan, Config, TensorMeta
 
-# (keys per step, warps): the first call's autotuning keeps the fastest. A short cache fits in one step:
-# no loop-carried latency, more loads in flight.
-BLOCKS = ((32, 4), (64, 4), (128, 4), (128, 8), (256, 8))
-SKIPPING = ((64, 4), (128, 4), (256, 8))  # (keys per step, warps) also timed with SKIP, where there is a mask
+# (keys per block, warps): the first call's autotuning keeps the fastest. A piece is whole blocks, so
+# smaller blocks also split a short range finer.
+BLOCKS = ((32, 4), (64, 4), (128, 4), (128, 8))
 # An additive mask at most this keeps nothing: with the running maximum at least -1e30 (where it starts),
-# exp(score + mask - max) is exactly 0, as is what such a block adds (transformers fills with the dtype's
-# minimum, -3.4e38 for bfloat16 and float32).
+# exp(score + mask - max) is exactly 0 (transformers fills with the dtype's minimum, -3.4e38 for bfloat16
+# and float32).
 MASKED_OUT = -1e36
+MAX_SPAN = 16384  # a longer mask is not scanned for its kept range (its programs split the whole cache)
 
-_LOOP = """\
-    for start in range(0, {length}, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        s_ok = s < {length}
-{mask}\
-        if live:
-            keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None], other=0.0)
-            scores = tl.sum(keys.to(tl.float32) * qv[None, :], 1)
-{apply}\
-            scores = tl.where(s_ok, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 0))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(scores - m_new)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None], other=0.0)
-            acc = acc * alpha + tl.sum(p[:, None] * vals.to(tl.float32), 0)
-            m_i = m_new
+_RANGE = """\
+    every = tl.arange(0, {span})
+    row_mask = tl.load(mask + {row} + every * {m_s}, mask=every < {length}, other={other})
+    keep = {kept}
+    lo = tl.min(tl.where(keep, every, {length}), 0)
+    hi = tl.max(tl.where(keep, every + 1, 0), 0)
 """
 
-# Where the block has a mask: load it, and with SKIP decide whether any of its positions is kept (`live`).
-_MASKED = """\
-        masked = tl.load({at}, mask=s_ok, other={other})
-        if SKIP:
-            live = tl.max(({kept}).to(tl.int32), 0) > 0
+# The piece's blocks: a literal count, the most any piece can hold; blocks past the piece's end do nothing.
+_LOOP = """\
+        for block in range(0, {blocks}):
+            start = first + block * BLOCK_S
+            if start < last:
+                s = start + tl.arange(0, BLOCK_S)
+                s_ok = s < last
+{mask}\
+                keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None], other=0.0)
+                scores = tl.sum(keys.to(tl.float32) * qv[None, :], 1)
+{apply}\
+                scores = tl.where(s_ok, scores, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, 0))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(scores - m_new)
+                l_i = l_i * alpha + tl.sum(p, 0)
+                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None], other=0.0)
+                acc = acc * alpha + tl.sum(p[:, None] * vals.to(tl.float32), 0)
+                m_i = m_new
+"""
+
+# Where one program's piece is not the whole range: its partial results, a ticket, and the last one's combine.
+_COMBINE = """\
+        if parts == 1:
+            tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))
         else:
-            live = True
+            mine = part + (pid * {splits} + split) * {width}
+            tl.store(mine + d, acc)
+            tl.store(mine + {dim}, m_i)
+            tl.store(mine + {dim} + 1, l_i)
+            tl.debug_barrier()  # every thread's stores before the ticket (which releases them)
+            ticket = tl.atomic_add(count + pid, 1, sem="acq_rel")
+            if ticket == parts - 1:  # the row's last program: the others' partials are all written
+                tl.atomic_xchg(count + pid, 0)  # zero again for the next launch
+                j = tl.arange(0, {splits})
+                held = j < parts
+                theirs = part + (pid * {splits} + j) * {width}
+                maxima = tl.load(theirs + {dim}, mask=held, other=float("-inf"), cache_modifier=".cg")
+                sums = tl.load(theirs + {dim} + 1, mask=held, other=0.0, cache_modifier=".cg")
+                rows = tl.load(theirs[:, None] + d[None, :], mask=held[:, None], other=0.0, cache_modifier=".cg")
+                weight = tl.exp(maxima - tl.max(maxima, 0))
+                total = tl.sum(sums * weight, 0)
+                tl.store(out + {out_row}, (tl.sum(rows * weight[:, None], 0) / total).to(out.dtype.element_ty))
 """
 
 
@@ -63,56 +97,80 @@ def _stride(meta: TensorMeta, dim: int) -> int:
     return 0 if meta.shape[dim] == 1 else int(meta.stride[dim])  # type: ignore[arg-type]  # static
 
 
+def _span(length: int) -> int:
+    return 1 << max(4, math.ceil(math.log2(length)))  # the smallest power of two >= S (at least 16)
+
+
 def kernel(plan: AttentionPlan) -> tuple[str, str]:
-    """(name, source): parameters q, k, v, (mask,) out, then BLOCK_S."""
+    """(name, source): parameters q, k, v, (mask,) (part, count,) out, then BLOCK_S."""
     q, key, value, m, out = plan.query, plan.key, plan.value, plan.mask, plan.out
     batch, heads, _, dim = q.shape
-    length = key.shape[2]
+    length = int(key.shape[2])  # type: ignore[arg-type]
     scale = plan.scale if plan.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
     kind = "no mask" if m is None else ("a boolean mask" if m.dtype == "bool" else "an additive mask")
-    mask_lines, apply = "        live = True\n", ""
+    split = plan.splits > 1
+    mask_lines, apply = "", ""
+    kept_range = f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n"
     if m is not None:
-        at = f"mask + b * {_stride(m, 0)} + h * {_stride(m, 1)} + s * {_stride(m, 3)}"
-        if m.dtype == "bool":
-            mask_lines = _MASKED.format(at=at, other=0, kept="masked != 0")
-            apply = '            scores = tl.where(masked != 0, scores, float("-inf"))\n'
-        else:
-            mask_lines = _MASKED.format(at=at, other="float('-inf')", kept=f"masked.to(tl.float32) > {MASKED_OUT}")
-            apply = "            scores += masked.to(tl.float32)\n"
+        row = f"b * {_stride(m, 0)} + h * {_stride(m, 1)}"
+        boolean = m.dtype == "bool"
+        other = 0 if boolean else "float('-inf')"
+        kept = "row_mask != 0" if boolean else f"row_mask.to(tl.float32) > {MASKED_OUT}"
+        if length <= MAX_SPAN:
+            kept_range = _RANGE.format(span=_span(length), row=row, m_s=_stride(m, 3), length=length, other=other,
+                                       kept=kept)  # fmt: skip
+        mask_lines = f"                masked = tl.load(mask + {row} + s * {_stride(m, 3)}, mask=s_ok, other={other})\n"
+        apply = ('                scores = tl.where(masked != 0, scores, float("-inf"))\n' if boolean
+                 else "                scores += masked.to(tl.float32)\n")  # fmt: skip
+    out_row = f"b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}"
     body = [
         f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
-        f"{plan.group} per key/value head, {kind}",
+        f"{plan.group} per key/value head, {kind}; up to {plan.splits} program(s) a row",
         "    pid = tl.program_id(0)",
+        *(["    split = tl.program_id(1)"] if split else []),
         f"    b = pid // {heads}",
         f"    h = pid % {heads}",
         f"    g = h // {plan.group}",
         f"    d = tl.arange(0, {dim})",
-        f"    qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32) * {scale!r}",
-        "    m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
-        "    l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)",
-        f"    acc = tl.zeros(({dim},), dtype=tl.float32)",
+        kept_range.rstrip("\n"),
+    ]
+    inner = [
+        f"        qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32)"
+        f" * {scale!r}",
+        "        m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
+        "        l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)",
+        f"        acc = tl.zeros(({dim},), dtype=tl.float32)",
         _LOOP.format(
-            length=length, mask=mask_lines, apply=apply,
+            blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
         ).rstrip("\n"),
-        f"    tl.store(out + b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}, "
-        "(acc / l_i).to(out.dtype.element_ty))",
     ]  # fmt: skip
-    params = ["q", "k", "v", *(["mask"] if m is not None else []), "out"]
-    meta = "BLOCK_S: tl.constexpr" + (", SKIP: tl.constexpr" if m is not None else "")
-    return jit_module("attention", params, meta, "\n".join(body))
+    if split:
+        body += [
+            "    # the kept range in pieces of whole blocks, one a program (at least one: all masked gives 0 / 0)",
+            f"    per = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, {plan.splits}), BLOCK_S), 1) * BLOCK_S",
+            "    parts = tl.maximum(tl.cdiv(hi - lo, per), 1)",
+            "    if split < parts:",
+            "        first = lo + split * per",
+            "        last = tl.minimum(first + per, hi)",
+            *inner,
+            _COMBINE.format(out_row=out_row, splits=plan.splits, width=int(dim) + 2, dim=dim).rstrip("\n"),  # type: ignore[call-overload]
+        ]  # fmt: skip
+    else:  # one program walks the whole kept range
+        whole = ["        first = lo", "        last = hi", *inner,
+                 f"        tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))"]  # fmt: skip
+        body += [line[4:] for line in "\n".join(whole).split("\n")]
+    params = ["q", "k", "v", *(["mask"] if m is not None else []), *(["part", "count"] if split else []), "out"]
+    return jit_module("attention", params, "BLOCK_S: tl.constexpr", "\n".join(body))
 
 
 def configs(plan: AttentionPlan) -> tuple[Config, ...]:
-    length = int(plan.key.shape[2])  # type: ignore[arg-type]
-    longest = 1 << max(4, math.ceil(math.log2(length)))  # the smallest power of two >= S (at least 16)
-    grid = (int(plan.query.shape[0]) * plan.heads,)  # type: ignore[arg-type]
-    masked = plan.mask is not None
+    longest = _span(int(plan.key.shape[2]))  # type: ignore[arg-type]
+    grid = (plan.rows, plan.splits) if plan.splits > 1 else (plan.rows,)
     found: list[Config] = []
-    for block, warps, skip in [*((b, w, 0) for b, w in BLOCKS), *((b, w, 1) for b, w in SKIPPING if masked)]:
-        meta = (("BLOCK_S", min(block, longest)),) + ((("SKIP", skip),) if masked else ())
-        config: Config = (meta, warps, 1, grid)
+    for block, warps in BLOCKS:
+        config: Config = ((("BLOCK_S", min(block, longest)),), warps, 1, grid)
         if config not in found:
             found.append(config)
     return tuple(found)

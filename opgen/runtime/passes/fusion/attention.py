@@ -14,21 +14,30 @@ The kernel is a `FusedKernel` whose plan (`AttentionPlan`) `codegen.triton.atten
 the fusion pass's kernels: a multi-kernel choice between
 it and the ATen calls it replaced (the repeat included), timed on the first call. CUDA, static
 sizes, float16/bfloat16/float32, head sizes that are powers of two up to 256.
+
+A row's keys are shared among up to `splits` programs (flash-decoding), so that the launch has about
+`TARGET_PROGRAMS` programs once the cache fills: a batch of one has a few dozen rows, each of which
+would otherwise walk its whole cache alone. With more than one split, setup gives the kernel a
+buffer for its programs' partial results and a zeroed counter per row (`split_buffers`); the kernel
+writes both, and leaves the counters zero.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import (
+    Alloc,
     AttentionPlan,
     FusedKernel,
     KernelCall,
     Line,
     Program,
     Ref,
+    Sym,
     TensorMeta,
+    Value,
     meta_table,
 )
 from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, writes_between, writes_memory
@@ -47,6 +56,9 @@ SDPA = frozenset({
 })  # fmt: skip
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD = 256
+TARGET_PROGRAMS = 512  # rows x splits to aim at: a few programs per SM of an H100/H200 (132 SMs)
+MAX_SPLITS = 16
+MIN_PIECE = 32  # keys: no more splits than pieces of this many (the smallest block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +84,41 @@ def fuse_decode_attention(program: Program, registry: KernelRegistry) -> Program
     found = list(find_decode_attention(program, registry))
     if not found:
         return program
-    locals_ = fresh_namer(program, "attention")
-    placed = [(fused_kernel(program, match, next(locals_)), match.members, match.index) for match in found]
-    return eliminate_dead_code(place(program, placed), registry)
+    locals_, buffers = fresh_namer(program, "attention"), fresh_namer(program, "attention_split")
+    placed, setup = [], list(program.setup)
+    for match in found:
+        plan = attention_plan(match)
+        made = split_buffers(plan, next(buffers), match.line.node) if plan.splits > 1 else ()
+        setup += made
+        placed.append((fused_kernel(program, match, plan, next(locals_), made), match.members, match.index))
+    return eliminate_dead_code(place(replace(program, setup=tuple(setup)), placed), registry)
+
+
+def splits_for(rows: int, length: int) -> int:
+    """Programs per row: a power of two, up to TARGET_PROGRAMS in all, MAX_SPLITS a row, pieces of MIN_PIECE keys."""
+    most = min(MAX_SPLITS, max(1, TARGET_PROGRAMS // rows), max(1, length // MIN_PIECE))
+    return 1 << (most.bit_length() - 1)
+
+
+def attention_plan(match: DecodeAttention) -> AttentionPlan:
+    out = match.line.outputs[0]
+    assert out is not None and out.meta is not None
+    mask = match.mask.meta if match.mask is not None else None
+    rows = int(match.query.meta.shape[0]) * match.heads  # type: ignore[arg-type]
+    splits = splits_for(rows, int(match.key.meta.shape[2]))  # type: ignore[arg-type]
+    return AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale,
+                         splits)  # fmt: skip
+
+
+def split_buffers(plan: AttentionPlan, name: str, node: str) -> tuple[Alloc, KernelCall]:
+    """Setup's buffers for a split kernel: its programs' partial results (float32, uninitialised) and one
+    counter per row (int32 zeros, which the kernel leaves zero)."""
+    device = plan.query.device
+    part = Value(f"{name}_part", TensorMeta((plan.partial_elements,), (1,), "float32", device))
+    count = Value(f"{name}_count", TensorMeta((plan.rows,), (1,), "int32", device))
+    zeros = KernelCall("zeros", ((plan.rows,),), (("dtype", Sym("dtype", "int32")), ("device", Sym("device", device))),
+                       (count,), node, "aten.zeros.default", fresh=True)  # fmt: skip
+    return Alloc(part), zeros
 
 
 def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterator[DecodeAttention]:
@@ -158,22 +202,22 @@ def _mask_fits(meta: TensorMeta, batch: int, heads: int, length: int) -> bool:
     return meta.dtype == "bool" or meta.dtype in DTYPES
 
 
-def fused_kernel(program: Program, match: DecodeAttention, local: str) -> FusedKernel:
-    out = match.line.outputs[0]
-    assert out is not None and out.meta is not None
-    mask = match.mask.meta if match.mask is not None else None
-    plan = AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale)
+def fused_kernel(program: Program, match: DecodeAttention, plan: AttentionPlan, local: str,
+                 buffers: tuple[Alloc, KernelCall] | tuple[()] = ()) -> FusedKernel:  # fmt: skip
     lines = tuple(program.body[i] for i in match.members)
     inputs = (match.query.name, match.key.name, match.value.name, *((match.mask.name,) if match.mask else ()))
     dtypes = (match.query.meta.dtype,) * 3 + ((match.mask.meta.dtype,) if match.mask else ())
+    written = (buffers[0].value, buffers[1].outputs[0]) if buffers else ()
     length = match.key.meta.shape[2]
     return FusedKernel.make(
         local,
         plan,
-        inputs=zip(inputs, dtypes, strict=True),
+        inputs=(*zip(inputs, dtypes, strict=True), *((v.name, v.meta.dtype) for v in written)),  # type: ignore[union-attr]
         outputs=match.line.outputs[:1],  # type: ignore[arg-type]
         nodes=(line.node for line in lines if isinstance(line, KernelCall)),
         describe=f"decode attention, {match.heads} heads of one query over {length} keys"
-        + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else ""),
+        + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else "")
+        + (f", up to {plan.splits} programs a head" if plan.splits > 1 else ""),
         lines=lines,  # type: ignore[arg-type]
+        writes=written,  # type: ignore[arg-type]
     )
