@@ -70,7 +70,7 @@ class Result:
     tokens_per_s: float | None
     equal_tokens: int | None
     logit_err: float | None = None  # teacher-forced, / max |eager logit|; loops only
-    step_ms: float | None = None  # the compiled decode step back to back; opgen's loop only
+    step_ms: float | None = None  # the compiled decode step back to back, halfway through the decode; opgen's loop only
     error: str = ""
 
 
@@ -154,10 +154,11 @@ def forced_logits(steps: Steps, ids: torch.Tensor, tokens: Sequence[Sequence[int
     return out
 
 
-def step_time(steps: Steps, batch: int, calls: int, device: torch.device) -> float:
-    """ms per call of the compiled decode step, back to back (one sync at the end), median of 5."""
+def step_time(steps: Steps, batch: int, calls: int, device: torch.device, position: int) -> float:
+    """ms per call of the compiled decode step at a cache `position` (its keys before it kept), back to
+    back (one sync at the end), median of 5."""
     ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
-    pos = torch.tensor([1], dtype=torch.long, device=device)
+    pos = torch.tensor([position], dtype=torch.long, device=device)
     offsets = torch.zeros(batch, dtype=torch.long, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     samples = []
@@ -216,7 +217,8 @@ def _with_loop_checks(result: Result, loops: dict[str, Generator], row: str, ids
     got = forced_logits(mine, ids, reference)
     scale = max(float(w.abs().max()) for w in want) or 1.0
     err = max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True)) / scale
-    step = step_time(mine, batch, 50, device) if row == "opgen_loop" else None
+    middle = ids.shape[1] + len(reference[0]) // 2  # the step where the generation's decode is halfway
+    step = step_time(mine, batch, 50, device, middle) if row == "opgen_loop" else None
     return Result(**{**asdict(result), "logit_err": err, "step_ms": step})
 
 
