@@ -132,11 +132,11 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    h = pid % {heads}",
         f"    g = h // {plan.group}",
         f"    d = tl.arange(0, {dim})",
+        # the query row first: its load needs nothing, and waits alongside the mask's
+        f"    qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32) * {scale!r}",
         kept_range.rstrip("\n"),
     ]
     inner = [
-        f"        qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32)"
-        f" * {scale!r}",
         "        m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
         "        l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)",
         f"        acc = tl.zeros(({dim},), dtype=tl.float32)",

@@ -18,8 +18,7 @@ sizes, float16/bfloat16/float32, head sizes that are powers of two up to 256.
 A row's keys are shared among up to `splits` programs (flash-decoding), so that the launch has about
 `TARGET_PROGRAMS` programs once the cache fills: a batch of one has a few dozen rows, each of which
 would otherwise walk its whole cache alone. With more than one split, setup gives the kernel a
-buffer for its programs' partial results and a zeroed counter per row (`split_buffers`); the kernel
-writes both, and leaves the counters zero.
+buffer for its programs' partial results and a zeroed counter per row (`fusion.split_buffers`).
 """
 
 from __future__ import annotations
@@ -35,14 +34,13 @@ from opgen.runtime.ir import (
     Line,
     Program,
     Ref,
-    Sym,
     TensorMeta,
-    Value,
     meta_table,
 )
 from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, writes_between, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.fusion.split_buffers import split_buffers, written
 from opgen.runtime.passes.repeat_kv import Operand, unrepeat
 from opgen.runtime.registry import BindError, KernelRegistry, bind
 
@@ -88,7 +86,8 @@ def fuse_decode_attention(program: Program, registry: KernelRegistry) -> Program
     placed, setup = [], list(program.setup)
     for match in found:
         plan = attention_plan(match)
-        made = split_buffers(plan, next(buffers), match.line.node) if plan.splits > 1 else ()
+        made = (split_buffers(next(buffers), plan.partial_elements, plan.rows, plan.query.device, match.line.node)
+                if plan.splits > 1 else ())  # fmt: skip
         setup += made
         placed.append((fused_kernel(program, match, plan, next(locals_), made), match.members, match.index))
     return eliminate_dead_code(place(replace(program, setup=tuple(setup)), placed), registry)
@@ -108,17 +107,6 @@ def attention_plan(match: DecodeAttention) -> AttentionPlan:
     splits = splits_for(rows, int(match.key.meta.shape[2]))  # type: ignore[arg-type]
     return AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale,
                          splits)  # fmt: skip
-
-
-def split_buffers(plan: AttentionPlan, name: str, node: str) -> tuple[Alloc, KernelCall]:
-    """Setup's buffers for a split kernel: its programs' partial results (float32, uninitialised) and one
-    counter per row (int32 zeros, which the kernel leaves zero)."""
-    device = plan.query.device
-    part = Value(f"{name}_part", TensorMeta((plan.partial_elements,), (1,), "float32", device))
-    count = Value(f"{name}_count", TensorMeta((plan.rows,), (1,), "int32", device))
-    zeros = KernelCall("zeros", ((plan.rows,),), (("dtype", Sym("dtype", "int32")), ("device", Sym("device", device))),
-                       (count,), node, "aten.zeros.default", fresh=True)  # fmt: skip
-    return Alloc(part), zeros
 
 
 def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterator[DecodeAttention]:
@@ -207,17 +195,17 @@ def fused_kernel(program: Program, match: DecodeAttention, plan: AttentionPlan, 
     lines = tuple(program.body[i] for i in match.members)
     inputs = (match.query.name, match.key.name, match.value.name, *((match.mask.name,) if match.mask else ()))
     dtypes = (match.query.meta.dtype,) * 3 + ((match.mask.meta.dtype,) if match.mask else ())
-    written = (buffers[0].value, buffers[1].outputs[0]) if buffers else ()
+    scratch = written(buffers)
     length = match.key.meta.shape[2]
     return FusedKernel.make(
         local,
         plan,
-        inputs=(*zip(inputs, dtypes, strict=True), *((v.name, v.meta.dtype) for v in written)),  # type: ignore[union-attr]
+        inputs=(*zip(inputs, dtypes, strict=True), *((v.name, v.meta.dtype) for v in scratch)),  # type: ignore[union-attr]
         outputs=match.line.outputs[:1],  # type: ignore[arg-type]
         nodes=(line.node for line in lines if isinstance(line, KernelCall)),
         describe=f"decode attention, {match.heads} heads of one query over {length} keys"
         + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else "")
         + (f", up to {plan.splits} programs a head" if plan.splits > 1 else ""),
         lines=lines,  # type: ignore[arg-type]
-        writes=written,  # type: ignore[arg-type]
+        writes=scratch,
     )
