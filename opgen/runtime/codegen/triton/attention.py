@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan, Config, TensorMeta
 
 # (keys per block, warps): the first call's autotuning keeps the fastest. A piece is whole blocks, so
@@ -98,7 +98,7 @@ def _stride(meta: TensorMeta, dim: int) -> int:
 
 
 def _span(length: int) -> int:
-    return 1 << max(4, math.ceil(math.log2(length)))  # the smallest power of two >= S (at least 16)
+    return max(16, next_power_of_2(length))  # the smallest power of two >= S (at least 16)
 
 
 def kernel(plan: AttentionPlan) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.ir import CacheWritePlan, Config, RegionWrite
 
 BLOCKS = ((256, 2), (1024, 4))  # (elements per program, warps)
@@ -97,7 +97,7 @@ def _numel(shape: tuple[Any, ...]) -> int:
 
 def configs(plan: CacheWritePlan) -> tuple[Config, ...]:
     largest = max(_numel(w.region) for w in plan.writes)
-    fits = 1 << max(5, math.ceil(math.log2(max(largest, 1))))  # the smallest power of two >= it (at least 32)
+    fits = max(32, next_power_of_2(largest))  # the smallest power of two >= it (at least 32)
     found: list[Config] = []
     for block, warps in BLOCKS:
         block = min(block, fits)

@@ -13,10 +13,8 @@ the matrix-vector kernel's are (`codegen.triton.gemv`), so one launch covers eve
 
 from __future__ import annotations
 
-import math
-
 from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
-from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.ir import Config, GemvPlan
 
 # (BLOCK_N, BLOCK_K, warps, stages): the first call's autotuning keeps the fastest. Small BLOCK_N: more
@@ -104,7 +102,7 @@ def _gated(x, wg, wu, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.conste
 
 def block_m(plan: GemvPlan) -> int:
     """The rows of a tile: the plan's rows rounded up to a power of two, at least 16 (the smallest dot)."""
-    return max(16, 1 << math.ceil(math.log2(plan.m)))
+    return max(16, next_power_of_2(plan.m))
 
 
 def kernel(plan: GemvPlan) -> tuple[str, str]:
@@ -119,7 +117,7 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
 def configs(plan: GemvPlan) -> tuple[Config, ...]:
     """Per tile, the grid covers every product's columns (a gated pair's once: a program does both); a
     tile whose pipeline would not fit in shared memory takes fewer stages, then shorter blocks of K."""
-    k_blocks = 1 << max(4, math.ceil(math.log2(plan.k)))  # the smallest power of two >= K (at least 16)
+    k_blocks = max(16, next_power_of_2(plan.k))  # the smallest power of two >= K (at least 16)
     m, weights = block_m(plan), 2 if plan.gated else 1
     found: list[Config] = []
     for block_n, block_k, warps, stages in TILES:

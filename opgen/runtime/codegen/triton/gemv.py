@@ -10,9 +10,7 @@ the input, read by every program, stays in cache. Sizes and strides are literals
 
 from __future__ import annotations
 
-import math
-
-from opgen.runtime.codegen.triton.module import jit_module
+from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.codegen.triton.ops import gelu, silu
 from opgen.runtime.ir import Config, GemvPlan
 
@@ -169,7 +167,7 @@ def grid_blocks(plan: GemvPlan, block_n: int) -> tuple[int]:
 
 def configs(plan: GemvPlan) -> tuple[Config, ...]:
     """Per tile, the grid covers every product's rows (a gated pair's once: a program does both)."""
-    k_blocks = 1 << max(4, math.ceil(math.log2(plan.k)))  # the smallest power of two >= K (at least 16)
+    k_blocks = max(16, next_power_of_2(plan.k))  # the smallest power of two >= K (at least 16)
     found: list[Config] = []
     for block_n, block_k, warps, stages in TILES:
         block_k = min(block_k, k_blocks)

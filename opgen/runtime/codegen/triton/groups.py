@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from opgen.runtime.codegen.triton.module import Kernel, jit_module
+from opgen.runtime.codegen.triton.module import Kernel, jit_module, next_power_of_2
 from opgen.runtime.codegen.triton.ops import TL, Operand, cast, compute_type, pointwise
 from opgen.runtime.codegen.triton.order import in_memory_order
 from opgen.runtime.codegen.triton.placement import Index, placed_address
@@ -369,11 +369,11 @@ def _configs(group: FusedGroup) -> tuple[Config, ...]:
     """Candidates the first call autotunes over, with their (fixed) grids."""
     if group.kind == "row":
         rows, n = math.prod(group.shape[:-1]), group.shape[-1]
-        block_n = max(triton_next_power_of_2(n), 16)
+        block_n = max(next_power_of_2(n), 16)
         configs = []
         for block_r in (1, 2, 4, 8, 16, 32):
             tile = block_r * block_n
-            if block_r > 1 and (tile > 8192 or block_r > triton_next_power_of_2(rows)):
+            if block_r > 1 and (tile > 8192 or block_r > next_power_of_2(rows)):
                 continue
             warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
             configs.append(((("BLOCK_N", block_n), ("BLOCK_R", block_r)), warps, 1, (-(-rows // block_r), 1, 1)))
@@ -385,7 +385,3 @@ def _configs(group: FusedGroup) -> tuple[Config, ...]:
             continue
         configs.append(((("BLOCK", block),), warps, 1, (-(-numel // block), 1, 1)))
     return tuple(configs)
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from opgen.runtime.codegen.triton.group_parts import pointwise_part
-from opgen.runtime.codegen.triton.module import Kernel, jit_module
+from opgen.runtime.codegen.triton.module import Kernel, jit_module, next_power_of_2
 from opgen.runtime.ir import Config, HorizontalPlan
 
 BLOCKS = ((256, 2), (1024, 4))  # (elements per program, warps): the first call's timing picks
@@ -51,7 +51,7 @@ def configs(plan: HorizontalPlan) -> tuple[Config, ...]:
     largest = max(math.prod(g.shape) for g in plan.parts)
     found: list[Config] = []
     for block, warps in BLOCKS:
-        block = min(block, max(128, 1 << math.ceil(math.log2(largest))))
+        block = min(block, max(128, next_power_of_2(largest)))
         grid = (sum(-(-math.prod(g.shape) // block) for g in plan.parts),)
         config: Config = ((("BLOCK", block),), warps, 1, grid)
         if config not in found:

@@ -23,6 +23,11 @@ class Kernel:
     configs: tuple[Config, ...]
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): block sizes cover a size with a power-of-two arange."""
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
 def jit_module(prefix: str, params: Sequence[str], meta: str, body: str, helpers: str = "") -> tuple[str, str]:
     """(name, source): `def <name>(<params>, <meta>):` with `body` (indented lines, no trailing newline)."""
     name = f"{prefix}_" + hashlib.sha256(f"{meta}\n{body}".encode()).hexdigest()[:12]

@@ -1,6 +1,6 @@
 """Working memory of a kernel that splits one output's work among programs (the decode-attention kernel
-over a long cache, a few-row product over K): a float32 buffer for the programs' partial results and a
-zeroed int32 counter per output block, both made once in setup. In each launch the programs of a block
+over a long cache): a float32 buffer for the programs' partial results and a zeroed int32 counter per
+output block, both made once in setup. In each launch the programs of a block
 write their partials and take a ticket from its counter; the last sums them and sets the counter back
 to zero, so the buffers are fit for the next launch with no kernel to clear them. The kernel lists both
 among its inputs and its `writes`: they are persistent buffers (a program with them runs one call at a
