@@ -20,7 +20,9 @@ from torch.nn import functional as F
 
 import opgen
 from opgen.runtime.ir import FusedKernel
+from opgen.runtime.passes.fusion import attention as attention_pass
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
+from opgen.runtime.passes.repeat_kv import Operand
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 interpreter = pytest.mark.skipif(
@@ -110,7 +112,13 @@ def test_one_kernel_reads_the_cache_in_place_and_the_aten_side_matches(
     run_steps(compiled, eager, model, range(3, 12))
 
 
+def one_row_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program per query row whatever the group (the kernel a group of one takes)."""
+    monkeypatch.setattr(attention_pass, "GROUPED_FROM", 1 << 30)
+
+
 def test_the_kernel_source_reads_like_a_flash_decoding_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    one_row_kernels(monkeypatch)
     model = CacheAttention(heads=8, kv_heads=2, length=40, dim=16)
     compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
     assert spec.name.startswith("attention_") and f"def {spec.name}(q, k, v, mask, out, BLOCK_S" in spec.source
@@ -125,6 +133,7 @@ def test_the_kernel_source_reads_like_a_flash_decoding_loop(monkeypatch: pytest.
 
 
 def test_a_long_cache_is_split_among_programs_with_buffers_from_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    one_row_kernels(monkeypatch)
     model = CacheAttention(heads=8, kv_heads=2, length=600, dim=16)
     compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
     assert f"def {spec.name}(q, k, v, mask, part, count, out, BLOCK_S" in spec.source
@@ -135,6 +144,45 @@ def test_a_long_cache_is_split_among_programs_with_buffers_from_setup(monkeypatc
     source = compiled.artifact.source  # type: ignore[attr-defined]
     assert "attention_split0_part = empty_strided((2304,), (1,), dtype=float32" in source  # 8 rows x 16 x (16 + 2)
     assert "attention_split0_count = zeros((8,), dtype=int32" in source
+
+
+def test_a_group_of_query_heads_is_one_program_of_two_dots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four query heads a key/value head: one program a group, its rows one tile (16: a dot's smallest side),
+    the keys read once for all of them; the split and its counters are per group."""
+    model = CacheAttention(heads=8, kv_heads=2, length=600, dim=16)
+    compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
+    source = spec.source
+    assert spec.name.startswith("attention_grouped_") and "4 per key/value head" in source
+    assert "hs = h + tl.arange(0, 16)" in source and "h_ok = hs < h + 4" in source
+    assert "tl.dot(qs, keys" in source and "tl.dot(p, vals" in source and 'input_precision="ieee"' in source
+    assert "masked[None, :] != 0" in source  # the mask's one row, for every head of the group
+    assert 'tl.atomic_add(count + pid, 1, sem="acq_rel")' in source and "tl.atomic_xchg(count + pid, 0)" in source
+    # 2 groups of 4 rows: 256 programs a row would be 16 splits of 2 rows; the 2 groups take 16 splits too
+    assert {grid for *_, grid in spec.configs} == {(2, 16)}
+    assert "a program a group, up to 16 programs a group" in spec.describe
+    artifact = compiled.artifact.source  # type: ignore[attr-defined]
+    assert "attention_split0_part = empty_strided((2304,), (1,), dtype=float32" in artifact  # 8 rows x 16 x (16 + 2)
+    assert "attention_split0_count = zeros((2,), dtype=int32" in artifact  # one counter a group
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "mask_heads", "grouped"), [
+    (8, 2, 16, 1, True), (8, 8, 16, 1, False), (8, 2, 8, 1, False), (8, 2, 16, 8, False), (14, 2, 64, 1, True),
+])  # fmt: skip
+def test_which_attention_takes_a_program_a_group(heads: int, kv_heads: int, dim: int, mask_heads: int,
+                                                 grouped: bool) -> None:  # fmt: skip
+    from opgen.runtime.ir import TensorMeta
+
+    def meta(*shape: int, dtype: str = "bfloat16") -> TensorMeta:
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        return TensorMeta(shape, tuple(strides), dtype, "cuda:0")
+
+    q, kv = meta(1, heads, 1, dim), meta(1, kv_heads, 640, dim)
+    mask = Operand("mask", meta(1, mask_heads, 1, 640, dtype="bool"))
+    match = attention_pass.DecodeAttention(0, None, Operand("q", q), Operand("k", kv), Operand("v", kv), mask,  # type: ignore[arg-type]
+                                           heads // kv_heads, None, (0,))  # fmt: skip
+    assert attention_pass.grouped(match) is grouped
 
 
 @pytest.mark.parametrize(("rows", "length", "splits"), [(32, 640, 16), (256, 640, 2), (512, 640, 1), (14, 4096, 16),
@@ -262,19 +310,23 @@ def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, 
 
 
 @interpreter
+@pytest.mark.parametrize("kernel", ["row", "group"])
 @pytest.mark.parametrize(("mask", "window"), [("bool", 0), ("additive_min", 0), ("bool", 200)])
 def test_the_split_kernel_matches_in_the_interpreter_at_any_fill(monkeypatch: pytest.MonkeyPatch,
                                                                  request: pytest.FixtureRequest, mask: str,
-                                                                 window: int) -> None:  # fmt: skip
-    """Up to 16 programs a row: one kept position, a few pieces, the whole cache, a window's middle range.
-    Every config runs on the same counters one after another, so one that left them non-zero fails the next."""
+                                                                 window: int, kernel: str) -> None:  # fmt: skip
+    """Up to 16 programs a row or group: one kept position, a few pieces, the whole cache, a window's middle
+    range. Every config runs on the same counters one after another, so one that left them non-zero fails
+    the next."""
     if ran_in_fresh_interpreter(request):
         return
+    if kernel == "row":
+        one_row_kernels(monkeypatch)
     model, eager = (CacheAttention(heads=4, kv_heads=2, length=600, mask=mask, window=window) for _ in range(2))
     eager.load_state_dict(model.state_dict())
     checks: list[str] = []
     compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model), interpret=True, checks=checks)
-    assert "up to 16 programs a head" in spec.describe
+    assert f"up to 16 programs a {'head' if kernel == 'row' else 'group'}" in spec.describe
     run_steps(compiled, eager, model, (0, 70, 599))
     assert checks == [spec.name] * 3
 
@@ -299,14 +351,18 @@ def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dty
 
 
 @cuda
+@pytest.mark.parametrize("kernel", ["row", "group"])
 @pytest.mark.parametrize("mask", ["bool", "additive_min"])
-def test_every_config_on_the_gpu_matches_at_any_fill_of_the_cache(monkeypatch: pytest.MonkeyPatch, mask: str) -> None:
-    """Each config, with and without skipping masked blocks, launched on the GPU against the ATen calls, from
-    a cache with one position kept to a full one."""
+def test_every_config_on_the_gpu_matches_at_any_fill_of_the_cache(monkeypatch: pytest.MonkeyPatch, mask: str,
+                                                                   kernel: str) -> None:  # fmt: skip
+    """Each config of the one-row and the grouped kernel launched on the GPU against the ATen calls, from a
+    cache with one position kept to a full one."""
     from fusion_interp import InterpretedBinding
 
     from opgen.runtime.execution import fused as fused_module
 
+    if kernel == "row":
+        one_row_kernels(monkeypatch)
     checks: list[str] = []
     tolerance = {"atol": 1e-4, "rtol": 1e-4}
     monkeypatch.setattr(

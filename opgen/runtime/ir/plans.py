@@ -139,9 +139,10 @@ WHOLE_ROW_BLOCKS = (2, 4, 8, 16)  # BLOCK_N candidates of such a kernel
 @dataclass(frozen=True, slots=True)
 class AttentionPlan:
     """One query row per (batch, head) over `key`/`value` [B, H / group, S, D], where they are, its kept
-    positions shared among up to `splits` programs (flash-decoding). With more than one, the kernel
-    also takes a float32 buffer of `partial_elements` for the programs' partial results and a zeroed
-    int32 counter per row (`rows`), which the row's last program resets once it has combined them."""
+    positions shared among up to `splits` programs (flash-decoding). A program takes one row, or where
+    `grouped` the `group` rows that read one key/value head. With more than one split, the kernel also
+    takes a float32 buffer of `partial_elements` for the programs' partial results and a zeroed int32
+    counter per row or group (`programs`), which its last program resets once it has combined them."""
 
     query: TensorMeta  # [B, H, 1, D]
     key: TensorMeta
@@ -151,6 +152,7 @@ class AttentionPlan:
     group: int  # query heads per key/value head
     scale: float | None  # None: 1 / sqrt(D)
     splits: int = 1  # programs per row at most (a power of two)
+    grouped: bool = False  # a program takes a key/value head's whole group of query rows (tensor-core dots)
 
     @property
     def heads(self) -> int:
@@ -159,6 +161,11 @@ class AttentionPlan:
     @property
     def rows(self) -> int:
         return int(self.query.shape[0]) * self.heads  # type: ignore[arg-type]
+
+    @property
+    def programs(self) -> int:
+        """The launch's first grid dimension, one counter each where it splits: a row's, or a group's."""
+        return self.rows // self.group if self.grouped else self.rows
 
     @property
     def partial_elements(self) -> int:

@@ -101,6 +101,27 @@ def _span(length: int) -> int:
     return max(16, next_power_of_2(length))  # the smallest power of two >= S (at least 16)
 
 
+def masking(plan: AttentionPlan, scores: str = "") -> tuple[str, str, str]:
+    """(the kept range's lines, a block's mask load, its use on the block's scores): the range from `lo` to
+    `hi` of the row `b`, `h` (the whole cache without a mask); `scores` indexes the mask's row of a block
+    (`[None, :]`: every row of a group's scores takes it)."""
+    m, length = plan.mask, int(plan.key.shape[2])  # type: ignore[arg-type]
+    if m is None:
+        return f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n", "", ""
+    row = f"b * {_stride(m, 0)} + h * {_stride(m, 1)}"
+    boolean = m.dtype == "bool"
+    other = 0 if boolean else "float('-inf')"
+    kept = "row_mask != 0" if boolean else f"row_mask.to(tl.float32) > {MASKED_OUT}"
+    kept_range = f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n"
+    if length <= MAX_SPAN:
+        kept_range = _RANGE.format(span=_span(length), row=row, m_s=_stride(m, 3), length=length, other=other,
+                                   kept=kept)  # fmt: skip
+    load = f"                masked = tl.load(mask + {row} + s * {_stride(m, 3)}, mask=s_ok, other={other})\n"
+    apply = (f'                scores = tl.where(masked{scores} != 0, scores, float("-inf"))\n' if boolean
+             else f"                scores += masked{scores}.to(tl.float32)\n")  # fmt: skip
+    return kept_range, load, apply
+
+
 def kernel(plan: AttentionPlan) -> tuple[str, str]:
     """(name, source): parameters q, k, v, (mask,) (part, count,) out, then BLOCK_S."""
     q, key, value, m, out = plan.query, plan.key, plan.value, plan.mask, plan.out
@@ -109,19 +130,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     scale = plan.scale if plan.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
     kind = "no mask" if m is None else ("a boolean mask" if m.dtype == "bool" else "an additive mask")
     split = plan.splits > 1
-    mask_lines, apply = "", ""
-    kept_range = f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n"
-    if m is not None:
-        row = f"b * {_stride(m, 0)} + h * {_stride(m, 1)}"
-        boolean = m.dtype == "bool"
-        other = 0 if boolean else "float('-inf')"
-        kept = "row_mask != 0" if boolean else f"row_mask.to(tl.float32) > {MASKED_OUT}"
-        if length <= MAX_SPAN:
-            kept_range = _RANGE.format(span=_span(length), row=row, m_s=_stride(m, 3), length=length, other=other,
-                                       kept=kept)  # fmt: skip
-        mask_lines = f"                masked = tl.load(mask + {row} + s * {_stride(m, 3)}, mask=s_ok, other={other})\n"
-        apply = ('                scores = tl.where(masked != 0, scores, float("-inf"))\n' if boolean
-                 else "                scores += masked.to(tl.float32)\n")  # fmt: skip
+    kept_range, mask_lines, apply = masking(plan)
     out_row = f"b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}"
     body = [
         f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
@@ -167,7 +176,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
 
 def configs(plan: AttentionPlan) -> tuple[Config, ...]:
     longest = _span(int(plan.key.shape[2]))  # type: ignore[arg-type]
-    grid = (plan.rows, plan.splits) if plan.splits > 1 else (plan.rows,)
+    grid = (plan.programs, plan.splits) if plan.splits > 1 else (plan.programs,)
     found: list[Config] = []
     for block, warps in BLOCKS:
         config: Config = ((("BLOCK_S", min(block, longest)),), warps, 1, grid)

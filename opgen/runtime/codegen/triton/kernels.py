@@ -13,6 +13,7 @@ from typing import assert_never
 
 from opgen.runtime.codegen.triton import (
     attention,
+    attention_grouped,
     cache_writes,
     few_rows,
     gemv,
@@ -78,6 +79,8 @@ def write(plan: KernelPlan) -> Kernel:
             return Kernel(*gemv_prologue.kernel(plan), gemv_prologue.configs(plan))
         case GemvPlan():
             return Kernel(*few_rows.kernel(plan), few_rows.configs(plan))
+        case AttentionPlan(grouped=True):
+            return Kernel(*attention_grouped.kernel(plan), attention.configs(plan))
         case AttentionPlan():
             return Kernel(*attention.kernel(plan), attention.configs(plan))
         case CacheWritePlan():

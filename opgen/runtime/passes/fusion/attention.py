@@ -57,6 +57,7 @@ MAX_HEAD = 256
 TARGET_PROGRAMS = 512  # rows x splits to aim at: a few programs per SM of an H100/H200 (132 SMs)
 MAX_SPLITS = 16
 MIN_PIECE = 32  # keys: no more splits than pieces of this many (the smallest block)
+GROUPED_FROM = 2  # query heads per key/value head from which one program takes the whole group
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +87,8 @@ def fuse_decode_attention(program: Program, registry: KernelRegistry) -> Program
     placed, setup = [], list(program.setup)
     for match in found:
         plan = attention_plan(match)
-        made = (split_buffers(next(buffers), plan.partial_elements, plan.rows, plan.query.device, match.line.node)
-                if plan.splits > 1 else ())  # fmt: skip
+        made = (split_buffers(next(buffers), plan.partial_elements, plan.programs, plan.query.device,
+                              match.line.node) if plan.splits > 1 else ())  # fmt: skip
         setup += made
         placed.append((fused_kernel(program, match, plan, next(locals_), made), match.members, match.index))
     return eliminate_dead_code(place(replace(program, setup=tuple(setup)), placed), registry)
@@ -103,10 +104,18 @@ def attention_plan(match: DecodeAttention) -> AttentionPlan:
     out = match.line.outputs[0]
     assert out is not None and out.meta is not None
     mask = match.mask.meta if match.mask is not None else None
-    rows = int(match.query.meta.shape[0]) * match.heads  # type: ignore[arg-type]
-    splits = splits_for(rows, int(match.key.meta.shape[2]))  # type: ignore[arg-type]
-    return AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale,
-                         splits)  # fmt: skip
+    plan = AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale,
+                         grouped=grouped(match))  # fmt: skip
+    return replace(plan, splits=splits_for(plan.programs, int(match.key.meta.shape[2])))  # type: ignore[arg-type]
+
+
+def grouped(match: DecodeAttention) -> bool:
+    """A program per group of query rows (`codegen.triton.attention_grouped`): where a key/value head has at
+    least GROUPED_FROM query heads, the heads are 16 wide or more (a dot's smallest side) and the mask, if
+    any, is one row for every head."""
+    dim = int(match.query.meta.shape[3])  # type: ignore[arg-type]
+    one_row = match.mask is None or match.mask.meta.shape[1] == 1
+    return match.group >= GROUPED_FROM and dim >= 16 and one_row
 
 
 def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterator[DecodeAttention]:
@@ -205,7 +214,8 @@ def fused_kernel(program: Program, match: DecodeAttention, plan: AttentionPlan, 
         nodes=(line.node for line in lines if isinstance(line, KernelCall)),
         describe=f"decode attention, {match.heads} heads of one query over {length} keys"
         + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else "")
-        + (f", up to {plan.splits} programs a head" if plan.splits > 1 else ""),
+        + (", a program a group" if plan.grouped else "")
+        + (f", up to {plan.splits} programs a {'group' if plan.grouped else 'head'}" if plan.splits > 1 else ""),
         lines=lines,  # type: ignore[arg-type]
         writes=scratch,
     )
