@@ -243,13 +243,14 @@ def compile_as_on_cuda(
     inputs: tuple[torch.Tensor, ...],
     checks: list[str] | None = None,
 ) -> tuple[Any, list[FusedKernel]]:
-    """`model` compiled with the GPU passes before fusion (split_bias, lift_views) and fusion itself as if on
-    CUDA, oneDNN's passes left out so that linear layers stay `addmm` as on CUDA (`compile_with_pass`)."""
+    """`model` compiled with the GPU passes before fusion (split_bias, casts, lift_views) and fusion itself as
+    if on CUDA, oneDNN's passes left out so that linear layers stay `addmm` as on CUDA (`compile_with_pass`)."""
     from opgen.runtime.passes.fusion.bias import split_bias
+    from opgen.runtime.passes.fusion.casts import move_casts
     from opgen.runtime.passes.fusion.lift_views import lift_views
 
     def passes(program: Program, registry: KernelRegistry) -> Program:
-        return fuse(lift_views(split_bias(program, registry), registry), registry)
+        return fuse(lift_views(move_casts(split_bias(program, registry), registry), registry), registry)
 
     return compile_with_pass(
         monkeypatch, model.eval(), inputs, "fusion", passes, checks, leave_out=("onednn", "mkl_linear", "prepack")

@@ -499,6 +499,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "cache_writes",
         "gemv",
         "split_bias",
+        "casts",
         "lift_views",
         "fusion",
         "spatial_mean",

@@ -31,11 +31,13 @@ nothing after them reads (a KV cache's position counters) to the end of the step
 (CUDA, static sizes) runs the `index_put_` writes of a step's keys and values into a KV cache (which
 `reinplace` made) as one Triton kernel, and those updates as another; `gemv` (CUDA, static
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
-kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose
-readers fusion takes, so that they join those kernels, `lift_views` (CUDA) moves a permute or
-reshape above the pointwise node it reads, so that the nodes on both sides share one iteration
-space, and `fusion` turns groups of pointwise nodes and row reductions into generated Triton kernels
-once the graph is simplified, before memo and memory planning see the calls; `gemv_prologue` (CUDA)
+kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose readers
+fusion takes, so that they join those kernels, `casts` (CUDA) moves dtype casts through the views
+between them and the pointwise nodes they feed or read, so that they join those kernels too (gpt-fast's
+rotary: `x.float()` viewed as pairs, then `type_as(x)` of the flattened result), `lift_views` (CUDA)
+moves a permute or reshape above the pointwise node it reads, so that the nodes on both sides share one
+iteration space, and `fusion` turns groups of pointwise nodes and row reductions into generated Triton
+kernels once the graph is simplified, before memo and memory planning see the calls; `gemv_prologue` (CUDA)
 makes a row kernel of one row (a norm) the first step of the matrix-vector kernel that alone reads its
 output; `horizontal` (CUDA) runs neighbouring pointwise kernels that read nothing of each other in
 one launch; `dependent_launch`
@@ -66,6 +68,7 @@ from opgen.runtime.passes.empty_cat import drop_empty_cat_operands
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
+from opgen.runtime.passes.fusion.casts import move_casts
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.gemv_prologue import fuse_gemv_prologue
 from opgen.runtime.passes.fusion.horizontal import fuse_horizontal
@@ -115,6 +118,7 @@ PASSES: dict[str, Pass] = {
     "cache_writes": fuse_cache_writes,
     "gemv": fuse_gemv,
     "split_bias": split_bias,
+    "casts": move_casts,
     "lift_views": lift_views,
     "fusion": fuse,
     "spatial_mean": spatial_means,
@@ -154,6 +158,7 @@ DEFAULT_PIPELINE = (
     "cache_writes",
     "gemv",
     "split_bias",
+    "casts",
     "lift_views",
     "fusion",
     "spatial_mean",
@@ -172,8 +177,8 @@ DEFAULT_PIPELINE = (
 # The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
-    ("decode_attention", "sink_updates", "cache_writes", "gemv", "split_bias", "lift_views", "fusion", "spatial_mean",
-     "gemv_prologue", "horizontal", "dependent_launch")
+    ("decode_attention", "sink_updates", "cache_writes", "gemv", "split_bias", "casts", "lift_views", "fusion",
+     "spatial_mean", "gemv_prologue", "horizontal", "dependent_launch")
 )  # fmt: skip
 
 
