@@ -84,6 +84,36 @@ def test_view_strides_are_atens(shape, stride, new) -> None:  # type: ignore[no-
     assert view_strides(shape, stride, new) == want
 
 
+@pytest.mark.parametrize(
+    ("target", "args", "apply"),
+    [
+        ("aten.select.int", (4, 0), lambda t: t.select(4, 0)),
+        ("aten.select.int", (-1, 1), lambda t: t.select(-1, 1)),
+        ("aten.select.int", (1, -2), lambda t: t.select(1, -2)),
+        ("aten.slice.Tensor", (3, 2, 6), lambda t: t[:, :, :, 2:6]),
+        ("aten.slice.Tensor", (3, -3, 8, 2), lambda t: t[:, :, :, -3::2]),
+        ("aten.unsqueeze.default", (2,), lambda t: t.unsqueeze(2)),
+        ("aten.unsqueeze.default", (-1,), lambda t: t.unsqueeze(-1)),
+        ("aten.permute.default", ((0, 2, 1, 4, 3),), lambda t: t.permute(0, 2, 1, 4, 3)),
+        ("aten.view.default", ((2, 3, 4, 16),), lambda t: t.view(2, 3, 4, 16)),
+        ("aten.view.default", ((2, 3, 64),), lambda t: t.view(2, 3, 64)),
+    ],
+)
+def test_a_moved_view_gets_atens_strides_and_offset(target, args, apply) -> None:  # type: ignore[no-untyped-def]
+    """Each view a cast moves below, applied to a strided input at an offset (pairs of q's heads in a fused
+    projection), against ATen's own view of the same storage."""
+    from opgen.runtime.ir import KernelCall, Ref, TensorMeta, Value
+    from opgen.runtime.passes.fusion.casts import _viewed
+
+    source = torch.zeros(4096).as_strided((2, 3, 4, 8, 2), (400, 128, 16, 2, 1), 5)
+    want = apply(source)
+    meta = TensorMeta(tuple(source.shape), source.stride(), "bfloat16", "cuda:0", source.storage_offset())
+    out = TensorMeta(tuple(want.shape), want.stride(), "float32", "cuda:0", 0)
+    line = KernelCall("view", (Ref("x"), *args), (), (Value("y", out),), "n", target)
+    got = _viewed(line, meta)
+    assert got is not None and (got.shape, got.stride, got.offset) == (want.shape, want.stride(), want.storage_offset())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_rotary_casts_join_its_kernel(monkeypatch, dtype) -> None:
     model, inputs = rotary(dtype)
