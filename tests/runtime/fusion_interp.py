@@ -255,3 +255,13 @@ def compile_as_on_cuda(
     return compile_with_pass(
         monkeypatch, model.eval(), inputs, "fusion", passes, checks, leave_out=("onednn", "mkl_linear", "prepack")
     )
+
+
+def cpu_programs_unchanged(model: torch.nn.Module, inputs: tuple[Any, ...], gpu_pass: str) -> None:
+    """A GPU pass (by name) leaves a CPU program as it was: the same source with it and without it."""
+    passes = [p for p in default_pipeline() if p not in ("onednn", "mkl_linear", "prepack")]
+    with torch.no_grad():
+        plain = opgen.compile(model, inputs, passes=[p for p in passes if p != gpu_pass], cache=False)
+        moved = opgen.compile(model, inputs, passes=[*passes, gpu_pass], cache=False)
+    a, b = plain.artifact, moved.artifact  # type: ignore[attr-defined]
+    assert a.source.replace(a.key[:16], "") == b.source.replace(b.key[:16], "")

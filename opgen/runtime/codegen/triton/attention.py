@@ -155,8 +155,16 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
         ).rstrip("\n"),
     ]  # fmt: skip
-    if split:
-        body += [
+    combine = _COMBINE.format(out_row=out_row, splits=plan.splits, width=int(dim) + 2, dim=dim)  # type: ignore[call-overload]
+    body += walk(plan, inner, combine, f"tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))")
+    return jit_module("attention", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body))
+
+
+def walk(plan: AttentionPlan, inner: list[str], combine: str, store: str) -> list[str]:
+    """The body's walk over the kept range: with splits, this program's piece (`inner`, then `combine`);
+    without, the whole range, then `store`. `inner` and `combine` are indented for the split's `if`."""
+    if plan.splits > 1:
+        return [
             "    # the kept range in pieces of whole blocks, one a program (at least one: all masked gives 0 / 0)",
             f"    per = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, {plan.splits}), BLOCK_S), 1) * BLOCK_S",
             "    parts = tl.maximum(tl.cdiv(hi - lo, per), 1)",
@@ -164,14 +172,15 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
             "        first = lo + split * per",
             "        last = tl.minimum(first + per, hi)",
             *inner,
-            _COMBINE.format(out_row=out_row, splits=plan.splits, width=int(dim) + 2, dim=dim).rstrip("\n"),  # type: ignore[call-overload]
-        ]  # fmt: skip
-    else:  # one program walks the whole kept range
-        whole = ["        first = lo", "        last = hi", *inner,
-                 f"        tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))"]  # fmt: skip
-        body += [line[4:] for line in "\n".join(whole).split("\n")]
-    params = ["q", "k", "v", *(["mask"] if m is not None else []), *(["part", "count"] if split else []), "out"]
-    return jit_module("attention", params, "BLOCK_S: tl.constexpr", "\n".join(body))
+            combine.rstrip("\n"),
+        ]
+    whole = ["        first = lo", "        last = hi", *inner, f"        {store}"]  # one program, the whole range
+    return [line[4:] for line in "\n".join(whole).split("\n")]
+
+
+def params(plan: AttentionPlan) -> list[str]:
+    split = ["part", "count"] if plan.splits > 1 else []
+    return ["q", "k", "v", *(["mask"] if plan.mask is not None else []), *split, "out"]
 
 
 def configs(plan: AttentionPlan) -> tuple[Config, ...]:

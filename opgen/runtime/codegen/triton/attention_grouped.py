@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.attention import masking
+from opgen.runtime.codegen.triton.attention import masking, params, walk
 from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan
 
@@ -126,20 +126,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
             value_dot=_DOT.format(indent=" " * 16, a="p", b="vals", out="weighted"),
         ).rstrip("\n"),
     ]  # fmt: skip
-    if split:
-        body += [
-            "    # the kept range in pieces of whole blocks, one a program (at least one: all masked gives 0 / 0)",
-            f"    per = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, {plan.splits}), BLOCK_S), 1) * BLOCK_S",
-            "    parts = tl.maximum(tl.cdiv(hi - lo, per), 1)",
-            "    if split < parts:",
-            "        first = lo + split * per",
-            "        last = tl.minimum(first + per, hi)",
-            *inner,
-            _COMBINE.format(store=store, out_rows=out_rows, heads=heads, splits=plan.splits, width=int(dim) + 2,  # type: ignore[call-overload]
-                            dim=dim).rstrip("\n"),
-        ]  # fmt: skip
-    else:  # one program walks the whole kept range
-        whole = ["        first = lo", "        last = hi", *inner, f"        {store}"]
-        body += [line[4:] for line in "\n".join(whole).split("\n")]
-    params = ["q", "k", "v", *(["mask"] if m is not None else []), *(["part", "count"] if split else []), "out"]
-    return jit_module("attention_grouped", params, "BLOCK_S: tl.constexpr", "\n".join(body))
+    combine = _COMBINE.format(store=store, out_rows=out_rows, heads=heads, splits=plan.splits,  # type: ignore[call-overload]
+                              width=int(dim) + 2, dim=dim)  # fmt: skip
+    body += walk(plan, inner, combine, store)
+    return jit_module("attention_grouped", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body))

@@ -23,7 +23,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Sym, TensorMeta, Value, meta_table, substitute_line
+from opgen.runtime.ir import (
+    Arg,
+    KernelCall,
+    Line,
+    Program,
+    Ref,
+    Sym,
+    TensorMeta,
+    Value,
+    contiguous_strides,
+    meta_table,
+    substitute_line,
+)
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers, writes_between
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.steps import fusible
@@ -112,8 +124,8 @@ def _down(body: list[Line], index: int, metas: dict[str, TensorMeta], registry: 
         lines: list[Line] = [replace(view, args=(source, *view.args[1:]), outputs=(value,))]
         if at in ends:
             out = view.outputs[0].meta
-            converted = Value(next(names), TensorMeta(out.shape, _contiguous(out.shape), cast.outputs[0].meta.dtype,  # type: ignore[union-attr]
-                                                      out.device))  # fmt: skip
+            dtype = cast.outputs[0].meta.dtype  # type: ignore[union-attr]
+            converted = Value(next(names), TensorMeta(out.shape, contiguous_strides(out.shape), dtype, out.device))  # type: ignore[arg-type]
             lines.append(replace(cast, args=(Ref(value.name),), outputs=(converted,)))
             for reader in ends[at]:
                 renames.setdefault(reader, {})[view.outputs[0].name] = Ref(converted.name)
@@ -170,14 +182,6 @@ def _up(body: list[Line], index: int, metas: dict[str, TensorMeta], registry: Ke
         if at == top:
             out.append(replace(cast, args=(Ref(name),), outputs=(converted,)))  # beside its source: one kernel
     return out
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _viewed(view: KernelCall, meta: TensorMeta) -> TensorMeta | None:
