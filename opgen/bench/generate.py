@@ -24,23 +24,27 @@ of `--new` tokens, median over `--repeats` after a first call that compiles: pre
 "tokens == eager" counts the leading greedy tokens equal to eager's (bf16 rounding lets them part).
 For the loops, teacher-forced logits (eager's greedy tokens fed) against eager's step, as a
 fraction of eager's largest logit, so opgen's rounding error sits beside Inductor's. And opgen's
-compiled decode step replayed back to back, the floor the loop's decode is measured against.
+compiled decode step replayed back to back, the floor the loop's decode is measured against. The
+backend rows' note says how each graph the backend compiled ran: its replays and plain calls, or why
+it runs plain, and whether it holds opgen's decode-attention kernel (`graph_notes`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import opgen  # noqa: F401  (registers the "opgen" torch.compile backend)
+from opgen.bench import graph_notes
 from opgen.bench.decode import copy_bandwidth, reason
 from opgen.bench.llm_families import FAMILIES, causal_lm
 from opgen.bench.timing import format_table
@@ -72,6 +76,7 @@ class Result:
     logit_err: float | None = None  # teacher-forced, / max |eager logit|; loops only
     step_ms: float | None = None  # the compiled decode step back to back, halfway through the decode; opgen's loop only
     error: str = ""
+    note: str = ""  # the backend rows: how each compiled graph ran (`graph_notes`)
 
 
 def hf_runner(row: str, model: torch.nn.Module, cuda: bool) -> tuple[Run, Callable[[], None]]:
@@ -182,23 +187,26 @@ def run_case(rows: Sequence[str], model: torch.nn.Module, loops: dict[str, Gener
     results = []
     for row in rows:
         undo: Callable[[], None] = lambda: None  # noqa: E731
+        made: list[Callable[..., Any]] = []
         try:
             if row in loops:
                 run = loop_runner(loops[row])
             else:
                 run, undo = hf_runner(row, model, cuda)
-            first, tokens = timed(run, ids, new, sync)
+            with graph_notes.collecting() if row.startswith("hf_opgen") else contextlib.nullcontext([]) as made:
+                first, tokens = timed(run, ids, new, sync)
+                one, full = [], []
+                for _ in range(repeats):
+                    one.append(timed(run, ids, 1, sync)[0])
+                    full.append(timed(run, ids, new, sync)[0])
             if reference is None:
                 reference = tokens
-            one, full = [], []
-            for _ in range(repeats):
-                one.append(timed(run, ids, 1, sync)[0])
-                full.append(timed(run, ids, new, sync)[0])
             t1, tn = statistics.median(one), statistics.median(full)
             equal = None if row == "hf_floor" else _leading_equal(tokens, reference)  # its tokens are not the model's
             result = Result(row, prompt, batch, first, 1e3 * t1, 1e3 * (tn - t1) / (new - 1), batch * new / tn, equal)
             if row in loops:
                 result = _with_loop_checks(result, loops, row, ids, reference, batch, device)
+            result = replace(result, note=graph_notes.note(made))
         except Exception as exc:  # a row that cannot run is a row with its reason
             result = Result(row, prompt, batch, None, None, None, None, None, error=reason(exc))
         finally:
@@ -240,7 +248,7 @@ def results_table(results: Sequence[Result]) -> str:
 
     rows = [[r.prompt, r.batch, LABELS[r.row], f(r.first_call_s, ".1f"), f(r.prefill_ms, ".2f"), f(r.decode_ms, ".3f"),
              f(r.tokens_per_s, ".1f"), "-" if r.equal_tokens is None else str(r.equal_tokens),
-             f(r.logit_err, ".1e"), f(r.step_ms, ".3f"), r.error] for r in results]  # fmt: skip
+             f(r.logit_err, ".1e"), f(r.step_ms, ".3f"), r.error or r.note] for r in results]  # fmt: skip
     return format_table(headers, rows)
 
 

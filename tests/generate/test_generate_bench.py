@@ -28,4 +28,27 @@ def test_a_tiny_run_fills_every_row(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert r["equal_tokens"] == (None if r["row"] == "hf_floor" else 4)
     loop = [r for r in results if r["row"] == "opgen_loop"]
     assert all(r["logit_err"] < 1e-4 and r["step_ms"] > 0 for r in loop)
+    # the backend row says how each graph it compiled ran (on the CPU: plainly); the others say nothing
+    assert all(r["note"].startswith("graph 0: plain") for r in results if r["row"] == "hf_opgen_forward")
+    assert all(not r["note"] for r in results if r["row"] != "hf_opgen_forward")
     assert "{2: 1} (1 = no recompile)" in capsys.readouterr().out
+
+
+def test_a_graph_note_counts_replays_and_names_decode_attention() -> None:
+    from opgen.bench import graph_notes
+
+    class Compiled:
+        def __init__(self, *lines: str) -> None:
+            self.lines = lines
+
+        def report(self) -> str:
+            return "\n".join(["opgen report for GraphModule: 9 graph nodes", *self.lines])
+
+    replayed = Compiled("  CUDA graph: captured on the first call (0.05 s), replayed since (1270 replays; 3 calls ran "
+                        "plain: inputs unlike the capture's (sizes, strides, or another tensor for a fixed input))",
+                        "  fused: decode attention, 32 heads of one query over 160 keys")  # fmt: skip
+    plain = Compiled("  CUDA graph: not used, running the plain generated code: input arg8_1 is a CPU tensor")
+    assert graph_notes.note([plain, replayed, Compiled()]) == (
+        "graph 0: not used, running the plain generated code: input arg8_1 is a CPU tensor; "
+        "graph 1: 1270 replays, 3 plain, decode attention; graph 2: plain"
+    )
