@@ -106,35 +106,43 @@ def masking(plan: AttentionPlan, scores: str = "") -> tuple[str, str, str]:
     `hi` of the row `b`, `h` (the whole cache without a mask); `scores` indexes the mask's row of a block
     (`[None, :]`: every row of a group's scores takes it)."""
     m, length = plan.mask, int(plan.key.shape[2])  # type: ignore[arg-type]
+    whole = f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n"
     if m is None:
-        return f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n", "", ""
+        return whole, "", ""
     row = f"b * {_stride(m, 0)} + h * {_stride(m, 1)}"
     boolean = m.dtype == "bool"
     other = 0 if boolean else "float('-inf')"
     kept = "row_mask != 0" if boolean else f"row_mask.to(tl.float32) > {MASKED_OUT}"
-    kept_range = f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n"
-    if length <= MAX_SPAN:
-        kept_range = _RANGE.format(span=_span(length), row=row, m_s=_stride(m, 3), length=length, other=other,
-                                   kept=kept)  # fmt: skip
+    kept_range = whole if length > MAX_SPAN else _RANGE.format(
+        span=_span(length), row=row, m_s=_stride(m, 3), length=length, other=other, kept=kept)  # fmt: skip
     load = f"                masked = tl.load(mask + {row} + s * {_stride(m, 3)}, mask=s_ok, other={other})\n"
     apply = (f'                scores = tl.where(masked{scores} != 0, scores, float("-inf"))\n' if boolean
              else f"                scores += masked{scores}.to(tl.float32)\n")  # fmt: skip
     return kept_range, load, apply
 
 
+def scale_of(plan: AttentionPlan) -> float:
+    """The scores' scale: the plan's, or 1 / sqrt(head size)."""
+    return plan.scale if plan.scale is not None else 1.0 / math.sqrt(plan.query.shape[3])  # type: ignore[arg-type]
+
+
+def mask_kind(plan: AttentionPlan) -> str:
+    m = plan.mask
+    return "no mask" if m is None else ("a boolean mask" if m.dtype == "bool" else "an additive mask")
+
+
 def kernel(plan: AttentionPlan) -> tuple[str, str]:
     """(name, source): parameters q, k, v, (mask,) (part, count,) out, then BLOCK_S."""
-    q, key, value, m, out = plan.query, plan.key, plan.value, plan.mask, plan.out
+    q, key, value, out = plan.query, plan.key, plan.value, plan.out
     batch, heads, _, dim = q.shape
     length = int(key.shape[2])  # type: ignore[arg-type]
-    scale = plan.scale if plan.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
-    kind = "no mask" if m is None else ("a boolean mask" if m.dtype == "bool" else "an additive mask")
+    scale = scale_of(plan)
     split = plan.splits > 1
     kept_range, mask_lines, apply = masking(plan)
     out_row = f"b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}"
     body = [
         f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
-        f"{plan.group} per key/value head, {kind}; up to {plan.splits} program(s) a row",
+        f"{plan.group} per key/value head, {mask_kind(plan)}; up to {plan.splits} program(s) a row",
         "    pid = tl.program_id(0)",
         *(["    split = tl.program_id(1)"] if split else []),
         f"    b = pid // {heads}",

@@ -18,18 +18,9 @@ here of every row of the group at once.
 
 from __future__ import annotations
 
-import math
-
-from opgen.runtime.codegen.triton.attention import masking, params, walk
-from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
+from opgen.runtime.codegen.triton.attention import mask_kind, masking, params, scale_of, walk
+from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan
-
-# A dot of float32 inputs would use TF32 by default: `ieee` keeps full precision (resolved when it compiles).
-_DOT = """\
-{indent}if {a}.dtype == tl.float32:
-{indent}    {out} = tl.dot({a}, {b}, input_precision="ieee")
-{indent}else:
-{indent}    {out} = tl.dot({a}, {b})"""
 
 _LOOP = """\
         for block in range(0, {blocks}):
@@ -88,18 +79,16 @@ def block_h(plan: AttentionPlan) -> int:
 
 def kernel(plan: AttentionPlan) -> tuple[str, str]:
     """(name, source): parameters q, k, v, (mask,) (part, count,) out, then BLOCK_S."""
-    q, key, value, m, out = plan.query, plan.key, plan.value, plan.mask, plan.out
+    q, key, value, out = plan.query, plan.key, plan.value, plan.out
     batch, heads, _, dim = q.shape
     kv_heads, length = int(key.shape[1]), int(key.shape[2])  # type: ignore[arg-type]
-    scale = plan.scale if plan.scale is not None else 1.0 / math.sqrt(dim)  # type: ignore[arg-type]
-    kind = "no mask" if m is None else ("a boolean mask" if m.dtype == "bool" else "an additive mask")
     split = plan.splits > 1
     kept_range, mask_lines, apply = masking(plan, "[None, :]")
     out_rows = f"b * {out.stride[0]} + hs[:, None] * {out.stride[1]} + d[None, :] * {out.stride[3]}"
     store = f"tl.store(out + {out_rows}, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=h_ok[:, None])"
     body = [
         f"    # a group of query rows over {length} keys: {batch} x {kv_heads} key/value heads, {plan.group} per "
-        f"key/value head, heads of {dim}, {kind}; up to {plan.splits} program(s) a group",
+        f"key/value head, heads of {dim}, {mask_kind(plan)}; up to {plan.splits} program(s) a group",
         "    pid = tl.program_id(0)",
         *(["    split = tl.program_id(1)"] if split else []),
         f"    b = pid // {kv_heads}",
@@ -122,8 +111,8 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
             blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
-            scale=scale, score_dot=_DOT.format(indent=" " * 16, a="qs", b="keys", out="scores"),
-            value_dot=_DOT.format(indent=" " * 16, a="p", b="vals", out="weighted"),
+            scale=scale_of(plan), score_dot=ieee_dot("scores", "qs", "keys", "qs.dtype", 16),
+            value_dot=ieee_dot("weighted", "p", "vals", "p.dtype", 16),
         ).rstrip("\n"),
     ]  # fmt: skip
     combine = _COMBINE.format(store=store, out_rows=out_rows, heads=heads, splits=plan.splits,  # type: ignore[call-overload]

@@ -14,7 +14,7 @@ the matrix-vector kernel's are (`codegen.triton.gemv`), so one launch covers eve
 from __future__ import annotations
 
 from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
-from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
+from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import Config, GemvPlan
 
 # (BLOCK_N, BLOCK_K, warps, stages): the first call's autotuning keeps the fastest. Small BLOCK_N: more
@@ -22,17 +22,10 @@ from opgen.runtime.ir import Config, GemvPlan
 TILES = ((16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3))
 SHARED_BYTES = 160 * 1024  # a config's pipeline buffers (float32 at worst) stay under this: fewer stages, then K
 
-# A dot of float32 inputs would use TF32 by default: `ieee` keeps full precision (the dtype is known when
-# the kernel compiles, so the `if` is resolved then).
-_DOT = """\
-    if x.dtype.element_ty == tl.float32:
-        {acc} = tl.dot(xs, {tile}, {acc}, input_precision="ieee")
-    else:
-        {acc} = tl.dot(xs, {tile}, {acc})"""
-
 
 def _dots(*pairs: tuple[str, str]) -> str:
-    return "\n".join(_DOT.format(acc=acc, tile=tile) for acc, tile in pairs)
+    """Each `acc += xs @ tile` (float32 inputs at full precision)."""
+    return "\n".join(ieee_dot(acc, "xs", tile, "x.dtype.element_ty", 4, acc=acc) for acc, tile in pairs)
 
 
 def _indent(text: str) -> str:

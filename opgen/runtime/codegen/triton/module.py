@@ -28,6 +28,14 @@ def next_power_of_2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
+def ieee_dot(out: str, a: str, b: str, dtype: str, indent: int, acc: str = "") -> str:
+    """The lines of `out = tl.dot(a, b[, acc])` at `indent`, at full precision where `dtype` (an expression
+    resolved when the kernel compiles) is float32: a dot of float32 inputs would use TF32 by default."""
+    pad, args = " " * indent, f"{a}, {b}" + (f", {acc}" if acc else "")
+    return (f'{pad}if {dtype} == tl.float32:\n{pad}    {out} = tl.dot({args}, input_precision="ieee")\n'
+            f"{pad}else:\n{pad}    {out} = tl.dot({args})")  # fmt: skip
+
+
 def jit_module(prefix: str, params: Sequence[str], meta: str, body: str, helpers: str = "") -> tuple[str, str]:
     """(name, source): `def <name>(<params>, <meta>):` with `body` (indented lines, no trailing newline)."""
     name = f"{prefix}_" + hashlib.sha256(f"{meta}\n{body}".encode()).hexdigest()[:12]
