@@ -90,8 +90,8 @@ def _down(body: list[Line], index: int, metas: dict[str, TensorMeta], registry: 
     """The cast at `index` moved below the views that read it, to each of their ends; None where it cannot."""
     cast = body[index]
     assert isinstance(cast, KernelCall) and isinstance(cast.args[0], Ref) and cast.outputs[0] is not None
-    read_by = readers(body)
-    tree: list[int] = []  # the views reading the cast, directly or through other views, in body order
+    read_by, made_at = readers(body), defined_at(body)
+    tree: list[int] = []  # the views reading the cast, directly or through other views
     ends: dict[int, set[int]] = {}  # view index -> its readers that are not views (nodes fusion takes)
     frontier = [cast.outputs[0].name]
     while frontier:
@@ -104,14 +104,14 @@ def _down(body: list[Line], index: int, metas: dict[str, TensorMeta], registry: 
             elif name == cast.outputs[0].name or not fusible(line, registry, metas):
                 return None  # the cast itself read by more than views, or a view's end that stays ATen's
             else:
-                ends.setdefault(_defining(body, name, tree), set()).add(at)
+                ends.setdefault(made_at[name], set()).add(at)
     if not tree or not ends or writes_between(body, index, max(tree)):
         return None  # (a write between the cast and a view could change what the moved cast reads)
     primed: dict[str, Ref] = {cast.outputs[0].name: cast.args[0]}  # original value -> the same view of the input
     made: dict[str, TensorMeta] = {}  # the new views' metas
     placed: dict[int, list[Line]] = {}
     renames: dict[int, dict[str, Arg]] = {}
-    for at in sorted(set(tree)):
+    for at in sorted(tree):
         view = body[at]
         assert isinstance(view, KernelCall) and view.outputs[0] is not None and view.outputs[0].meta is not None
         source = primed[view.args[0].name]  # type: ignore[union-attr]
@@ -138,11 +138,6 @@ def _down(body: list[Line], index: int, metas: dict[str, TensorMeta], registry: 
         else:
             out.append(substitute_line(line, renames[at]) if at in renames else line)
     return out
-
-
-def _defining(body: list[Line], name: str, tree: list[int]) -> int:
-    """The index of the view in `tree` that defines `name`."""
-    return next(at for at in tree if body[at].outputs[0].name == name)  # type: ignore[union-attr]
 
 
 def _up(body: list[Line], index: int, metas: dict[str, TensorMeta], registry: KernelRegistry,
