@@ -28,6 +28,9 @@ from opgen.runtime.registry import KernelRegistry
 
 # Triton's interpreter must be on before triton is first imported: on a GPU machine the CUDA tests
 # import it first, and run the same kernels for real (test_fusion_cuda.py).
+# oneDNN's and MKL's passes: left out where a CPU program stands in for a CUDA one (linear layers stay `addmm`)
+CPU_PASSES = ("onednn", "mkl_linear", "prepack")
+
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
     reason="needs triton, run in its interpreter on a machine without a GPU",
@@ -252,14 +255,12 @@ def compile_as_on_cuda(
     def passes(program: Program, registry: KernelRegistry) -> Program:
         return fuse(lift_views(move_casts(split_bias(program, registry), registry), registry), registry)
 
-    return compile_with_pass(
-        monkeypatch, model.eval(), inputs, "fusion", passes, checks, leave_out=("onednn", "mkl_linear", "prepack")
-    )
+    return compile_with_pass(monkeypatch, model.eval(), inputs, "fusion", passes, checks, leave_out=CPU_PASSES)
 
 
 def cpu_programs_unchanged(model: torch.nn.Module, inputs: tuple[Any, ...], gpu_pass: str) -> None:
     """A GPU pass (by name) leaves a CPU program as it was: the same source with it and without it."""
-    passes = [p for p in default_pipeline() if p not in ("onednn", "mkl_linear", "prepack")]
+    passes = [p for p in default_pipeline() if p not in CPU_PASSES]
     with torch.no_grad():
         plain = opgen.compile(model, inputs, passes=[p for p in passes if p != gpu_pass], cache=False)
         moved = opgen.compile(model, inputs, passes=[*passes, gpu_pass], cache=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import compile_with_pass, needs_triton, ran_in_fresh_interpreter
+from fusion_interp import CPU_PASSES, compile_with_pass, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
@@ -32,7 +32,7 @@ class Mean(nn.Module):
 def compiled(monkeypatch, model: nn.Module, x: torch.Tensor, checks: list[str] | None = None):  # type: ignore[no-untyped-def]
     tolerance = {"rtol": 2e-3, "atol": 2e-3} if x.dtype == torch.float16 else None
     return compile_with_pass(monkeypatch, model.eval(), (x,), "spatial_mean", spatial_means, checks, tolerance,
-                             leave_out=("onednn", "mkl_linear", "prepack"))  # fmt: skip
+                             leave_out=CPU_PASSES)  # fmt: skip
 
 
 def means(kernels) -> list:  # type: ignore[no-untyped-def]
@@ -55,7 +55,7 @@ def test_after_fusion_each_kernel_has_its_own_local(monkeypatch) -> None:
 
     x = torch.randn(2, 8, 5, 5).to(memory_format=CL)
     both = compile_with_pass(monkeypatch, Mean().eval(), (x,), "fusion", lambda p, r: spatial_means(fuse(p, r), r),
-                             leave_out=("onednn", "mkl_linear", "prepack"))  # fmt: skip
+                             leave_out=CPU_PASSES)  # fmt: skip
     fn, kernels = both
     assert len({k.local for k in kernels}) == len(kernels) == 2 and means(kernels)
     with torch.no_grad():

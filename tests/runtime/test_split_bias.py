@@ -13,7 +13,7 @@ import importlib.util
 
 import pytest
 import torch
-from fusion_interp import compile_with_pass, ran_in_fresh_interpreter
+from fusion_interp import CPU_PASSES, compile_with_pass, cpu_programs_unchanged, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
@@ -27,7 +27,6 @@ interpreter = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
     reason="needs triton, run in its interpreter on a machine without a GPU",
 )
-CPU_PASSES = ("onednn", "mkl_linear", "prepack")
 
 
 class Mlp(nn.Module):
@@ -135,13 +134,7 @@ def test_a_scaled_product_keeps_its_bias(monkeypatch) -> None:
 
 
 def test_cpu_programs_are_unchanged() -> None:
-    model, x = ConvBlock("silu").eval(), torch.randn(2, 8, 6, 6)
-    passes = [p for p in opgen.runtime.pipeline.default_pipeline() if p not in CPU_PASSES]
-    with torch.no_grad():
-        plain = opgen.compile(model, (x,), passes=[p for p in passes if p != "split_bias"], cache=False)
-        split = opgen.compile(model, (x,), passes=[*passes, "split_bias"], cache=False)
-    a, b = plain.artifact, split.artifact  # type: ignore[attr-defined]
-    assert a.source.replace(a.key[:16], "") == b.source.replace(b.key[:16], "")
+    cpu_programs_unchanged(ConvBlock("silu").eval(), (torch.randn(2, 8, 6, 6),), "split_bias")
 
 
 @interpreter
