@@ -229,3 +229,22 @@ def test_only_custom_ops_get_the_advice_to_bind_them_in_an_extension() -> None:
     assert "opgen.draft" not in torch_own
     custom = str(opgen.UnsupportedOpError("mylib.scaled_add.default", "s", custom=True))
     assert "python -m opgen.draft mylib" in custom and "torch_op: mylib::scaled_add" in custom
+
+
+class _RaisingIndexSelect(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten.index_select.default:
+            raise LookupError("raised by a Python mode under the kernel")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "python"])
+def test_a_python_exception_under_a_kernel_comes_back_whole(backend: str) -> None:
+    # embedding's kernel calls index_select through the dispatcher; a Python mode there raises, and torch
+    # carries that exception through C++ with an empty what(): the caller gets the Python one, not "no message".
+    model = nn.Embedding(10, 4).requires_grad_(False)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        compiled = opgen.compile(model, (ids,), backend=backend)
+    with _RaisingIndexSelect(), pytest.raises(LookupError, match="raised by a Python mode under the kernel"):
+        compiled(ids)

@@ -34,6 +34,9 @@ PyObject* raise_current(const std::string& prefix) {
   } catch (const std::bad_alloc&) {
     return set(PyExc_MemoryError, "out of memory");
   } catch (const std::exception& e) {
+    // torch's python_error: a Python exception raised under the kernel (a Python dispatch mode, a Python
+    // kernel) that is still the interpreter's current one; its what() is empty until persisted.
+    if (PyErr_Occurred() != nullptr) return nullptr;
     return set(PyExc_RuntimeError, e.what());
   } catch (...) {
     return set(PyExc_RuntimeError, "unknown C++ exception");
