@@ -11,6 +11,7 @@ decode steps replay CUDA graphs (`cuda_graphs=True`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,3 +83,29 @@ def test_sampled_generate_through_opgen_repeats_with_a_seed_and_equals_eager(pat
         first = run(path)
         assert run(path) == first
     assert first == eager
+
+
+def test_generate_with_new_lengths_of_cache_replays_a_graph_a_length() -> None:
+    """Another max_new_tokens makes a static cache of another length, and Dynamo then compiles the decode
+    step with a symbolic cache length: tokens stay eager's, and on a GPU that dynamic graph replays a CUDA
+    graph for each length (`execution.size_graphs`) instead of running plain."""
+    from opgen.bench import graph_notes
+
+    model = causal_lm("llama", device=DEVICE)
+    ids, mask = (t.to(DEVICE) for t in BATCHES["one"])
+    news = (8, 12, 6, 12, 8)
+    with torch.no_grad():
+        eager = [model.generate(ids, attention_mask=mask, do_sample=False, **{**settings("eager"), "max_new_tokens": n})
+                 for n in news]  # fmt: skip
+        through_opgen(model, "forward")
+        with graph_notes.collecting() as made:
+            for n, expected in zip(news, eager, strict=True):
+                got = model.generate(
+                    ids, attention_mask=mask, do_sample=False, **{**settings("forward"), "max_new_tokens": n}
+                )
+                assert got.tolist() == expected.tolist(), n
+    lines = [str(fn.report().cuda_graph) for fn in made]
+    if DEVICE == "cuda":
+        dynamic = [line for line in lines if "one graph a set of sizes" in line]
+        found = re.search(r"(\d+) captured .*\((\d+) replays", dynamic[-1]) if dynamic else None
+        assert found and int(found[1]) >= 2 and int(found[2]) > 20, lines

@@ -20,6 +20,7 @@ from test_correctness import assert_same
 from torch import nn
 
 import opgen
+from opgen.bench import graph_notes
 from opgen.runtime.errors import OpgenWarning
 from opgen.runtime.passes import DEFAULT_PIPELINE, JIT_PASSES
 
@@ -318,8 +319,8 @@ def test_first_calls_from_several_threads_capture_once() -> None:
 @pytest.mark.parametrize("graphs", [False, True], ids=["plain", "cuda_graphs"])
 @pytest.mark.parametrize("name", ["mlp_batch", "attention_seq", "decoder_both"])
 def test_dynamic_shapes_on_cuda(name: str, graphs: bool) -> None:
-    """One dynamic compile serves the range on the GPU; with CUDA graphs asked for, a dynamic compile
-    says it cannot capture (a graph holds fixed sizes) and runs plain."""
+    """One dynamic compile serves the range on the GPU; with CUDA graphs asked for, it captures one graph
+    a set of sizes on the first call at them and replays it at the second (`execution.size_graphs`)."""
     from test_dynamic import CASES as DYNAMIC
 
     factory, make, shapes, sizes, example = DYNAMIC[name]
@@ -335,11 +336,33 @@ def test_dynamic_shapes_on_cuda(name: str, graphs: bool) -> None:
             warnings.simplefilter("always")
             fn = opgen.compile(model, example_args, dynamic_shapes=shapes, cache=False, cuda_graphs=graphs)
         said = [str(w.message) for w in caught if issubclass(w.category, opgen.OpgenWarning)]
-        assert any("CUDA graphs not used" in m and "dynamic shapes" in m for m in said) == graphs, said
-        for size in [*sizes, *sizes]:
+        assert not any("CUDA graphs not used" in m for m in said), said
+        for size in [*sizes, *sizes, *sizes]:
             args = make_cuda(*size) if isinstance(size, tuple) else make_cuda(size)
             torch.testing.assert_close(fn(*args), model(*args), rtol=1e-4, atol=1e-4)
     assert fn.report().specializations == 1, "a size inside the range compiled again"
+    if graphs:
+        line = fn.report().cuda_graph  # (of one size class where the range is split in several)
+        found = re.search(r"one graph a set of sizes: (\d+) captured .*\((\d+) replays\)", line)
+        assert found and 1 <= int(found[1]) <= len(sizes) and int(found[2]) >= int(found[1]), line
+
+
+def test_automatic_dynamic_shapes_under_torch_compile_replay_per_size() -> None:
+    """torch.compile marks a size dynamic when it sees a second one (transformers' generate() with a longer
+    cache): that graph captures a CUDA graph a size, as Inductor's cudagraph trees record one."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).cuda().eval()
+    fn = torch.compile(model, backend="opgen", options={"cuda_graphs": True})
+    with torch.no_grad(), warnings.catch_warnings(), graph_notes.collecting() as made:
+        warnings.simplefilter("error", OpgenWarning)
+        for rows in (3, 5, 9, 5, 9, 5, 9):
+            x = torch.randn(rows, 16, device="cuda")
+            torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(made) == 2, "one static graph, then one dynamic"
+    line = made[1].report().cuda_graph
+    assert "one graph a set of sizes: 2 captured" in line and "(4 replays)" in line, line
+    assert graph_notes.note(made).endswith("graph 1: 4 replays, 0 plain")
 
 
 NO_JIT = tuple(p for p in DEFAULT_PIPELINE if p not in JIT_PASSES)

@@ -29,7 +29,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.ir.sizes import SizeRange
 
-FORMAT = 7
+FORMAT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +41,13 @@ class InputSpec:
     stride: tuple[int | str, ...]
     dtype: str
     device: str
+    size: bool = False  # a Python int (torch.compile's SymInt input), not a tensor
 
     @classmethod
     def of(cls, i: Input) -> InputSpec:
         shape = tuple(n if isinstance(n, int) else n.text for n in i.meta.shape)
         stride = tuple(n if isinstance(n, int) else n.text for n in i.meta.stride)
-        return cls(i.name, shape, stride, i.meta.dtype, i.meta.device)
+        return cls(i.name, shape, stride, i.meta.dtype, i.meta.device, i.size is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,8 @@ class CompiledGraph:
         if data.pop("format", None) != FORMAT:
             raise ValueError("compiled graph written by another opgen format version")
         data["inputs"] = tuple(
-            InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"]) for s in data["inputs"]
+            InputSpec(s["name"], tuple(s["shape"]), tuple(s["stride"]), s["dtype"], s["device"], s["size"])
+            for s in data["inputs"]
         )
         for name in ("kernels", "fallbacks", "passes", "written_inputs", "written_constants", "notes"):
             data[name] = tuple(data[name])

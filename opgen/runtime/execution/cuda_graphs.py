@@ -30,11 +30,11 @@ draws are undone. Which calls draw random numbers is decided at compile time fro
 replays with a plain launch. (Ops on another generator cannot reach a compiled graph: export and
 torch.compile do not pass generator objects to it.)
 
-The plain function runs instead, with one warning and a line in `report()`, where a replay could
-not be faithful: no CUDA tensor, several devices, outputs that share memory in a way copies cannot
-reproduce, a graph compiled for dynamic shapes (its sizes change per call; static specializations
-are still captured), or a failed capture (an op that synchronizes with the host, a CPU tensor
-copied in).
+A graph compiled for dynamic shapes gets a capture for each set of sizes it is called at
+(`execution.size_graphs`, which wraps every graph: static ones here). The plain function runs
+instead, with one warning and a line in `report()`, where a replay could not be faithful: no CUDA
+tensor, several devices, outputs that share memory in a way copies cannot reproduce, or a failed
+capture (an op that synchronizes with the host, a CPU tensor copied in).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class GraphStatus:
 
 
 @dataclass
-class _Pool:
+class Pool:
     """The memory pool, capture stream and stream fence the graphs of one model share on a device."""
 
     device: torch.device
@@ -115,7 +115,7 @@ class CudaGraphs:
     def __init__(self, options: GraphOptions, model: str) -> None:
         self.options = options
         self.model = model
-        self.pools: dict[torch.device, _Pool] = {}
+        self.pools: dict[torch.device, Pool] = {}
         self.warned = False
 
     def wrap(
@@ -125,26 +125,35 @@ class CudaGraphs:
         constants: Mapping[str, torch.Tensor],
         fixed: Sequence[int] = (),
     ) -> Compiled:
-        """The function to hand out: captures on its first fitting call, then replays.
+        """The function to hand out for a static graph: captures on its first fitting call, then replays
+        (a dynamic graph: `execution.size_graphs.wrap`).
 
         `fixed` are inputs always passed at one address (parameters under torch.compile): they are
         not copied, and a call passing another tensor for one of them runs the plain function.
         """
+        if graph.dynamic:
+            raise TypeError("CudaGraphs.wrap takes a static graph; execution.size_graphs.wrap takes any")
+        device = self.placed(plain, graph, constants)
+        if device is None:
+            return plain
         status = GraphStatus(random=random_ops(graph))
+        return Capture(self, plain, graph, constants, self.pool(device), frozenset(fixed), status).forward()
+
+    def placed(
+        self, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor]
+    ) -> torch.device | None:
+        """The device to capture `graph` on; None where it cannot be captured (`plain.graph_status` says why)."""
         try:
-            if graph.dynamic:
-                raise CaptureRefused("dynamic shapes (a graph is captured for fixed sizes; compile with static shapes)")
-            device = graph_device(graph, constants)
+            return graph_device(graph, constants)
         except CaptureRefused as exc:
+            status = GraphStatus(random=random_ops(graph))
             self.refuse(status, str(exc))
             plain.graph_status = status  # type: ignore[attr-defined]
-            return plain
-        capture = _Capture(self, plain, graph, constants, self.pool(device), frozenset(fixed), status)
-        return capture.forward()
+            return None
 
-    def pool(self, device: torch.device) -> _Pool:
+    def pool(self, device: torch.device) -> Pool:
         if device not in self.pools:
-            self.pools[device] = _Pool(device)
+            self.pools[device] = Pool(device)
         return self.pools[device]
 
     def refuse(self, status: GraphStatus, reason: str) -> None:
@@ -160,8 +169,9 @@ class CudaGraphs:
 
 def graph_device(graph: CompiledGraph, constants: Mapping[str, torch.Tensor]) -> torch.device:
     """The one CUDA device the graph runs on; refused where an input lives on the CPU."""
-    devices = {torch.device(spec.device) for spec in graph.inputs}
-    host = [spec.name for spec in graph.inputs if torch.device(spec.device).type == "cpu"]
+    tensors = [spec for spec in graph.inputs if not spec.size]
+    devices = {torch.device(spec.device) for spec in tensors}
+    host = [spec.name for spec in tensors if torch.device(spec.device).type == "cpu"]
     if host and any(d.type == "cuda" for d in devices):
         raise CaptureRefused(f"input {host[0]} is a CPU tensor: a graph replays the value it read at capture, "
                              "not the caller's (pass it on the GPU)")  # fmt: skip
@@ -180,14 +190,14 @@ def random_ops(graph: CompiledGraph) -> tuple[str, ...]:
 
 
 @dataclass
-class _Capture:
+class Capture:
     """The first call of one specialization: run it plain, capture it, arm the runner the caller holds."""
 
     graphs: CudaGraphs
     plain: Compiled
     graph: CompiledGraph
     constants: Mapping[str, torch.Tensor]
-    pool: _Pool
+    pool: Pool
     fixed: frozenset[int]
     status: GraphStatus
     runner: Any = None
@@ -309,7 +319,7 @@ def owned_workspaces() -> Iterator[None]:
         torch._C._cuda_clearCublasWorkspaces()
 
 
-def pool_ranges(pool: _Pool) -> list[tuple[int, int]]:
+def pool_ranges(pool: Pool) -> list[tuple[int, int]]:
     """Address ranges of the segments of the pool's memory (what the captured graph allocated)."""
     wanted = tuple(pool.handle)
     return [

@@ -16,7 +16,7 @@ import torch
 
 from opgen.runtime.artifact.compiled import CompiledGraph
 from opgen.runtime.backends import with_backend
-from opgen.runtime.execution import executor
+from opgen.runtime.execution import executor, size_graphs
 from opgen.runtime.execution.cuda_graphs import CudaGraphs, GraphStatus
 from opgen.runtime.pipeline import kernel_ops_module
 
@@ -54,6 +54,6 @@ def bind(
     fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)
     fn, backend_line = with_backend(backend, graph, fn, constants, rt.on_mismatch, unflatten, rt.jit)
     if graphs is not None:
-        fn = graphs.wrap(fn, graph, constants, fixed=fixed)
+        fn = size_graphs.wrap(graphs, fn, graph, constants, fixed=fixed)
     fn.artifact = graph  # type: ignore[attr-defined]
     return Bound(fn, backend_line, rt.jit)

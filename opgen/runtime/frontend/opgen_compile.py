@@ -60,8 +60,8 @@ def compile(
         tensors: no copy, but the next call overwrites them.
     dynamic_shapes: torch.export's dynamic_shapes for the inputs; one function serves the ranges.
     automatic_dynamic: recompile dimensions whose size changed as dynamic (False: specialize every size).
-        Default: on, except with cuda_graphs (a dynamic graph cannot be captured, so each size gets
-        its own captured specialization instead).
+        Default: on, except with cuda_graphs (each size then gets its own static specialization,
+        captured; a dynamic graph, from dynamic_shapes, is captured once per set of sizes).
     backend: "auto" (the default) runs the program on opgen's prebuilt C++ executor where it can run
         there, else the generated Python (a line in `report()` says which and why); "cpp" is "auto"
         with one OpgenWarning where the program stays Python; "python" always runs the generated Python.

@@ -1,0 +1,151 @@
+"""CUDA-graph mode for a graph compiled with dynamic shapes: one capture for each set of sizes it is called at.
+
+A CUDA graph holds fixed sizes, so one capture cannot serve a graph whose sizes are symbols. Such graphs
+come from torch.compile's automatic dynamic shapes (a second size seen marks a dimension dynamic:
+transformers' generate() called with another prompt length or another `max_new_tokens` makes a new
+static cache, of another length, and from then on the decode step's graph is dynamic) and from
+`opgen.compile(dynamic_shapes=...)`. Inductor's cudagraph trees record one graph per distinct set of
+sizes; so does this. The sizes a call binds (its size inputs, and each size text of its tensors' specs
+at its first place) pick a capture, made by the first call at those sizes as a static graph's is
+(`cuda_graphs.Capture`, with the specs made concrete and the size inputs bound). Each capture keeps
+its own static input buffers; all draw their intermediates from the model's one pool. At most `LIMIT`
+sets of sizes are captured per graph; calls at any other sizes run the plain function, counted in
+`report()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
+from opgen.runtime.execution.cuda_graphs import Capture, Compiled, CudaGraphs, GraphStatus, Pool, random_ops
+
+LIMIT = 8  # sets of sizes captured per graph (Inductor warns past 8: cudagraph_dynamic_shape_warn_limit)
+
+Key = tuple[int, ...]
+
+
+@dataclass
+class SizesStatus(GraphStatus):
+    """How a dynamic graph runs in CUDA-graph mode: its captures, one a set of sizes, and the calls past them."""
+
+    captures: dict[Key, GraphStatus] = field(default_factory=dict)
+    past_limit: int = 0  # calls at sizes beyond the LIMIT captured ones (they ran plain)
+
+    def line(self) -> str:
+        done = [s for s in self.captures.values() if s.captured]
+        refused = next((s.reason for s in self.captures.values() if s.reason is not None), None)
+        if not done:
+            if refused is not None:
+                return f"CUDA graph: not used, running the plain generated code: {refused}"
+            return "CUDA graph: dynamic shapes; not captured yet (one graph a set of sizes, captured on its first call)"
+        counts = [s.calls() for s in done if s.calls is not None]
+        replays, plain = sum(r for r, _ in counts), sum(p for _, p in counts) + self.past_limit
+        seconds = sum(s.capture_seconds for s in done)
+        line = (f"CUDA graph: dynamic shapes, one graph a set of sizes: {len(done)} captured ({seconds:.2f} s), "
+                f"at most {LIMIT}, replayed since ({replays} replays")  # fmt: skip
+        if self.past_limit:
+            line += f"; {plain} calls ran plain: {self.past_limit} at sizes past the {LIMIT} captured"
+        elif plain:
+            line += f"; {plain} calls ran plain: inputs unlike a capture's"
+        line += ")"
+        if refused is not None:
+            line += f"; a capture refused: {refused}"
+        if self.random:
+            line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
+        return line
+
+
+def wrap(
+    graphs: CudaGraphs, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor],
+    fixed: Sequence[int] = (),
+) -> Compiled:  # fmt: skip
+    """CUDA-graph mode for any graph: a static one captured once (`CudaGraphs.wrap`), a dynamic one once for
+    each set of sizes it is called at."""
+    if not graph.dynamic:
+        return graphs.wrap(plain, graph, constants, fixed)
+    device = graphs.placed(plain, graph, constants)
+    if device is None:
+        return plain
+    return SizeGraphs(graphs, plain, graph, constants, graphs.pool(device), frozenset(fixed))
+
+
+class SizeGraphs:
+    """The function handed out for a dynamic graph: a capture per set of sizes, found by a Python dict."""
+
+    def __init__(
+        self, graphs: CudaGraphs, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor],
+        pool: Pool, fixed: frozenset[int],
+    ) -> None:  # fmt: skip
+        self.graphs, self.plain, self.graph, self.constants, self.pool, self.fixed = (
+            graphs, plain, graph, constants, pool, fixed)  # fmt: skip
+        self.size_inputs = tuple(i for i, spec in enumerate(graph.inputs) if spec.size)
+        self.dims = symbolic_dims(graph.inputs)
+        self.runners: dict[Key, Compiled] = {}
+        self.graph_status = SizesStatus(random=random_ops(graph))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            return self.plain(*args, **kwargs)
+        try:
+            key = tuple(args[i] for i in self.size_inputs) + tuple(args[i].shape[d] for i, d in self.dims)
+        except (AttributeError, IndexError, TypeError):  # not the inputs it was compiled for: its errors
+            return self.plain(*args)
+        runner = self.runners.get(key)
+        if runner is None:
+            if len(self.runners) >= LIMIT:
+                self.graph_status.past_limit += 1
+                return self.plain(*args)
+            runner = self.runners[key] = self.capture(key, args)
+        if not self.size_inputs:
+            return runner(*args)
+        return runner(*(a for i, a in enumerate(args) if i not in self.size_inputs))
+
+    def capture(self, key: Key, args: Sequence[Any]) -> Compiled:
+        """The runner for the sizes of `args`: the first call at them runs plain and captures."""
+        status = GraphStatus(random=self.graph_status.random)
+        self.graph_status.captures[key] = status
+        tensors = [i for i in range(len(args)) if i not in self.size_inputs]
+        values = {i: args[i] for i in self.size_inputs}
+        capture = Capture(
+            self.graphs, bound_sizes(self.plain, values), concrete(self.graph, args, tensors), self.constants,
+            self.pool, frozenset(tensors.index(i) for i in self.fixed if i in tensors), status,
+        )  # fmt: skip
+        return capture.forward()
+
+
+def symbolic_dims(specs: Sequence[InputSpec]) -> tuple[tuple[int, int], ...]:
+    """(input, dim) of each size text's first place among the tensor inputs' shapes."""
+    seen: dict[str, tuple[int, int]] = {}
+    for i, spec in enumerate(specs):
+        if not spec.size:
+            for d, n in enumerate(spec.shape):
+                if isinstance(n, str):
+                    seen.setdefault(n, (i, d))
+    return tuple(seen.values())
+
+
+def concrete(graph: CompiledGraph, args: Sequence[Any], tensors: Sequence[int]) -> CompiledGraph:
+    """`graph` as a static graph of the tensor inputs `tensors`, at the sizes and strides of `args`."""
+    specs = tuple(replace(graph.inputs[i], shape=tuple(args[i].shape), stride=tuple(args[i].stride())) for i in tensors)
+    written = tuple(tensors.index(i) for i in graph.written_inputs if i in tensors)
+    return replace(graph, inputs=specs, written_inputs=written, ranges=())
+
+
+def bound_sizes(plain: Compiled, values: Mapping[int, int]) -> Compiled:
+    """`plain` taking its tensors alone: the size inputs (position -> value) put back in place."""
+    if not values:
+        return plain
+    order = sorted(values.items())
+
+    def call(*tensors: Any) -> Any:
+        args = list(tensors)
+        for position, value in order:
+            args.insert(position, value)
+        return plain(*args)
+
+    return call
