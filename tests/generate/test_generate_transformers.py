@@ -86,17 +86,18 @@ def test_sampled_generate_through_opgen_repeats_with_a_seed_and_equals_eager(pat
 
 
 def test_generate_with_new_lengths_of_cache_replays_a_graph_a_length() -> None:
-    """Another max_new_tokens makes a static cache of another length, and Dynamo then compiles the decode
-    step with a symbolic cache length: tokens stay eager's, and on a GPU that dynamic graph replays a CUDA
-    graph for each length (`execution.size_graphs`) instead of running plain."""
+    """A longer max_new_tokens makes a static cache of another length (transformers keeps the largest it
+    made), and Dynamo then compiles the decode step with a symbolic cache length: tokens stay eager's, and
+    on a GPU that dynamic graph replays a CUDA graph for each length (`execution.size_graphs`) instead of
+    running plain."""
     from opgen.bench import graph_notes
 
-    model = causal_lm("llama", device=DEVICE)
+    reference, model = causal_lm("llama", device=DEVICE), causal_lm("llama", device=DEVICE)  # a cache each
     ids, mask = (t.to(DEVICE) for t in BATCHES["one"])
-    news = (8, 12, 6, 12, 8)
+    news = (4, 8, 12, 8)  # caches of 9, 13 and 17 positions; the last call reuses 17
     with torch.no_grad():
-        eager = [model.generate(ids, attention_mask=mask, do_sample=False, **{**settings("eager"), "max_new_tokens": n})
-                 for n in news]  # fmt: skip
+        eager = [reference.generate(ids, attention_mask=mask, do_sample=False,
+                                    **{**settings("eager"), "max_new_tokens": n}) for n in news]  # fmt: skip
         through_opgen(model, "forward")
         with graph_notes.collecting() as made:
             for n, expected in zip(news, eager, strict=True):
@@ -108,4 +109,4 @@ def test_generate_with_new_lengths_of_cache_replays_a_graph_a_length() -> None:
     if DEVICE == "cuda":
         dynamic = [line for line in lines if "one graph a set of sizes" in line]
         found = re.search(r"(\d+) captured .*\((\d+) replays", dynamic[-1]) if dynamic else None
-        assert found and int(found[1]) >= 2 and int(found[2]) > 20, lines
+        assert found and int(found[1]) == 2 and int(found[2]) >= 15, lines
