@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from opgen.bench import graph_notes
 from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
 from opgen.runtime.execution import size_graphs
 from opgen.runtime.execution.cuda_graphs import CaptureRefused, CudaGraphs, GraphOptions, GraphStatus, graph_device
@@ -74,37 +75,55 @@ def dispatch(monkeypatch: pytest.MonkeyPatch) -> tuple[SizeGraphs, list[Any]]:
     return graphs, plain_calls
 
 
-def test_calls_at_one_set_of_sizes_share_a_capture(dispatch: tuple[SizeGraphs, list[Any]]) -> None:
+def test_the_second_call_at_a_set_of_sizes_captures_and_later_ones_replay(
+    dispatch: tuple[SizeGraphs, list[Any]],
+) -> None:
     graphs, plain = dispatch
+    assert graphs(*_args(3, 10)) == "plain" and graphs(*_args(5, 10)) == "plain", "first calls run plain"
     assert graphs(*_args(3, 10)) == ("replayed", (3, 3, 10, 4))
     assert graphs(*_args(3, 10)) == ("replayed", (3, 3, 10, 4))
     assert graphs(*_args(5, 10)) == ("replayed", (5, 5, 10, 6))
-    assert list(graphs.runners) == [(3, 3, 10, 4), (5, 5, 10, 6)] and not plain
+    assert list(graphs.runners) == [(3, 3, 10, 4), (5, 5, 10, 6)] and len(plain) == 2
     runner = graphs.runners[(3, 3, 10, 4)]
     assert len(runner.calls) == 2 and len(runner.calls[0]) == 4, "the size input is not passed to a capture"
     assert graphs(*_args(3, 10), extra=1) == "plain" and graphs("not", "tensors") == "plain"
+    assert graphs.graph_status.first_calls == 2
+
+
+def test_sizes_that_change_on_every_call_are_never_captured(dispatch: tuple[SizeGraphs, list[Any]]) -> None:
+    graphs, _ = dispatch
+    for length in range(2, 40):  # a mask one longer each token
+        assert graphs(*_args(1, length)) == "plain"
+    assert not graphs.runners and graphs.graph_status.first_calls == 38
 
 
 def test_sizes_past_the_limit_run_plain_and_are_counted(dispatch: tuple[SizeGraphs, list[Any]]) -> None:
     graphs, plain = dispatch
-    for s1 in range(2, 2 + LIMIT):
+    for s1 in [*range(2, 2 + LIMIT), *range(2, 2 + LIMIT)]:
         graphs(*_args(1, s1))
+    graphs(*_args(1, 100))
     assert graphs(*_args(1, 100)) == "plain" and graphs(*_args(1, 2)) == ("replayed", (1, 1, 2, 2))
-    assert len(graphs.runners) == LIMIT and graphs.graph_status.past_limit == 1 and len(plain) == 1
+    assert len(graphs.runners) == LIMIT and graphs.graph_status.past_limit == 1
+    assert graphs.graph_status.first_calls == LIMIT + 1 and len(plain) == LIMIT + 2
 
 
 def test_the_report_line() -> None:
-    status = SizesStatus()
-    assert "not captured yet" in status.line()
+    status = SizesStatus(first_calls=3)
+    assert "none captured yet" in status.line() and "3 first calls ran plain" in status.line()
     status.captures[(1,)] = GraphStatus(reason="capture failed: boom")
     assert status.line() == "CUDA graph: not used, running the plain generated code: capture failed: boom"
     status.captures[(2,)] = GraphStatus(captured=True, capture_seconds=0.25, calls=lambda: (7, 0))
     status.captures[(3,)] = GraphStatus(captured=True, capture_seconds=0.5, calls=lambda: (3, 1))
     status.past_limit = 2
-    assert status.line() == (
+    line = status.line()
+    assert line == (
         f"CUDA graph: dynamic shapes, one graph a set of sizes: 2 captured (0.75 s), at most {LIMIT}, replayed "
-        f"since (10 replays; 3 calls ran plain: 2 at sizes past the {LIMIT} captured); a capture refused: "
-        "capture failed: boom"
+        f"since (10 replays; calls that ran plain: 3 first calls at new sizes, 2 at sizes past the {LIMIT} "
+        "captured, 1 with inputs unlike a capture's); a capture refused: capture failed: boom"
+    )
+    assert graph_notes._graph_line(line) == (
+        f"2 sizes captured, 10 replays, plain: 3 first calls at new sizes, 2 at sizes past the {LIMIT} captured, "
+        "1 with inputs unlike a capture's"
     )
 
 

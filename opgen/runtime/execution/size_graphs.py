@@ -5,12 +5,14 @@ come from torch.compile's automatic dynamic shapes (a second size seen marks a d
 transformers' generate() called with another prompt length or another `max_new_tokens` makes a new
 static cache, of another length, and from then on the decode step's graph is dynamic) and from
 `opgen.compile(dynamic_shapes=...)`. Inductor's cudagraph trees record one graph per distinct set of
-sizes; so does this. The sizes a call binds (its size inputs, and each size text of its tensors' specs
-at its first place) pick a capture, made by the first call at those sizes as a static graph's is
-(`cuda_graphs.Capture`, with the specs made concrete and the size inputs bound). Each capture keeps
-its own static input buffers; all draw their intermediates from the model's one pool. At most `LIMIT`
-sets of sizes are captured per graph; calls at any other sizes run the plain function, counted in
-`report()`.
+sizes; so does this. The sizes a call binds (its size inputs, and each size text of its tensors'
+specs at its first place) pick a capture, made by the second call at those sizes as a static graph's
+is by its first (`cuda_graphs.Capture`, with the specs made concrete and the size inputs bound). The
+first call at new sizes runs plain: some graphs take a size that changes on every call (Mistral's
+decode step under transformers' generate() takes its mask's length, one longer each token), and a
+capture a call would be made and never replayed. Each capture keeps its own static input buffers;
+all draw their intermediates from the model's one pool. At most `LIMIT` sets of sizes are captured
+per graph; calls at any other sizes run the plain function, counted in `report()`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
 from opgen.runtime.execution.cuda_graphs import Capture, Compiled, CudaGraphs, GraphStatus, Pool, random_ops
 
 LIMIT = 8  # sets of sizes captured per graph (Inductor warns past 8: cudagraph_dynamic_shape_warn_limit)
+SEEN = 4096  # sets of sizes called once that are remembered (forgotten all at once past this)
 
 Key = tuple[int, ...]
 
@@ -34,6 +37,7 @@ class SizesStatus(GraphStatus):
     """How a dynamic graph runs in CUDA-graph mode: its captures, one a set of sizes, and the calls past them."""
 
     captures: dict[Key, GraphStatus] = field(default_factory=dict)
+    first_calls: int = 0  # first calls at a set of sizes (they ran plain)
     past_limit: int = 0  # calls at sizes beyond the LIMIT captured ones (they ran plain)
 
     def line(self) -> str:
@@ -42,16 +46,18 @@ class SizesStatus(GraphStatus):
         if not done:
             if refused is not None:
                 return f"CUDA graph: not used, running the plain generated code: {refused}"
-            return "CUDA graph: dynamic shapes; not captured yet (one graph a set of sizes, captured on its first call)"
+            return (f"CUDA graph: dynamic shapes; none captured yet (a graph a set of sizes, captured by the second "
+                    f"call at them; {self.first_calls} first calls ran plain)")  # fmt: skip
         counts = [s.calls() for s in done if s.calls is not None]
-        replays, plain = sum(r for r, _ in counts), sum(p for _, p in counts) + self.past_limit
+        replays, unfit = sum(r for r, _ in counts), sum(p for _, p in counts)
         seconds = sum(s.capture_seconds for s in done)
         line = (f"CUDA graph: dynamic shapes, one graph a set of sizes: {len(done)} captured ({seconds:.2f} s), "
                 f"at most {LIMIT}, replayed since ({replays} replays")  # fmt: skip
-        if self.past_limit:
-            line += f"; {plain} calls ran plain: {self.past_limit} at sizes past the {LIMIT} captured"
-        elif plain:
-            line += f"; {plain} calls ran plain: inputs unlike a capture's"
+        plain = [f"{self.first_calls} first calls at new sizes"] if self.first_calls else []
+        plain += [f"{self.past_limit} at sizes past the {LIMIT} captured"] if self.past_limit else []
+        plain += [f"{unfit} with inputs unlike a capture's"] if unfit else []
+        if plain:
+            line += f"; calls that ran plain: {', '.join(plain)}"
         line += ")"
         if refused is not None:
             line += f"; a capture refused: {refused}"
@@ -86,6 +92,7 @@ class SizeGraphs:
         self.size_inputs = tuple(i for i, spec in enumerate(graph.inputs) if spec.size)
         self.dims = symbolic_dims(graph.inputs)
         self.runners: dict[Key, Compiled] = {}
+        self.seen: set[Key] = set()  # sizes called once, not captured yet
         self.graph_status = SizesStatus(random=random_ops(graph))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -97,16 +104,23 @@ class SizeGraphs:
             return self.plain(*args)
         runner = self.runners.get(key)
         if runner is None:
+            if key not in self.seen:
+                if len(self.seen) >= SEEN:
+                    self.seen.clear()
+                self.seen.add(key)
+                self.graph_status.first_calls += 1
+                return self.plain(*args)
             if len(self.runners) >= LIMIT:
                 self.graph_status.past_limit += 1
                 return self.plain(*args)
+            self.seen.discard(key)
             runner = self.runners[key] = self.capture(key, args)
         if not self.size_inputs:
             return runner(*args)
         return runner(*(a for i, a in enumerate(args) if i not in self.size_inputs))
 
     def capture(self, key: Key, args: Sequence[Any]) -> Compiled:
-        """The runner for the sizes of `args`: the first call at them runs plain and captures."""
+        """The runner for the sizes of `args`: its first call runs plain and captures."""
         status = GraphStatus(random=self.graph_status.random)
         self.graph_status.captures[key] = status
         tensors = [i for i in range(len(args)) if i not in self.size_inputs]
