@@ -17,6 +17,7 @@ per graph; calls at any other sizes run the plain function, counted in `report()
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -94,6 +95,7 @@ class SizeGraphs:
         self.runners: dict[Key, Compiled] = {}
         self.seen: set[Key] = set()  # sizes called once, not captured yet
         self.graph_status = SizesStatus(random=random_ops(graph))
+        self.lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -103,21 +105,30 @@ class SizeGraphs:
         except (AttributeError, IndexError, TypeError):  # not the inputs it was compiled for: its errors
             return self.plain(*args)
         runner = self.runners.get(key)
-        if runner is None:
+        if runner is None and (runner := self.new_sizes(key, args)) is None:
+            return self.plain(*args)
+        if not self.size_inputs:
+            return runner(*args)
+        return runner(*(a for i, a in enumerate(args) if i not in self.size_inputs))
+
+    def new_sizes(self, key: Key, args: Sequence[Any]) -> Compiled | None:
+        """The runner for sizes not captured yet: made on their second call; None where the call runs plain
+        (their first call, or past LIMIT). Under a lock: threads calling at once capture a set once."""
+        with self.lock:
+            if (runner := self.runners.get(key)) is not None:
+                return runner
             if key not in self.seen:
                 if len(self.seen) >= SEEN:
                     self.seen.clear()
                 self.seen.add(key)
                 self.graph_status.first_calls += 1
-                return self.plain(*args)
+                return None
             if len(self.runners) >= LIMIT:
                 self.graph_status.past_limit += 1
-                return self.plain(*args)
+                return None
             self.seen.discard(key)
             runner = self.runners[key] = self.capture(key, args)
-        if not self.size_inputs:
-            return runner(*args)
-        return runner(*(a for i, a in enumerate(args) if i not in self.size_inputs))
+            return runner
 
     def capture(self, key: Key, args: Sequence[Any]) -> Compiled:
         """The runner for the sizes of `args`: its first call runs plain and captures."""
