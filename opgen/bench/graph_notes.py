@@ -47,13 +47,14 @@ def note(made: list[Callable[..., Any]]) -> str:
     return "; ".join(parts)
 
 
+_SIZES = re.compile(r"(\d+) captured .*?\((\d+) replays(?:; calls that ran plain: ([^)]*))?\)")
+
+
 def _graph_line(report: str) -> str:
     line = next((s.strip() for s in report.splitlines() if s.strip().startswith("CUDA graph:")), "")
     if not line:
         return "plain"
-    if (
-        sizes := re.search(r"(\d+) captured .*?\((\d+) replays(?:; calls that ran plain: ([^)]*))?\)", line)
-    ) is not None:
+    if (sizes := _SIZES.search(line)) is not None:  # a dynamic graph's captures (execution.size_graphs)
         return f"{sizes[1]} sizes captured, {sizes[2]} replays" + (f", plain: {sizes[3]}" if sizes[3] else "")
     if (replayed := re.search(r"\((\d+) replays(?:; (\d+) calls ran plain)?", line)) is not None:
         return f"{replayed.group(1)} replays, {replayed.group(2) or 0} plain"
