@@ -112,7 +112,9 @@ def test_the_report_line() -> None:
     assert "none captured yet" in status.line() and "3 first calls ran plain" in status.line()
     status.captures[(1,)] = GraphStatus(reason="capture failed: boom")
     assert status.line() == "CUDA graph: not used, running the plain generated code: capture failed: boom"
+    assert not status.captured
     status.captures[(2,)] = GraphStatus(captured=True, capture_seconds=0.25, calls=lambda: (7, 0))
+    assert status.captured
     status.captures[(3,)] = GraphStatus(captured=True, capture_seconds=0.5, calls=lambda: (3, 1))
     status.past_limit = 2
     line = status.line()

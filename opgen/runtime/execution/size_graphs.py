@@ -34,12 +34,19 @@ Key = tuple[int, ...]
 
 
 @dataclass
-class SizesStatus(GraphStatus):
-    """How a dynamic graph runs in CUDA-graph mode: its captures, one a set of sizes, and the calls past them."""
+class SizesStatus:
+    """How a dynamic graph runs in CUDA-graph mode: its captures, one a set of sizes, and the calls past them
+    (`report()`'s line, as `GraphStatus.line` is a static graph's)."""
 
+    random: tuple[str, ...] = ()  # the ATen ops that draw random numbers (fresh on every replay)
     captures: dict[Key, GraphStatus] = field(default_factory=dict)
     first_calls: int = 0  # first calls at a set of sizes (they ran plain)
     past_limit: int = 0  # calls at sizes beyond the LIMIT captured ones (they ran plain)
+
+    @property
+    def captured(self) -> bool:
+        """Whether any set of sizes is captured."""
+        return any(s.captured for s in self.captures.values())
 
     def line(self) -> str:
         done = [s for s in self.captures.values() if s.captured]
