@@ -58,3 +58,8 @@ class InputTypeError(TypeError):
 class PackageError(OpgenError):
     """An opgen package cannot be made (what the C++ executor cannot run) or loaded (not a package,
     truncated or corrupt, another format, torch version or op spec); the message names the file and what."""
+
+
+class CaptureRefused(Exception):
+    """Internal to CUDA-graph mode: this graph cannot be replayed faithfully (the message says why), so it
+    runs plain; the reason goes to `report()` and one warning."""

@@ -13,7 +13,8 @@ from torch.nn import functional as F
 import opgen
 from opgen.bench import models
 from opgen.runtime.artifact.compiled import DROPOUT_P, DROPOUT_TRAIN, CompiledGraph, random_calls
-from opgen.runtime.execution.cuda_graphs import CaptureRefused, CudaGraphs, GraphStatus, output_plans
+from opgen.runtime.execution.cuda_graphs import CaptureRefused, CudaGraphs, GraphStatus
+from opgen.runtime.execution.graph_outputs import output_plans
 from opgen.runtime.ir import Arg, Input, KernelCall, Program, Ref, Return, TensorMeta, Value
 
 

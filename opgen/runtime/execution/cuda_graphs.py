@@ -50,14 +50,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 from opgen.runtime.artifact.compiled import CompiledGraph
-from opgen.runtime.errors import warn
+from opgen.runtime.errors import CaptureRefused, warn
+from opgen.runtime.execution.address_graphs import AddressGraphs
+from opgen.runtime.execution.graph_outputs import output_plans, pool_ranges
 from opgen.runtime.execution.guards import fast_check
 
 Compiled = Callable[..., Any]
 
-
-class CaptureRefused(Exception):
-    """This graph cannot be replayed faithfully; the message says why."""
+__all__ = ["CaptureRefused", "Compiled", "CudaGraphs", "GraphOptions", "GraphStatus", "Pool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,20 +124,35 @@ class CudaGraphs:
         graph: CompiledGraph,
         constants: Mapping[str, torch.Tensor],
         fixed: Sequence[int] = (),
+        rebound: Sequence[int] = (),
     ) -> Compiled:
         """The function to hand out for a static graph: captures on its first fitting call, then replays
         (a dynamic graph: `execution.size_graphs.wrap`).
 
         `fixed` are inputs always passed at one address (parameters under torch.compile): they are
         not copied, and a call passing another tensor for one of them runs the plain function.
+        `rebound` are written inputs used in place at whatever address a call passes them: a capture
+        a set of their addresses (`execution.address_graphs`).
         """
         if graph.dynamic:
             raise TypeError("CudaGraphs.wrap takes a static graph; execution.size_graphs.wrap takes any")
         device = self.placed(plain, graph, constants)
         if device is None:
             return plain
-        status = GraphStatus(random=random_ops(graph))
-        return Capture(self, plain, graph, constants, self.pool(device), frozenset(fixed), status).forward()
+        return self.captured(plain, graph, constants, self.pool(device), fixed, rebound)
+
+    def captured(
+        self, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor], pool: Pool,
+        fixed: Sequence[int], rebound: Sequence[int],
+    ) -> Compiled:  # fmt: skip
+        """A static graph's runner on `pool` (a `Capture`'s), or one a set of the `rebound` inputs' addresses."""
+        in_place = frozenset({*fixed, *rebound})
+
+        def capture() -> Compiled:
+            status = GraphStatus(random=random_ops(graph))
+            return Capture(self, plain, graph, constants, pool, in_place, status).forward()
+
+        return AddressGraphs(capture, plain, rebound) if rebound else capture()
 
     def placed(
         self, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor]
@@ -271,18 +286,23 @@ class Capture:
             caller.wait_stream(self.pool.stream)
         single = isinstance(out, torch.Tensor)
         leaves, spec = pytree.tree_flatten(out)
-        plans = output_plans(leaves, statics, self.fixed, pool_ranges(self.pool), self.graphs.options.static_outputs)
+        plans = output_plans(
+            leaves, statics, self.fixed, pool_ranges(self.pool.handle), self.graphs.options.static_outputs
+        )
         inputs = [
             ((a.dtype, a.device, tuple(a.shape), a.stride()), s, i in self.fixed, i in self.graph.written_inputs)
             for i, (a, s) in enumerate(zip(args, statics, strict=True))
         ]
+        # The graph keeps its own buffers alive, not the caller's tensors it uses in place: a replay needs one
+        # at the same address (the runner checks), so one freed and allocated again there replays too.
+        owned = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
         if not single and not (type(out) is tuple and all(isinstance(x, torch.Tensor) for x in out)):
             self.runner.rebuild = lambda flat: pytree.tree_unflatten(list(flat), spec)
         arm_graph_runner(
             self.runner, cuda_graph.raw_cuda_graph(), inputs, plans, single, self.pool.device.index, self.pool.fence,
-            list(args), (cuda_graph, statics, leaves), cuda_graph if self.status.random else None,
+            list(args), (cuda_graph, owned, leaves), cuda_graph if self.status.random else None,
         )  # fmt: skip
-        self.runner.static_inputs = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
+        self.runner.static_inputs = owned
 
 
 def error_summary(exc: BaseException, limit: int = 400) -> str:
@@ -317,80 +337,3 @@ def owned_workspaces() -> Iterator[None]:
         yield
     finally:
         torch._C._cuda_clearCublasWorkspaces()
-
-
-def pool_ranges(pool: Pool) -> list[tuple[int, int]]:
-    """Address ranges of the segments of the pool's memory (what the captured graph allocated)."""
-    wanted = tuple(pool.handle)
-    return [
-        (s["address"], s["address"] + s["total_size"])
-        for s in torch.cuda.memory_snapshot()
-        if tuple(s.get("segment_pool_id", ())) == wanted
-    ]
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether the elements fill a range of memory exactly once (some permutation of contiguous)."""
-    expected = 1
-    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _extent(t: torch.Tensor) -> tuple[int, int]:
-    """Element offsets [first, last + 1) a tensor reaches in its storage."""
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) if t.numel() else -1
-    return t.storage_offset(), t.storage_offset() + last + 1
-
-
-def output_plans(
-    leaves: Sequence[Any],
-    statics: Sequence[torch.Tensor],
-    fixed: frozenset[int],
-    ranges: Sequence[tuple[int, int]],
-    static_outputs: bool,
-) -> list[tuple[Any, ...]]:
-    """How the runner produces each output leaf (see GraphRunner in csrc/opgen/graphs/cuda_graph.cpp)."""
-    by_storage = {s.untyped_storage().data_ptr(): i for i, s in enumerate(statics) if i not in fixed}
-    in_pool = [
-        isinstance(x, torch.Tensor) and any(lo <= x.untyped_storage().data_ptr() < hi for lo, hi in ranges)
-        for x in leaves
-    ]
-    plans: list[tuple[Any, ...]] = []
-    bases: dict[int, int] = {}  # storage -> the fresh output that copies it
-    for i, leaf in enumerate(leaves):
-        storage = leaf.untyped_storage().data_ptr() if isinstance(leaf, torch.Tensor) else None
-        if storage is not None and storage in by_storage:
-            base = statics[by_storage[storage]]
-            if leaf.dtype != base.dtype:
-                raise CaptureRefused("an output views an input as another dtype")
-            offset = leaf.storage_offset() - base.storage_offset()
-            plans.append(("input_view", by_storage[storage], tuple(leaf.shape), leaf.stride(), offset))
-        elif storage is None or static_outputs or not in_pool[i]:
-            plans.append(("object", leaf))
-        else:
-            plans.append(_fresh_plan(i, leaves, in_pool, bases))
-    return plans
-
-
-def _fresh_plan(i: int, leaves: Sequence[Any], in_pool: Sequence[bool], bases: dict[int, int]) -> tuple[Any, ...]:
-    """A copied output, or a view of the copy of another output whose memory covers it."""
-    leaf = leaves[i]
-    storage = leaf.untyped_storage().data_ptr()
-    sharing = [j for j, x in enumerate(leaves) if in_pool[j] and x.untyped_storage().data_ptr() == storage]
-    if storage not in bases:
-        covering = [j for j in sharing if _dense(leaves[j]) and _covers(leaves[j], [leaves[k] for k in sharing])]
-        if not covering:
-            raise CaptureRefused("outputs share memory in a way per-output copies cannot reproduce")
-        bases[storage] = covering[0]
-    base = bases[storage]
-    if base == i:
-        return ("fresh", leaf)
-    return ("fresh_view", base, tuple(leaf.shape), leaf.stride(), leaf.storage_offset() - leaves[base].storage_offset())
-
-
-def _covers(base: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
-    lo, hi = _extent(base)
-    return all(t.dtype == base.dtype and lo <= _extent(t)[0] and _extent(t)[1] <= hi for t in others)

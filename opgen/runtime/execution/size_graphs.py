@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from opgen.runtime.artifact.compiled import CompiledGraph, InputSpec
-from opgen.runtime.execution.cuda_graphs import Capture, Compiled, CudaGraphs, GraphStatus, Pool, random_ops
+from opgen.runtime.execution.cuda_graphs import Compiled, CudaGraphs, Pool, random_ops
 
 LIMIT = 8  # sets of sizes captured per graph (Inductor warns past 8: cudagraph_dynamic_shape_warn_limit)
 SEEN = 4096  # sets of sizes called once that are remembered (forgotten all at once past this)
@@ -39,7 +39,7 @@ class SizesStatus:
     (`report()`'s line, as `GraphStatus.line` is a static graph's)."""
 
     random: tuple[str, ...] = ()  # the ATen ops that draw random numbers (fresh on every replay)
-    captures: dict[Key, GraphStatus] = field(default_factory=dict)
+    captures: dict[Key, Any] = field(default_factory=dict)  # GraphStatus (AddressesStatus: the same fields)
     first_calls: int = 0  # first calls at a set of sizes (they ran plain)
     past_limit: int = 0  # calls at sizes beyond the LIMIT captured ones (they ran plain)
 
@@ -76,16 +76,16 @@ class SizesStatus:
 
 def wrap(
     graphs: CudaGraphs, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor],
-    fixed: Sequence[int] = (),
+    fixed: Sequence[int] = (), rebound: Sequence[int] = (),
 ) -> Compiled:  # fmt: skip
     """CUDA-graph mode for any graph: a static one captured once (`CudaGraphs.wrap`), a dynamic one once for
-    each set of sizes it is called at."""
+    each set of sizes it is called at. `fixed`, `rebound`: as `CudaGraphs.wrap`'s."""
     if not graph.dynamic:
-        return graphs.wrap(plain, graph, constants, fixed)
+        return graphs.wrap(plain, graph, constants, fixed, rebound)
     device = graphs.placed(plain, graph, constants)
     if device is None:
         return plain
-    return SizeGraphs(graphs, plain, graph, constants, graphs.pool(device), frozenset(fixed))
+    return SizeGraphs(graphs, plain, graph, constants, graphs.pool(device), frozenset(fixed), frozenset(rebound))
 
 
 class SizeGraphs:
@@ -93,10 +93,10 @@ class SizeGraphs:
 
     def __init__(
         self, graphs: CudaGraphs, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor],
-        pool: Pool, fixed: frozenset[int],
+        pool: Pool, fixed: frozenset[int], rebound: frozenset[int] = frozenset(),
     ) -> None:  # fmt: skip
-        self.graphs, self.plain, self.graph, self.constants, self.pool, self.fixed = (
-            graphs, plain, graph, constants, pool, fixed)  # fmt: skip
+        self.graphs, self.plain, self.graph, self.constants, self.pool, self.fixed, self.rebound = (
+            graphs, plain, graph, constants, pool, fixed, rebound)  # fmt: skip
         self.size_inputs = tuple(i for i, spec in enumerate(graph.inputs) if spec.size)
         self.dims = symbolic_dims(graph.inputs)
         self.runners: dict[Key, Compiled] = {}
@@ -139,15 +139,15 @@ class SizeGraphs:
 
     def capture(self, key: Key, args: Sequence[Any]) -> Compiled:
         """The runner for the sizes of `args`: its first call runs plain and captures."""
-        status = GraphStatus(random=self.graph_status.random)
-        self.graph_status.captures[key] = status
         tensors = [i for i in range(len(args)) if i not in self.size_inputs]
         values = {i: args[i] for i in self.size_inputs}
-        capture = Capture(
-            self.graphs, bound_sizes(self.plain, values), concrete(self.graph, args, tensors), self.constants,
-            self.pool, frozenset(tensors.index(i) for i in self.fixed if i in tensors), status,
+        fixed, rebound = ([tensors.index(i) for i in inputs if i in tensors] for inputs in (self.fixed, self.rebound))
+        runner = self.graphs.captured(
+            bound_sizes(self.plain, values), concrete(self.graph, args, tensors), self.constants, self.pool, fixed,
+            rebound,
         )  # fmt: skip
-        return capture.forward()
+        self.graph_status.captures[key] = runner.graph_status  # type: ignore[attr-defined]
+        return runner
 
 
 def symbolic_dims(specs: Sequence[InputSpec]) -> tuple[tuple[int, int], ...]:

@@ -45,15 +45,17 @@ def bind(
     unflatten: Callable[[tuple[Any, ...]], Any] | None = None,
     graphs: CudaGraphs | None = None,
     fixed: Sequence[int] = (),
+    rebound: Sequence[int] = (),
 ) -> Bound:
     """Bind `graph` with `constants`; `handler(set_check, *args)` is its input check's slow path.
 
-    `graphs`: CUDA-graph mode (`fixed`: inputs always passed at one address, not copied).
+    `graphs`: CUDA-graph mode (`fixed`: inputs always passed at one address, not copied; `rebound`: written
+    inputs used in place at whatever address a call passes, a capture a set of addresses).
     """
     rt = executor.Runtime(handler, unflatten=unflatten)
     fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)
     fn, backend_line = with_backend(backend, graph, fn, constants, rt.on_mismatch, unflatten, rt.jit)
     if graphs is not None:
-        fn = size_graphs.wrap(graphs, fn, graph, constants, fixed=fixed)
+        fn = size_graphs.wrap(graphs, fn, graph, constants, fixed=fixed, rebound=rebound)
     fn.artifact = graph  # type: ignore[attr-defined]
     return Bound(fn, backend_line, rt.jit)

@@ -94,10 +94,12 @@ def compile_aten_graph(
     graph, filename = compile_graph(gm, signature, options, name, ranges=ranges)
     constants = attr_constants(gm)
     kept = [i for i in range(len(nodes)) if i not in keys]
-    # Inputs at a fixed address (parameters), as positions among the function's own inputs. Not the ones the
-    # graph writes: a buffer marked static that it updates in place (transformers' StaticCache, which each
-    # generate() call makes anew) is copied in and out, so a new one replays instead of running plain.
-    fixed = [kept.index(i) for i in _static_inputs() if i in kept and kept.index(i) not in graph.written_inputs]
+    # Inputs at a fixed address (parameters), as positions among the function's own inputs. The ones the graph
+    # writes (transformers' StaticCache, which each generate() call makes anew) are used in place too, with a
+    # capture for each set of their addresses (execution.address_graphs) rather than copies in and out.
+    static = [kept.index(i) for i in _static_inputs() if i in kept]
+    fixed = [i for i in static if i not in graph.written_inputs]
+    rebound = [i for i in static if i in graph.written_inputs]
 
     backend_lines: list[str] = []
     launchers: dict[str, Any] = {}  # the latest binding's JIT kernels, for report()
@@ -105,7 +107,8 @@ def compile_aten_graph(
     def make(tensors: Sequence[torch.Tensor]) -> Callable[..., Any]:
         bound = {**constants, **{keys[i]: t for i, t in zip(frozen.positions, tensors, strict=True)}}
         with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
-            b = bind(graph, bound, _no_mismatch, filename, backend=options.backend, graphs=graphs, fixed=fixed)
+            in_place = {"fixed": fixed, "rebound": rebound}
+            b = bind(graph, bound, _no_mismatch, filename, backend=options.backend, graphs=graphs, **in_place)
         backend_lines[:] = [b.backend_line] if b.backend_line else []
         launchers.clear()
         launchers.update(b.jit or {})
