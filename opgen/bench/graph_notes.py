@@ -57,5 +57,8 @@ def _graph_line(report: str) -> str:
     if (sizes := _SIZES.search(line)) is not None:  # a dynamic graph's captures (execution.size_graphs)
         return f"{sizes[1]} sizes captured, {sizes[2]} replays" + (f", plain: {sizes[3]}" if sizes[3] else "")
     if (replayed := re.search(r"\((\d+) replays(?:; (\d+) calls ran plain)?", line)) is not None:
-        return f"{replayed.group(1)} replays, {replayed.group(2) or 0} plain"
+        text = f"{replayed.group(1)} replays, {replayed.group(2) or 0} plain"
+        if (graphs := re.search(r"captured \((\d+) graphs.*in place at (\d+) set", line)) is not None:
+            text += f" ({graphs[1]} graphs: written static inputs in place at {graphs[2]} sets of addresses)"
+        return text
     return line.removeprefix("CUDA graph: ")[:80]

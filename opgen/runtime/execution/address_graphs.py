@@ -1,17 +1,29 @@
-"""CUDA-graph mode for a graph that writes inputs marked static: a capture for each set of their addresses.
+"""CUDA-graph mode for a graph that writes its inputs: copied at new addresses, in place where addresses recur.
 
-torch.compile passes some inputs at an address it says will not change (AOT's static inputs): parameters,
-and buffers marked with `torch._dynamo.mark_static_address`. transformers marks its `StaticCache`'s tensors
-so, writes them in place in the decode step, and makes a new cache for every `generate()` call. A capture
-that copied such inputs into buffers of its own and back would pay two device copies an input a call (64
-for a 16-layer model's cache, 0.1-0.2 ms of a 1-2 ms token on an H200) and hold a second cache; one that
-used them in place, as it does parameters, would serve one cache only. So they are used in place and the
-captures of a static graph (or of one set of sizes of a dynamic graph) are keyed on their addresses, as
-Inductor's cudagraph trees record again when a static input's address changes. No capture holds a
-reference to them (`cuda_graphs.Capture` keeps none to inputs it uses in place): when a `generate()` ends
-its cache is freed, and the next one's, allocated alike, lands at the same addresses and replays the same
-capture. A call at new addresses gets a new capture (its first call runs plain and captures). At most
-`LIMIT` sets of addresses keep their captures; past it the oldest is dropped.
+A decode step under torch.compile writes its cache in place, and the cache is an input: transformers'
+`StaticCache`, which every `generate()` call makes anew (its tensors marked with
+`torch._dynamo.mark_static_address` where the prefill ran eagerly, so AOT lists them among the inputs
+that keep their address). Two ways to capture such a graph:
+- copying: the graph has buffers of its own for the written inputs, and each replay copies them in and
+  back out. One capture serves every cache, at two device copies an input a call (64 for a 16-layer
+  model's cache, about 0.1-0.2 ms of a 1-2 ms token on an H200) and a second cache's memory;
+- in place, as parameters are: no copy, but the capture serves tensors at its addresses only, and another
+  set of addresses needs a capture of its own (tens of milliseconds; Inductor's cudagraph trees record
+  again when a static input's address changes).
+Which pays depends on whether a new cache lands where the last one was. It does where the allocator hands
+the freed blocks back alike, and does not where other allocations interleave (through transformers'
+`compile_config` the prefill runs eagerly, and each cache lands elsewhere): there a capture per
+`generate()` would cost more than its copies. So a set of addresses is first served by the copying
+capture (made once), and gets an in-place capture of its own when it comes back after another set was
+used (the second `generate()` at the same addresses), or after `STAY` calls at it (a cache the caller
+keeps and passes again: ski rental, the copies paid by then cost about what a capture does). No capture
+holds a reference to a tensor it uses in place (`cuda_graphs.Capture`): a freed cache's memory is
+handed out again, and a new tensor there replays. At most `LIMIT` sets keep their in-place captures;
+past it the oldest is dropped.
+
+On an H200 (Llama-3.2-1B's shape, bf16, 128 new tokens), each `generate()`'s cache landed at new
+addresses through both of transformers' compile paths, so their decode steps replay the copying
+capture (the generate benchmark's note says how many sets went in place).
 """
 
 from __future__ import annotations
@@ -20,64 +32,86 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-LIMIT = 4  # sets of addresses whose captures are kept (the oldest dropped past it)
+LIMIT = 4  # sets of addresses with in-place captures (the oldest dropped past it)
+# Calls at one set of addresses before it gets its own capture: a capture took 0.04-0.07 s and a 16-layer
+# cache's copies 0.1-0.2 ms a call on an H200, so 256 calls' copies cost about one capture.
+STAY = 256
+SEEN = 4096  # sets of addresses remembered (forgotten all at once past this)
 
 Key = tuple[int, ...]
 
 
 class AddressesStatus:
-    """How the captures run (`GraphStatus`'s fields and line): the latest set of addresses' capture, and how
-    many sets came."""
+    """How the captures run, with `GraphStatus`'s fields: their replays summed, and the line for `report()`."""
 
     def __init__(self, graphs: AddressGraphs) -> None:
         self.graphs = graphs
 
-    @property
-    def latest(self) -> Any:
-        """The `GraphStatus` of the latest set of addresses' capture."""
-        return self.graphs.latest.graph_status
+    def statuses(self) -> list[Any]:
+        """The `GraphStatus` of each capture alive: the copying one, then the in-place ones."""
+        runners = [self.graphs.copying] if self.graphs.copying is not None else []
+        return [r.graph_status for r in [*runners, *self.graphs.runners.values()]]
 
     @property
     def captured(self) -> bool:
-        return bool(self.latest.captured)
+        return any(s.captured for s in self.statuses())
 
     @property
     def reason(self) -> str | None:
-        return self.latest.reason  # type: ignore[no-any-return]
+        return next((s.reason for s in self.statuses() if s.reason is not None), None)
 
     @property
     def capture_seconds(self) -> float:
-        return float(self.latest.capture_seconds)
+        return sum(s.capture_seconds for s in self.statuses() if s.captured)
 
     @property
     def random(self) -> tuple[str, ...]:
-        return tuple(self.latest.random)
+        return tuple(self.graphs.random)
 
-    @property
-    def calls(self) -> Callable[[], tuple[int, int]] | None:
-        return self.latest.calls  # type: ignore[no-any-return]
+    def calls(self) -> tuple[int, int]:
+        """(replays, calls that ran plain after a capture), over the captures alive."""
+        counts = [s.calls() for s in self.statuses() if s.captured and s.calls is not None]
+        return sum(r for r, _ in counts), sum(p for _, p in counts)
 
     def line(self) -> str:
-        count, made, dropped = len(self.graphs.rebound), self.graphs.made, self.graphs.dropped
-        line = f"{self.latest.line()}; its {count} written static inputs are used in place"
-        if made > 1:
-            line += (f", a capture a set of their addresses: {made} sets so far"
-                     + (f" ({dropped} dropped past {LIMIT})" if dropped else "")
-                     + "; the counts are the latest set's")  # fmt: skip
+        statuses = self.statuses()
+        if not any(s.captured for s in statuses):
+            return str(statuses[-1].line()) if statuses else "CUDA graph: not captured yet (the first call captures)"
+        replays, plain = self.calls()
+        count = sum(s.captured for s in statuses)
+        line = f"CUDA graph: captured ({count} graphs, {self.capture_seconds:.2f} s), replayed since ({replays} replays"
+        if plain:
+            line += f"; {plain} calls ran plain: inputs unlike the capture's (sizes, strides)"
+        in_place, dropped = len(self.graphs.runners), self.graphs.dropped
+        line += (f"); its {len(self.graphs.rebound)} written static inputs: copied in and out at new addresses, "
+                 f"used in place at {in_place} set{'s' if in_place != 1 else ''} of addresses that came back"
+                 + (f" ({dropped} dropped past {LIMIT})" if dropped else ""))  # fmt: skip
+        if self.reason is not None:
+            line += f"; a capture refused: {self.reason}"
+        if self.random:
+            line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
         return line
 
 
 class AddressGraphs:
-    """The function handed out: the capture made for the addresses the call passes the `rebound` inputs at.
+    """The function handed out: the in-place capture for the addresses the call passes the `rebound` inputs
+    at, else the copying capture.
 
-    `make()` gives a new capture's runner (a `cuda_graphs.Capture`'s, which captures on its first call).
+    `in_place()` and `copying()` make a capture's runner (a `cuda_graphs.Capture`'s, which captures on its
+    first call), the one using the `rebound` inputs in place, the other copying them.
     """
 
-    def __init__(self, make: Callable[[], Any], plain: Callable[..., Any], rebound: Sequence[int]) -> None:
-        self.make, self.plain, self.rebound = make, plain, tuple(rebound)
-        self.runners: dict[Key, Any] = {}
-        self.latest = make()  # the first call's addresses take it
-        self.made = self.dropped = 0
+    def __init__(
+        self, in_place: Callable[[], Any], copying: Callable[[], Any], plain: Callable[..., Any],
+        rebound: Sequence[int], random: Sequence[str] = (),
+    ) -> None:  # fmt: skip
+        self.make_in_place, self.make_copying, self.plain = in_place, copying, plain
+        self.rebound, self.random = tuple(rebound), tuple(random)
+        self.runners: dict[Key, Any] = {}  # in-place captures, by addresses
+        self.copying: Any = None  # made by the first call
+        self.calls: dict[Key, int] = {}  # calls at each set of addresses the copying capture served
+        self.last: Key | None = None  # the latest call's addresses
+        self.dropped = 0
         self.lock = threading.Lock()
         self.graph_status = AddressesStatus(self)
 
@@ -88,18 +122,29 @@ class AddressGraphs:
             return self.plain(*args, **kwargs)
         runner = self.runners.get(key)
         if runner is None:
-            runner = self.new_addresses(key)
+            runner = self.arrive(key)
+        else:
+            self.last = key
         return runner(*args, **kwargs)
 
-    def new_addresses(self, key: Key) -> Any:
-        """The runner for addresses not seen yet (under a lock: threads calling at once make one)."""
+    def arrive(self, key: Key) -> Any:
+        """The runner for addresses without an in-place capture: the copying one, or a new in-place capture
+        where they come back after others or stay `STAY` calls (under a lock: threads calling at once make one)."""
         with self.lock:
             if (runner := self.runners.get(key)) is not None:
                 return runner
-            if len(self.runners) >= LIMIT:
-                del self.runners[next(iter(self.runners))]  # the oldest: its graph and buffers go
-                self.dropped += 1
-            runner = self.latest if not self.made else self.make()
-            self.runners[key] = self.latest = runner
-            self.made += 1
-            return runner
+            came_back = key != self.last and key in self.calls
+            if len(self.calls) >= SEEN:
+                self.calls.clear()
+            self.calls[key] = calls = self.calls.get(key, 0) + 1
+            self.last = key
+            if came_back or calls >= STAY:
+                del self.calls[key]
+                if len(self.runners) >= LIMIT:
+                    del self.runners[next(iter(self.runners))]  # the oldest: its graph goes
+                    self.dropped += 1
+                runner = self.runners[key] = self.make_in_place()
+                return runner
+            if self.copying is None:
+                self.copying = self.make_copying()
+            return self.copying

@@ -145,14 +145,17 @@ class CudaGraphs:
         self, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor], pool: Pool,
         fixed: Sequence[int], rebound: Sequence[int],
     ) -> Compiled:  # fmt: skip
-        """A static graph's runner on `pool` (a `Capture`'s), or one a set of the `rebound` inputs' addresses."""
-        in_place = frozenset({*fixed, *rebound})
+        """A static graph's runner on `pool` (a `Capture`'s); with `rebound` inputs, an `AddressGraphs` choosing
+        between captures that use them in place and one that copies them."""
 
-        def capture() -> Compiled:
+        def capture(used_in_place: Sequence[int]) -> Compiled:
             status = GraphStatus(random=random_ops(graph))
-            return Capture(self, plain, graph, constants, pool, in_place, status).forward()
+            return Capture(self, plain, graph, constants, pool, frozenset(used_in_place), status).forward()
 
-        return AddressGraphs(capture, plain, rebound) if rebound else capture()
+        if not rebound:
+            return capture(fixed)
+        return AddressGraphs(lambda: capture([*fixed, *rebound]), lambda: capture(fixed), plain, rebound,
+                             random_ops(graph))  # fmt: skip
 
     def placed(
         self, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor]

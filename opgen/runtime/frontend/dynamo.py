@@ -95,11 +95,11 @@ def compile_aten_graph(
     constants = attr_constants(gm)
     kept = [i for i in range(len(nodes)) if i not in keys]
     # Inputs at a fixed address (parameters), as positions among the function's own inputs. The ones the graph
-    # writes (transformers' StaticCache, which each generate() call makes anew) are used in place too, with a
-    # capture for each set of their addresses (execution.address_graphs) rather than copies in and out.
-    static = [kept.index(i) for i in _static_inputs() if i in kept]
-    fixed = [i for i in static if i not in graph.written_inputs]
-    rebound = [i for i in static if i in graph.written_inputs]
+    # writes, marked static or not (transformers' StaticCache, which each generate() call makes anew: marked
+    # where the prefill ran eagerly), are copied in and out at new addresses and used in place where their
+    # addresses come back (execution.address_graphs).
+    fixed = [kept.index(i) for i in _static_inputs() if i in kept and kept.index(i) not in graph.written_inputs]
+    rebound = list(graph.written_inputs)
 
     backend_lines: list[str] = []
     launchers: dict[str, Any] = {}  # the latest binding's JIT kernels, for report()
