@@ -59,6 +59,6 @@ def _graph_line(report: str) -> str:
     if (replayed := re.search(r"\((\d+) replays(?:; (\d+) calls ran plain)?", line)) is not None:
         text = f"{replayed.group(1)} replays, {replayed.group(2) or 0} plain"
         if (graphs := re.search(r"captured \((\d+) graphs.*in place at (\d+) set", line)) is not None:
-            text += f" ({graphs[1]} graphs: written static inputs in place at {graphs[2]} sets of addresses)"
+            text += f" ({graphs[1]} graphs: written inputs in place at {graphs[2]} sets of addresses)"
         return text
     return line.removeprefix("CUDA graph: ")[:80]

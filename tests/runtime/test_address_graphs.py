@@ -84,12 +84,12 @@ def test_the_report_line() -> None:
         graphs(x, *key)
     line = graphs.graph_status.line()
     assert line == (
-        "CUDA graph: captured (2 graphs, 1.00 s), replayed since (5 replays); its 2 written static inputs: copied "
-        "in and out at new addresses, used in place at 1 set of addresses that came back"
+        "CUDA graph: captured (2 graphs, 1.00 s), replayed since (5 replays); its 2 written inputs: copied in and "
+        f"out at new addresses, used in place at 1 set of addresses that came back or stayed {STAY} calls"
     ), line
     assert graphs.graph_status.captured and graphs.graph_status.calls() == (5, 0)
     assert graph_notes._graph_line(line) == (
-        "5 replays, 0 plain (2 graphs: written static inputs in place at 1 sets of addresses)"
+        "5 replays, 0 plain (2 graphs: written inputs in place at 1 sets of addresses)"
     )
 
 
@@ -133,8 +133,8 @@ def test_a_cache_is_copied_then_used_in_place_when_it_comes_back_and_never_kept_
     with torch.no_grad(), graph_notes.collecting() as made:
         call("first", 4)
         (fn,) = made
-        assert re.search(r"\(3 replays\); its 1 written static inputs: copied in and out at new addresses, used in "
-                         r"place at 0 sets", fn.report().cuda_graph)  # fmt: skip
+        assert re.search(r"\(3 replays\); its 1 written inputs: copied in and out at new addresses, used in place "
+                         r"at 0 sets", fn.report().cuda_graph)  # fmt: skip
         call("second", 3)
         call("first", 3)  # back at the addresses it had: captured in place (its first call ran plain)
         assert re.search(r"captured \(2 graphs, .*\(8 replays\).* in place at 1 set of", fn.report().cuda_graph)

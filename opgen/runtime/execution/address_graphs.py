@@ -83,9 +83,9 @@ class AddressesStatus:
         if plain:
             line += f"; {plain} calls ran plain: inputs unlike the capture's (sizes, strides)"
         in_place, dropped = len(self.graphs.runners), self.graphs.dropped
-        line += (f"); its {len(self.graphs.rebound)} written static inputs: copied in and out at new addresses, "
-                 f"used in place at {in_place} set{'s' if in_place != 1 else ''} of addresses that came back"
-                 + (f" ({dropped} dropped past {LIMIT})" if dropped else ""))  # fmt: skip
+        line += (f"); its {len(self.graphs.rebound)} written inputs: copied in and out at new addresses, used in "
+                 f"place at {in_place} set{'s' if in_place != 1 else ''} of addresses that came back or stayed "
+                 f"{STAY} calls" + (f" ({dropped} dropped past {LIMIT})" if dropped else ""))  # fmt: skip
         if self.reason is not None:
             line += f"; a capture refused: {self.reason}"
         if self.random:
