@@ -31,7 +31,9 @@ replays with a plain launch. (Ops on another generator cannot reach a compiled g
 torch.compile do not pass generator objects to it.)
 
 A graph compiled for dynamic shapes gets a capture for each set of sizes it is called at
-(`execution.size_graphs`, which wraps every graph: static ones here). The plain function runs
+(`execution.size_graphs`, which wraps every graph: static ones here). Under torch.compile the inputs
+a graph writes get, besides the copying capture, in-place captures for addresses that come back
+(`execution.address_graphs`, through `CudaGraphs.captured`). The plain function runs
 instead, with one warning and a line in `report()`, where a replay could not be faithful: no CUDA
 tensor, several devices, outputs that share memory in a way copies cannot reproduce, or a failed
 capture (an op that synchronizes with the host, a CPU tensor copied in).
