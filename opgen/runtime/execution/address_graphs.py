@@ -109,7 +109,7 @@ class AddressGraphs:
         self.rebound, self.random = tuple(rebound), tuple(random)
         self.runners: dict[Key, Any] = {}  # in-place captures, by addresses
         self.copying: Any = None  # made by the first call
-        self.calls: dict[Key, int] = {}  # calls at each set of addresses the copying capture served
+        self.counts: dict[Key, int] = {}  # calls at each set of addresses the copying capture served
         self.last: Key | None = None  # the latest call's addresses
         self.dropped = 0
         self.lock = threading.Lock()
@@ -133,13 +133,13 @@ class AddressGraphs:
         with self.lock:
             if (runner := self.runners.get(key)) is not None:
                 return runner
-            came_back = key != self.last and key in self.calls
-            if len(self.calls) >= SEEN:
-                self.calls.clear()
-            self.calls[key] = calls = self.calls.get(key, 0) + 1
+            came_back = key != self.last and key in self.counts
+            if len(self.counts) >= SEEN:
+                self.counts.clear()
+            self.counts[key] = calls = self.counts.get(key, 0) + 1
             self.last = key
             if came_back or calls >= STAY:
-                del self.calls[key]
+                del self.counts[key]
                 if len(self.runners) >= LIMIT:
                     del self.runners[next(iter(self.runners))]  # the oldest: its graph goes
                     self.dropped += 1

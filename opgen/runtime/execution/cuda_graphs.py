@@ -133,8 +133,8 @@ class CudaGraphs:
 
         `fixed` are inputs always passed at one address (parameters under torch.compile): they are
         not copied, and a call passing another tensor for one of them runs the plain function.
-        `rebound` are written inputs used in place at whatever address a call passes them: a capture
-        a set of their addresses (`execution.address_graphs`).
+        `rebound` are inputs the graph writes: copied in and out at new addresses, used in place where
+        their addresses come back (`execution.address_graphs`).
         """
         if graph.dynamic:
             raise TypeError("CudaGraphs.wrap takes a static graph; execution.size_graphs.wrap takes any")

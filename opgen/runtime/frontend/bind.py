@@ -49,8 +49,8 @@ def bind(
 ) -> Bound:
     """Bind `graph` with `constants`; `handler(set_check, *args)` is its input check's slow path.
 
-    `graphs`: CUDA-graph mode (`fixed`: inputs always passed at one address, not copied; `rebound`: written
-    inputs used in place at whatever address a call passes, a capture a set of addresses).
+    `graphs`: CUDA-graph mode (`fixed`: inputs always passed at one address, not copied; `rebound`: inputs
+    the graph writes, copied in and out at new addresses, used in place where their addresses come back).
     """
     rt = executor.Runtime(handler, unflatten=unflatten)
     fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)

@@ -107,8 +107,10 @@ def compile_aten_graph(
     def make(tensors: Sequence[torch.Tensor]) -> Callable[..., Any]:
         bound = {**constants, **{keys[i]: t for i, t in zip(frozen.positions, tensors, strict=True)}}
         with unset_fake_temporarily():  # AOT calls compilers under its fake mode; setup needs real tensors
-            in_place = {"fixed": fixed, "rebound": rebound}
-            b = bind(graph, bound, _no_mismatch, filename, backend=options.backend, graphs=graphs, **in_place)
+            b = bind(
+                graph, bound, _no_mismatch, filename, backend=options.backend, graphs=graphs, fixed=fixed,
+                rebound=rebound,
+            )  # fmt: skip
         backend_lines[:] = [b.backend_line] if b.backend_line else []
         launchers.clear()
         launchers.update(b.jit or {})
