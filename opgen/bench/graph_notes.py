@@ -60,5 +60,9 @@ def _graph_line(report: str) -> str:
         text = f"{replayed.group(1)} replays, {replayed.group(2) or 0} plain"
         if (graphs := re.search(r"captured \((\d+) graphs.*in place at (\d+) set", line)) is not None:
             text += f" ({graphs[1]} graphs: written inputs in place at {graphs[2]} sets of addresses)"
+            if (refused := re.search(r"; not repointed: ([^;]*)", line)) is not None:
+                text += f", not repointed: {refused[1]}"
+        elif (moved := re.search(r"repointed at new addresses (\d+) times", line)) is not None:
+            text += f" (written inputs repointed {moved[1]} times)"
         return text
     return line.removeprefix("CUDA graph: ")[:80]

@@ -118,7 +118,8 @@ function(opgen_add_extension target)
   # Triton ops launch through jit_launcher.cpp in CUDA builds; jit_stub.cpp makes them raise otherwise.
   set(jit_impl "${_OPGEN_CSRC}/opgen/jit/jit_stub.cpp")
   if(OPGEN_TORCH_CUDA)
-    list(APPEND helpers "${_OPGEN_CSRC}/opgen/graphs/cuda_graph.cpp")  # the CUDA-graph runner
+    list(APPEND helpers "${_OPGEN_CSRC}/opgen/graphs/cuda_graph.cpp"   # the CUDA-graph runner
+                        "${_OPGEN_CSRC}/opgen/graphs/repoint.cpp")     # and its repointing of inputs
     set(jit_impl "${_OPGEN_CSRC}/opgen/jit/jit_launcher.cpp")          # the Triton kernel launcher
   endif()
   list(APPEND helpers "${jit_impl}")

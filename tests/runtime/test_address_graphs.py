@@ -1,7 +1,8 @@
-"""CUDA-graph mode for graphs that write their inputs (`execution.address_graphs`): copied at new addresses, in
-place where addresses come back. The dispatch and the report line run anywhere; on a GPU, a cache passed to
-torch.compile (marked static or not) is copied, then written in place when it comes back, and no capture keeps
-one alive."""
+"""CUDA-graph mode for graphs that write their inputs (`execution.address_graphs`): one capture repointed at
+wherever they live; where that is refused, copied at new addresses and in place where addresses come back.
+The dispatch and the report line run anywhere; on a GPU, a cache passed to torch.compile (marked static or
+not) is written where it lives whatever its address, or (repointing off) copied, then written in place when
+it comes back, and no capture keeps one alive."""
 
 from __future__ import annotations
 
@@ -15,33 +16,77 @@ import torch
 from torch import nn
 
 from opgen.bench import graph_notes
+from opgen.runtime.execution import address_graphs
 from opgen.runtime.execution.address_graphs import LIMIT, STAY, AddressGraphs
 from opgen.runtime.execution.cuda_graphs import GraphStatus
 
 
 class _Recorded:
-    """Stands in for a capture's runner: its status, and the calls it got."""
+    """Stands in for a capture's runner: its status, and the calls it got. One asked to repoint says on its
+    first call whether it could (`repoints`: True, or why not)."""
 
-    def __init__(self, name: str) -> None:
-        self.name, self.calls = name, 0
-        self.graph_status = GraphStatus(captured=True, capture_seconds=0.5, calls=lambda: (self.calls, 0))
+    def __init__(self, name: str, repoints: bool | str | None = None) -> None:
+        self.name, self.calls, self.repoints, self.moved = name, 0, repoints, 0
+        self.graph_status = GraphStatus(captured=True, capture_seconds=0.5, calls=lambda: (self.calls, 0),
+                                        repoints=lambda: self.moved)  # fmt: skip
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
+        if self.repoints is not None:
+            self.graph_status.repointed = self.repoints is True
+            self.graph_status.not_repointed = None if self.repoints is True else self.repoints
+            self.graph_status.repointed_kernels = 32
         return self.name
 
 
-def _dispatch() -> tuple[AddressGraphs, list[Any]]:
+def _dispatch(repoints: bool | str | None = None) -> tuple[AddressGraphs, list[Any]]:
+    """An AddressGraphs over recorded runners; with `repoints` None, repointing is off (the rule alone)."""
     made: list[_Recorded] = []
     plain: list[Any] = []
 
-    def make(kind: str) -> _Recorded:
-        made.append(_Recorded(f"{kind} {len(made)}"))
+    def make(kind: str, repoint: bool = False) -> _Recorded:
+        made.append(_Recorded(f"{kind} {len(made)}", repoints if repoint else None))
         return made[-1]
 
-    graphs = AddressGraphs(lambda: make("in place"), lambda: make("copying"),
-                           lambda *a, **k: plain.append(a) or "plain", (1, 2))  # fmt: skip
+    switch = address_graphs.REPOINT
+    address_graphs.REPOINT = repoints is not None
+    try:
+        graphs = AddressGraphs(lambda repoint: make("in place", repoint), lambda: make("copying"),
+                               lambda *a, **k: plain.append(a) or "plain", (1, 2))  # fmt: skip
+    finally:
+        address_graphs.REPOINT = switch
     return graphs, plain
+
+
+def test_a_capture_that_repoints_serves_every_address() -> None:
+    graphs, plain = _dispatch(repoints=True)
+    x = torch.zeros(2)
+    caches = [(torch.zeros(3), torch.zeros(3)) for _ in range(3)]
+    assert {graphs(x, *cache) for cache in caches + caches} == {"in place 0"}, "one capture, no copies"
+    assert graphs("not", "tensors") == "in place 0", "its runner checks the inputs (and runs plain where unlike)"
+    assert graphs.runners == {} and graphs.copying is None and not plain
+    line = graphs.graph_status.line()
+    assert line == (
+        "CUDA graph: captured on the first call (0.50 s), replayed since (7 replays); its 2 written inputs: used in "
+        "place wherever they live, the graph repointed at new addresses 0 times (32 kernels take them)"
+    ), line
+    assert graph_notes._graph_line(line) == "7 replays, 0 plain (written inputs repointed 0 times)"
+
+
+def test_a_capture_that_cannot_repoint_keeps_its_addresses_and_the_rule_serves_the_rest() -> None:
+    graphs, _ = _dispatch(repoints="a copy node reads or writes a written input")
+    x = torch.zeros(2)
+    a, b = (torch.zeros(3), torch.zeros(3)), (torch.zeros(3), torch.zeros(3))
+    assert graphs(x, *a) == "in place 0", "the capture tried: in place at its first call's addresses"
+    assert graphs(x, *b) == "copying 1" and graphs(x, *b) == "copying 1", "new addresses: copied"
+    assert graphs(x, *a) == "in place 0" and graphs(x, *b) == "in place 2", "b came back after another set"
+    line = graphs.graph_status.line()
+    assert "used in place at 2 sets" in line and line.endswith("; not repointed: a copy node reads or writes a "
+                                                               "written input"), line  # fmt: skip
+    assert graph_notes._graph_line(line).endswith(
+        "(3 graphs: written inputs in place at 2 sets of addresses), not repointed: a copy node reads or writes a "
+        "written input"
+    )
 
 
 def test_new_addresses_are_copied_and_ones_that_come_back_get_a_capture_in_place() -> None:
@@ -97,11 +142,12 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 class _Step(nn.Module):
-    """A decode step's shape: writes the cache in place at a position, reads all of it."""
+    """A decode step's shape: writes the cache in place at a position, reads all of it (pointwise, reduced, and
+    in a matrix product)."""
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cache.index_copy_(0, pos, x)
-        return torch.tanh(cache).sum(0) * 2
+        return torch.tanh(cache).sum(0) * 2, x @ cache.t()
 
 
 def _cache(marked: bool) -> torch.Tensor:
@@ -112,8 +158,14 @@ def _cache(marked: bool) -> torch.Tensor:
 
 
 @CUDA
+@pytest.mark.parametrize("repoint", [True, False], ids=["repointed", "copied"])
 @pytest.mark.parametrize("marked", [True, False], ids=["marked static", "unmarked"])
-def test_a_cache_is_copied_then_used_in_place_when_it_comes_back_and_never_kept_alive(marked: bool) -> None:
+def test_a_cache_is_written_where_it_lives_and_never_kept_alive(
+    marked: bool, repoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repointed: one capture follows each cache. Copied (repointing off): copied, then in place when it comes
+    back. Either way every cache holds what eager's does, and no capture keeps one alive."""
+    monkeypatch.setattr(address_graphs, "REPOINT", repoint)
     torch._dynamo.reset()
     step = _Step()
     compiled = torch.compile(step, backend="opgen", options={"cuda_graphs": True})
@@ -133,13 +185,30 @@ def test_a_cache_is_copied_then_used_in_place_when_it_comes_back_and_never_kept_
     with torch.no_grad(), graph_notes.collecting() as made:
         call("first", 4)
         (fn,) = made
-        assert re.search(r"\(3 replays\); its 1 written inputs: copied in and out at new addresses, used in place "
-                         r"at 0 sets", fn.report().cuda_graph)  # fmt: skip
+        line = fn.report().cuda_graph
+        if repoint:
+            assert re.search(
+                r"\(3 replays\); its 1 written inputs: used in place wherever they live, the graph "
+                r"repointed at new addresses 0 times \([1-9]\d* kernels take them\)",
+                line,
+            ), line
+        else:
+            assert re.search(r"\(3 replays\); its 1 written inputs: copied in and out at new addresses, used in "
+                             r"place at 0 sets", line), line  # fmt: skip
         call("second", 3)
-        call("first", 3)  # back at the addresses it had: captured in place (its first call ran plain)
-        assert re.search(r"captured \(2 graphs, .*\(8 replays\).* in place at 1 set of", fn.report().cuda_graph)
+        call("first", 3)  # back at the addresses it had
+        line = fn.report().cuda_graph
+        if repoint:
+            assert re.search(r"on the first call .*\(9 replays\).* repointed at new addresses 2 times", line), line
+        else:  # captured in place (its first call ran plain)
+            assert re.search(r"captured \(2 graphs, .*\(8 replays\).* in place at 1 set of", line), line
         freed = [weakref.ref(t) for t in caches.values()]
         caches.clear()
         gc.collect()
         assert all(ref() is None for ref in freed), "no capture keeps a cache alive"
+        call_new = _cache(marked)  # a cache where a freed one was, or anywhere: still right
+        ref = torch.zeros(16, 64, device="cuda")
+        x, pos = torch.randn(1, 64, device="cuda"), torch.tensor([3], device="cuda")
+        torch.testing.assert_close(compiled(x, call_new, pos), step(x, ref, pos))
+        torch.testing.assert_close(call_new, ref)
     torch._dynamo.reset()

@@ -1,5 +1,7 @@
 #include "opgen/graphs/cuda_graph.h"
 
+#include "opgen/graphs/repoint.h"
+
 #include "opgen/py/input_check.h"
 #include "opgen/py/object_fields.h"
 #include "opgen/py/py_refs.h"
@@ -19,6 +21,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +99,7 @@ struct Input {
   void* static_ptr = nullptr;
   bool fixed = false;    // must be passed at the static address (a parameter): no copy node
   bool written = false;  // the graph writes it: copied back to the caller's tensor afterwards
+  bool repoint = false;  // used in place wherever it lives: the kernels' arguments follow its address (repoint.h)
   CopyNode copy_in;      // caller -> static (node == nullptr: none)
   CopyNode write_back;   // static -> caller (node == nullptr: none)
 };
@@ -133,6 +137,7 @@ struct GraphRunner {
   PyObject* dict;  // attributes (report, artifact, ...)
   unsigned long long replays;      // calls replayed from the graph
   unsigned long long plain_calls;  // calls after the capture whose inputs did not fit it (run by the fallback)
+  unsigned long long repoints;     // replays that first pointed the graph at another address of an input
 
   // The Python objects it holds, for the cyclic GC (object_fields.h).
   template <typename F>
@@ -156,6 +161,12 @@ struct State {
   std::vector<Output> outputs;
   std::shared_ptr<StreamFence> fence;
   py::object keep_alive;  // the captured graph (and its pool), static buffers
+  // Repointed inputs: the captured body's node in the runner's graph, the graph it holds (whose kernel
+  // nodes the repointer rewrites), and the inputs' addresses the executable graph holds now.
+  cudaGraphNode_t body_node = nullptr;
+  Repointer repointer;
+  std::vector<size_t> repointed;
+  std::vector<uintptr_t> addresses;
 
   ~State() {
     for (Output& out : outputs) Py_CLEAR(out.last);
@@ -173,12 +184,13 @@ bool fits(const State& s, PyObject* const* args, Py_ssize_t n, PyObject* kwnames
   for (Py_ssize_t i = 0; i < n; ++i) {
     const Input& in = s.inputs[i];
     if (!matches(args[i], in.expected)) return false;
-    if (in.fixed && THPVariable_Unpack(args[i]).data_ptr() != in.static_ptr) return false;
+    if (in.fixed && !in.repoint && THPVariable_Unpack(args[i]).data_ptr() != in.static_ptr) return false;
   }
   return true;
 }
 
 PyObject* replay(State& s, PyObject* const* args, Py_ssize_t n);
+bool repoint(State& s, PyObject* const* args);
 
 PyObject* run(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* runner = reinterpret_cast<GraphRunner*>(self);
@@ -192,11 +204,36 @@ PyObject* run(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw
     return PyObject_Vectorcall(runner->fallback, args, nargsf, kwnames);
   }
   ++runner->replays;
+  if (!runner->state->repointed.empty()) {
+    try {
+      runner->repoints += repoint(*runner->state, args) ? 1 : 0;
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      return nullptr;
+    }
+  }
   PyObject* out = replay(*runner->state, args, n);
   if (out == nullptr || runner->rebuild == nullptr) return out;
   PyObject* rebuilt = PyObject_CallOneArg(runner->rebuild, out);
   Py_DECREF(out);
   return rebuilt;
+}
+
+// Points the graph at this call's repointed inputs where any moved; true if it did.
+bool repoint(State& s, PyObject* const* args) {
+  bool moved = false;
+  std::vector<uintptr_t> now(s.repointed.size());
+  for (size_t k = 0; k < s.repointed.size(); ++k) {
+    now[k] = reinterpret_cast<uintptr_t>(THPVariable_Unpack(args[s.repointed[k]]).data_ptr());
+    moved |= now[k] != s.addresses[k];
+  }
+  if (!moved) return false;
+  cudaGraph_t body = nullptr;
+  OPGEN_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(s.body_node, &body));
+  s.repointer.apply(now);
+  OPGEN_CUDA_CHECK(cudaGraphExecChildGraphNodeSetParams(s.exec, s.body_node, body));
+  s.addresses = std::move(now);
+  return true;
 }
 
 PyObject* replay(State& s, PyObject* const* args, Py_ssize_t n) {
@@ -281,6 +318,8 @@ PyMemberDef members[] = {
     {"replays", T_ULONGLONG, offsetof(GraphRunner, replays), READONLY, "calls replayed from the captured graph"},
     {"plain_calls", T_ULONGLONG, offsetof(GraphRunner, plain_calls), READONLY,
      "calls after the capture whose inputs did not fit it (sizes, strides, a fixed input's address): run plain"},
+    {"repoints", T_ULONGLONG, offsetof(GraphRunner, repoints), READONLY,
+     "replays that first pointed the graph at new addresses of the inputs it uses in place wherever they live"},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyGetSetDef getset[] = {{"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
@@ -321,6 +360,7 @@ void wire(State& s, cudaGraph_t outer, cudaGraph_t body, const std::vector<at::T
   }
   cudaGraphNode_t body_node = nullptr;
   OPGEN_CUDA_CHECK(cudaGraphAddChildGraphNode(&body_node, outer, before.data(), before.size(), body));
+  s.body_node = body_node;
   const std::vector<cudaGraphNode_t> after{body_node};
   for (Output& out : s.outputs) {
     if (out.kind != OutputKind::Fresh) continue;
@@ -375,6 +415,30 @@ void build_in_torch_graph(State& s, at::cuda::CUDAGraph& torch_graph, const std:
   s.torch_graph = &torch_graph;
 }
 
+// Where inputs are to be repointed: finds the kernel arguments holding their addresses in the captured
+// body. Returns why not, where it cannot (the inputs then must come at the captured addresses, as fixed).
+std::optional<std::string> find_repoints(State& s, const std::vector<at::Tensor>& first) {
+  std::vector<InputRange> ranges;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    if (!s.inputs[i].repoint) continue;
+    const at::Tensor& t = first[i];
+    const auto start = reinterpret_cast<uintptr_t>(t.storage().data());
+    ranges.push_back({start, start + t.storage().nbytes(), reinterpret_cast<uintptr_t>(t.data_ptr())});
+    s.repointed.push_back(i);
+    s.addresses.push_back(ranges.back().data);
+  }
+  if (s.repointed.empty()) return std::nullopt;
+  cudaGraph_t body = nullptr;
+  OPGEN_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(s.body_node, &body));
+  std::optional<std::string> reason = Repointer::scan(body, ranges, s.repointer);
+  if (reason) {
+    for (Input& in : s.inputs) in.repoint = false;
+    s.repointed.clear();
+    s.addresses.clear();
+  }
+  return reason;
+}
+
 py::object make_runner(py::object fallback) {
   PyObject* self = PyType_GenericAlloc(runner_type(), 0);
   if (self == nullptr) throw py::error_already_set();
@@ -390,7 +454,11 @@ py::object make_runner(py::object fallback) {
 //             | ("input_view", i, sizes, strides, offset) | ("object", obj)]
 //   random_graph: None, or the torch.cuda.CUDAGraph that captured `graph` (kept alive by
 //             keep_alive) where it has random ops: the runner replays through it
-void arm(const py::object& target, uintptr_t graph, const py::list& inputs, const py::list& outputs, bool single,
+//   an input spec may add a fifth item, `repoint` (used in place, so fixed too): the runner follows
+//             the input to each call's address, rewriting the kernel arguments that hold it (repoint.h)
+// Returns (None or why the inputs to repoint cannot be: they then must come at the captured address,
+//          the number of kernel nodes that take their addresses).
+py::object arm(const py::object& target, uintptr_t graph, const py::list& inputs, const py::list& outputs, bool single,
                        int device, std::shared_ptr<StreamFence> fence, const std::vector<at::Tensor>& first,
                        py::object keep_alive, const py::object& random_graph) {
   if (!PyObject_TypeCheck(target.ptr(), runner_type())) throw py::type_error("arm: not a GraphRunner");
@@ -407,6 +475,8 @@ void arm(const py::object& target, uintptr_t graph, const py::list& inputs, cons
     in.static_ptr = spec[1].cast<at::Tensor>().data_ptr();
     in.fixed = spec[2].cast<bool>();
     in.written = spec[3].cast<bool>();
+    in.repoint = spec.size() > 4 && spec[4].cast<bool>();
+    if (in.repoint && !in.fixed) throw py::value_error("GraphRunner: a repointed input is used in place (fixed)");
     state->inputs.push_back(std::move(in));
   }
   for (const py::handle item : outputs) {
@@ -436,9 +506,13 @@ void arm(const py::object& target, uintptr_t graph, const py::list& inputs, cons
   } else {
     build(*state, reinterpret_cast<cudaGraph_t>(graph), first);
   }
+  py::object refused = py::none();
+  if (auto reason = find_repoints(*state, first)) refused = py::str(*reason);
+  const size_t kernels = state->repointer.nodes();
   auto* runner = reinterpret_cast<GraphRunner*>(target.ptr());
   delete runner->state;
   runner->state = state.release();
+  return py::make_tuple(refused, kernels);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-"""CUDA-graph mode for a graph that writes its inputs: copied at new addresses, in place where addresses recur.
+"""CUDA-graph mode for a graph that writes its inputs: repointed to wherever they live, else copied at new
+addresses and used in place where addresses recur.
 
 A decode step under torch.compile writes its cache in place, and the cache is an input: transformers'
 `StaticCache`, which every `generate()` call makes anew (its tensors marked with
@@ -22,8 +23,17 @@ handed out again, and a new tensor there replays. At most `LIMIT` sets keep thei
 past it the oldest is dropped.
 
 On an H200 (Llama-3.2-1B's shape, bf16, 128 new tokens), each `generate()`'s cache landed at new
-addresses through both of transformers' compile paths, so their decode steps replay the copying
-capture (the generate benchmark's note says how many sets went in place).
+addresses through both of transformers' compile paths, so their decode steps replayed the copying
+capture.
+
+So the first call tries a third way first (`REPOINT`): one capture that uses the written inputs in place,
+whose runner points the graph at each call's tensors, wherever they live. At capture the runner finds the
+kernel arguments that hold the inputs' addresses (`csrc/opgen/graphs/repoint.h`); when a call passes them
+elsewhere it rewrites those arguments (only the kernels that take them, once per move) and replays: no copy
+and no second capture, whatever the addresses. It holds where every address of a written input reaches
+the graph as a kernel argument (ATen's, cuBLAS's and Triton's kernels take them so); a graph where a copy or
+memset node touches one, or a node the runner cannot read, is refused, and the rule above serves it (the
+report says why).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+REPOINT = True  # try one capture repointed at each call's written inputs first
 LIMIT = 4  # sets of addresses with in-place captures (the oldest dropped past it)
 # Calls at one set of addresses before it gets its own capture: a capture took 0.04-0.07 s and a 16-layer
 # cache's copies 0.1-0.2 ms a call on an H200, so 256 calls' copies cost about one capture.
@@ -48,9 +59,10 @@ class AddressesStatus:
         self.graphs = graphs
 
     def statuses(self) -> list[Any]:
-        """The `GraphStatus` of each capture alive: the copying one, then the in-place ones."""
-        runners = [self.graphs.copying] if self.graphs.copying is not None else []
-        return [r.graph_status for r in [*runners, *self.graphs.runners.values()]]
+        """The `GraphStatus` of each capture alive: the repointed or copying one, then the in-place ones."""
+        graphs = self.graphs
+        runners = [r for r in (graphs.anywhere, graphs.copying) if r is not None]
+        return [r.graph_status for r in [*runners, *graphs.runners.values()]]
 
     @property
     def captured(self) -> bool:
@@ -74,6 +86,8 @@ class AddressesStatus:
         return sum(r for r, _ in counts), sum(p for _, p in counts)
 
     def line(self) -> str:
+        if self.graphs.anywhere is not None:
+            return self.repointed_line(self.graphs.anywhere)
         statuses = self.statuses()
         if not any(s.captured for s in statuses):
             return str(statuses[-1].line()) if statuses else "CUDA graph: not captured yet (the first call captures)"
@@ -86,19 +100,38 @@ class AddressesStatus:
         line += (f"); its {len(self.graphs.rebound)} written inputs: copied in and out at new addresses, used in "
                  f"place at {in_place} set{'s' if in_place != 1 else ''} of addresses that came back or stayed "
                  f"{STAY} calls" + (f" ({dropped} dropped past {LIMIT})" if dropped else ""))  # fmt: skip
+        if self.graphs.not_repointed is not None:
+            line += f"; not repointed: {self.graphs.not_repointed}"
         if self.reason is not None:
             line += f"; a capture refused: {self.reason}"
         if self.random:
             line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
         return line
 
+    def repointed_line(self, runner: Any) -> str:
+        status = runner.graph_status
+        replays, plain = status.calls()
+        line = f"CUDA graph: captured on the first call ({status.capture_seconds:.2f} s), replayed since "
+        line += f"({replays} replays"
+        if plain:
+            line += f"; {plain} calls ran plain: inputs unlike the capture's (sizes, strides)"
+        line += (
+            f"); its {len(self.graphs.rebound)} written inputs: used in place wherever they live, the graph "
+            f"repointed at new addresses {status.repoints()} times ({status.repointed_kernels} kernels take them)"
+        )
+        if self.random:
+            line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
+        return line
+
 
 class AddressGraphs:
-    """The function handed out: the in-place capture for the addresses the call passes the `rebound` inputs
-    at, else the copying capture.
+    """The function handed out: the capture repointed at every call's `rebound` inputs where the first call's
+    capture could be; else the in-place capture for the addresses the call passes them at, else the copying
+    capture.
 
-    `in_place()` and `copying()` make a capture's runner (a `cuda_graphs.Capture`'s, which captures on its
-    first call), the one using the `rebound` inputs in place, the other copying them.
+    `in_place(repoint)` and `copying()` make a capture's runner (a `cuda_graphs.Capture`'s, which captures on
+    its first call), the one using the `rebound` inputs in place (and, with `repoint`, following them to new
+    addresses: its status's `repointed` says whether it could), the other copying them.
     """
 
     def __init__(
@@ -112,10 +145,15 @@ class AddressGraphs:
         self.counts: dict[Key, int] = {}  # calls at each set of addresses the copying capture served
         self.last: Key | None = None  # the latest call's addresses
         self.dropped = 0
+        self.trial: Any = None if REPOINT else False  # the repointing capture until its first call decides
+        self.anywhere: Any = None  # that capture, where it repoints: it serves every call
+        self.not_repointed: str | None = None  # why it could not
         self.lock = threading.Lock()
         self.graph_status = AddressesStatus(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.anywhere is not None:
+            return self.anywhere(*args, **kwargs)
         try:
             key = tuple([args[i].data_ptr() for i in self.rebound])
         except (AttributeError, IndexError, TypeError):  # not the inputs it was compiled for: its errors
@@ -125,13 +163,32 @@ class AddressGraphs:
             runner = self.arrive(key)
         else:
             self.last = key
-        return runner(*args, **kwargs)
+        result = runner(*args, **kwargs)
+        if runner is self.trial:
+            self.decide(runner.graph_status)
+        return result
+
+    def decide(self, status: Any) -> None:
+        """After the repointing capture's first call: it serves every call where it repoints; else it stays the
+        in-place capture of its addresses."""
+        if status.repointed is not None:
+            self.trial = False
+            if status.repointed:
+                self.anywhere = self.runners.pop(self.last)
+            else:
+                self.not_repointed = status.not_repointed
+        elif status.reason is not None:  # not captured at all: the rule decides as for any capture
+            self.trial = False
 
     def arrive(self, key: Key) -> Any:
         """The runner for addresses without an in-place capture: the copying one, or a new in-place capture
         where they come back after others or stay `STAY` calls (under a lock: threads calling at once make one)."""
         with self.lock:
             if (runner := self.runners.get(key)) is not None:
+                return runner
+            if self.trial is None:
+                self.last = key
+                runner = self.trial = self.runners[key] = self.make_in_place(True)
                 return runner
             came_back = key != self.last and key in self.counts
             if len(self.counts) >= SEEN:
@@ -143,7 +200,7 @@ class AddressGraphs:
                 if len(self.runners) >= LIMIT:
                     del self.runners[next(iter(self.runners))]  # the oldest: its graph goes
                     self.dropped += 1
-                runner = self.runners[key] = self.make_in_place()
+                runner = self.runners[key] = self.make_in_place(False)
                 return runner
             if self.copying is None:
                 self.copying = self.make_copying()

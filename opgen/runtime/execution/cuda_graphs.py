@@ -77,6 +77,12 @@ class GraphStatus:
     capture_seconds: float = 0.0
     random: tuple[str, ...] = ()  # the ATen ops that draw random numbers (fresh on every replay)
     calls: Callable[[], tuple[int, int]] | None = None  # (replays, calls that ran plain after the capture)
+    # A capture asked to repoint its written inputs (`execution.address_graphs`): whether it could (None: not
+    # asked, or not captured yet), why not, how many kernels take their addresses, and how often it moved.
+    repointed: bool | None = None
+    not_repointed: str | None = None
+    repointed_kernels: int = 0
+    repoints: Callable[[], int] = lambda: 0
 
     def line(self) -> str:
         if self.captured:
@@ -150,14 +156,15 @@ class CudaGraphs:
         """A static graph's runner on `pool` (a `Capture`'s); with `rebound` inputs, an `AddressGraphs` choosing
         between captures that use them in place and one that copies them."""
 
-        def capture(used_in_place: Sequence[int]) -> Compiled:
+        def capture(used_in_place: Sequence[int], repoint: Sequence[int] = ()) -> Compiled:
             status = GraphStatus(random=random_ops(graph))
-            return Capture(self, plain, graph, constants, pool, frozenset(used_in_place), status).forward()
+            return Capture(self, plain, graph, constants, pool, frozenset(used_in_place), status,
+                           frozenset(repoint)).forward()  # fmt: skip
 
         if not rebound:
             return capture(fixed)
-        return AddressGraphs(lambda: capture([*fixed, *rebound]), lambda: capture(fixed), plain, rebound,
-                             random_ops(graph))  # fmt: skip
+        return AddressGraphs(lambda repoint: capture([*fixed, *rebound], rebound if repoint else ()),
+                             lambda: capture(fixed), plain, rebound, random_ops(graph))  # fmt: skip
 
     def placed(
         self, plain: Compiled, graph: CompiledGraph, constants: Mapping[str, torch.Tensor]
@@ -220,6 +227,7 @@ class Capture:
     pool: Pool
     fixed: frozenset[int]
     status: GraphStatus
+    repoint: frozenset[int] = frozenset()  # inputs used in place (in `fixed`) the runner follows to new addresses
     runner: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # one capture, even from several threads
 
@@ -295,19 +303,24 @@ class Capture:
             leaves, statics, self.fixed, pool_ranges(self.pool.handle), self.graphs.options.static_outputs
         )
         inputs = [
-            ((a.dtype, a.device, tuple(a.shape), a.stride()), s, i in self.fixed, i in self.graph.written_inputs)
+            ((a.dtype, a.device, tuple(a.shape), a.stride()), s, i in self.fixed, i in self.graph.written_inputs,
+             i in self.repoint)
             for i, (a, s) in enumerate(zip(args, statics, strict=True))
-        ]
+        ]  # fmt: skip
         # The graph keeps its own buffers alive, not the caller's tensors it uses in place: a replay needs one
         # at the same address (the runner checks), so one freed and allocated again there replays too.
         owned = tuple(s for i, s in enumerate(statics) if i not in self.fixed)
         if not single and not (type(out) is tuple and all(isinstance(x, torch.Tensor) for x in out)):
             self.runner.rebuild = lambda flat: pytree.tree_unflatten(list(flat), spec)
-        arm_graph_runner(
+        refused, kernels = arm_graph_runner(
             self.runner, cuda_graph.raw_cuda_graph(), inputs, plans, single, self.pool.device.index, self.pool.fence,
             list(args), (cuda_graph, owned, leaves), cuda_graph if self.status.random else None,
         )  # fmt: skip
         self.runner.static_inputs = owned
+        if self.repoint:
+            runner = self.runner
+            self.status.repointed, self.status.not_repointed = refused is None, refused
+            self.status.repointed_kernels, self.status.repoints = kernels, lambda: runner.repoints
 
 
 def error_summary(exc: BaseException, limit: int = 400) -> str:
