@@ -212,3 +212,58 @@ def test_a_cache_is_written_where_it_lives_and_never_kept_alive(
         torch.testing.assert_close(compiled(x, call_new, pos), step(x, ref, pos))
         torch.testing.assert_close(call_new, ref)
     torch._dynamo.reset()
+
+
+class _TwoCaches(nn.Module):
+    """Keys and values written at a position, read together."""
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k.index_copy_(0, pos, x)
+        v.index_copy_(0, pos, 2 * x)
+        return (k * v).sum(0)
+
+
+@CUDA
+def test_caches_that_are_views_of_one_buffer_are_repointed_each_at_its_own_place() -> None:
+    """Keys and values as two halves of one allocation, a new allocation each time: every call's halves hold
+    what eager's do, and the graph follows them (through AOT's base of aliased inputs, or each half)."""
+    torch._dynamo.reset()
+    step = _TwoCaches()
+    compiled = torch.compile(step, backend="opgen", options={"cuda_graphs": True})
+    with torch.no_grad(), graph_notes.collecting() as made:
+        for round_ in range(4):
+            arena, reference = torch.zeros(2, 16, 64, device="cuda"), torch.zeros(2, 16, 64, device="cuda")
+            for position in range(3):
+                x = torch.randn(1, 64, device="cuda")
+                pos = torch.tensor([position + round_], device="cuda")
+                got = compiled(x, arena[0], arena[1], pos)
+                torch.testing.assert_close(got, step(x, reference[0], reference[1], pos))
+                torch.testing.assert_close(arena, reference)
+        line = made[-1].report().cuda_graph
+        assert re.search(r"used in place wherever they live, the graph repointed at new addresses [1-9]", line), line
+    torch._dynamo.reset()
+
+
+class _Overwrite(nn.Module):
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        cache.copy_(x)  # ATen's copy: a copy node of the graph writes the input
+        return cache.sum(0)
+
+
+@CUDA
+def test_a_graph_whose_copy_node_writes_an_input_is_not_repointed_and_stays_right() -> None:
+    """The runner cannot follow an address a copy node holds: it says so, and the copy-or-come-back rule serves."""
+    from opgen.runtime.pipeline import default_pipeline
+
+    torch._dynamo.reset()
+    passes = tuple(p for p in default_pipeline() if p != "cache_writes")  # the copy stays ATen's
+    compiled = torch.compile(_Overwrite(), backend="opgen", options={"cuda_graphs": True, "passes": passes})
+    caches = [torch.zeros(16, 64, device="cuda") for _ in range(2)]
+    with torch.no_grad(), graph_notes.collecting() as made:
+        for cache in caches + caches:
+            x = torch.randn(16, 64, device="cuda")
+            torch.testing.assert_close(compiled(x, cache), x.sum(0))
+            torch.testing.assert_close(cache, x)
+        line = made[-1].report().cuda_graph
+        assert "; not repointed: a copy node reads or writes a written input" in line, line
+    torch._dynamo.reset()

@@ -417,20 +417,30 @@ void build_in_torch_graph(State& s, at::cuda::CUDAGraph& torch_graph, const std:
 
 // Where inputs are to be repointed: finds the kernel arguments holding their addresses in the captured
 // body. Returns why not, where it cannot (the inputs then must come at the captured addresses, as fixed).
+// An input's bytes are those its elements span: kernels take a tensor's first element's address (and
+// offsets from it), so another tensor on the same storage (a weight in one arena with a cache) is not it.
 std::optional<std::string> find_repoints(State& s, const std::vector<at::Tensor>& first) {
   std::vector<InputRange> ranges;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     if (!s.inputs[i].repoint) continue;
-    const at::Tensor& t = first[i];
-    const auto start = reinterpret_cast<uintptr_t>(t.storage().data());
-    ranges.push_back({start, start + t.storage().nbytes(), reinterpret_cast<uintptr_t>(t.data_ptr())});
+    const auto data = reinterpret_cast<uintptr_t>(first[i].data_ptr());
+    ranges.push_back({data, data + span_bytes(first[i]), data});
     s.repointed.push_back(i);
-    s.addresses.push_back(ranges.back().data);
+    s.addresses.push_back(data);
   }
   if (s.repointed.empty()) return std::nullopt;
+  std::optional<std::string> reason;
+  for (size_t i = 0; i < s.inputs.size() && !reason; ++i) {  // one address, one input: else which moves?
+    if (!s.inputs[i].fixed) continue;  // copied inputs are read from the graph's own buffers
+    const auto data = reinterpret_cast<uintptr_t>(first[i].data_ptr());
+    const size_t bytes = span_bytes(first[i]);
+    size_t inside = 0;
+    for (const InputRange& r : ranges) inside += bytes > 0 && data < r.end && data + bytes > r.start ? 1 : 0;
+    if (inside > 1 || (inside == 1 && !s.inputs[i].repoint)) reason = "inputs share memory with a written input";
+  }
   cudaGraph_t body = nullptr;
   OPGEN_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(s.body_node, &body));
-  std::optional<std::string> reason = Repointer::scan(body, ranges, s.repointer);
+  if (!reason) reason = Repointer::scan(body, ranges, s.repointer);
   if (reason) {
     for (Input& in : s.inputs) in.repoint = false;
     s.repointed.clear();

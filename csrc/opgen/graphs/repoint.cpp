@@ -158,7 +158,7 @@ std::optional<std::string> Repointer::scan(cudaGraph_t graph, const std::vector<
         std::optional<size_t> owner;
         for (size_t i = 0; i < ranges.size(); ++i) {
           if (word < ranges[i].start || word >= ranges[i].end) continue;
-          if (owner) return std::string("a kernel argument lies inside two written inputs' storage");
+          if (owner) return std::string("a kernel argument lies inside two written inputs");
           owner = i;
         }
         if (owner) {

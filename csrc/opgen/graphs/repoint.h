@@ -15,7 +15,7 @@
 
 namespace opgen {
 
-// The memory an input reaches at capture: its storage, [start, end), and its first element's address.
+// The memory an input's elements span at capture, [start, end), and its first element's address.
 struct InputRange {
   uintptr_t start = 0, end = 0, data = 0;
 };
@@ -27,7 +27,7 @@ class Repointer {
   // Finds every argument word (8 bytes, 8-aligned) of every kernel node of `graph` that falls inside one
   // of `ranges`. Returns the reason where the graph cannot be repointed safely: a copy or memset node
   // touching an input, a nested graph or a node of another kind, a kernel whose arguments cannot be
-  // read, a word inside two inputs' storages.
+  // read, a word inside two inputs.
   static std::optional<std::string> scan(cudaGraph_t graph, const std::vector<InputRange>& ranges, Repointer& out);
 
   // Points the arguments at `data` (each input's first element now), in `graph`'s nodes. Returns how
