@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ from opgen.jit import cache
 WORKER = Path(__file__).with_name("worker.py")
 _BOOT = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 MAX_WORKERS = 16
+# Seconds a closing pool waits, all its workers together, for them to end at EOF before it kills the rest: a
+# process exits in that time, whatever the count (each waited 5 s in turn before: a GPU test run's 16 processes
+# with 15 workers each were still closing them when the run's time limit stopped it).
+CLOSE_SECONDS = 2.0
 
 
 class WorkerDied(Exception):
@@ -82,16 +87,25 @@ class _Worker:
             raise WorkerDied(f"a compile worker stopped ({type(exc).__name__})") from exc
         return reply
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
+        self.stop()
+        self.finish(timeout)
+
+    def stop(self) -> None:
+        """Close its stdin: the worker's loop ends at EOF."""
         if self.process.stdin is not None and not self.process.stdin.closed:
             try:
-                self.process.stdin.close()  # the worker's loop ends at EOF
+                self.process.stdin.close()
             except OSError:
                 pass
+
+    def finish(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for it to end, then kill it."""
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
 
 
 class Pool:
@@ -164,10 +178,14 @@ class Pool:
             self._ready.notify()
 
     def close(self) -> None:
+        """End the idle workers: each told at once, then CLOSE_SECONDS for all of them together."""
         with self._ready:
             idle, self._idle = self._idle, []
         for worker in idle:
-            worker.close()
+            worker.stop()
+        deadline = time.monotonic() + CLOSE_SECONDS
+        for worker in idle:
+            worker.finish(max(0.0, deadline - time.monotonic()))
 
 
 _POOL: Pool | None = None

@@ -141,3 +141,17 @@ def test_a_warmed_worker_compiles(generated: Path, pool: workers.Pool) -> None:
     assert _started(pool, 1)
     assert pool.compile(request(generated))[0] == "ok"
     assert pool._running == 1  # the compile took the warm worker, it started no other
+
+
+def test_closing_waits_for_all_workers_together_then_kills_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that never read their stdin (still importing Triton on a busy host): the pool's close, as at
+    exit, takes about CLOSE_SECONDS for all of them, not a timeout each, and leaves none running."""
+    monkeypatch.setattr(workers, "_BOOT", "import time; time.sleep(60)")
+    pool = workers.Pool(3)
+    pool.warm()
+    assert _started(pool, 3)
+    processes = [w.process for w in pool._idle]
+    start = time.monotonic()
+    pool.close()
+    assert time.monotonic() - start < workers.CLOSE_SECONDS + 1.5
+    assert all(p.poll() is not None for p in processes) and not pool._idle
