@@ -161,12 +161,11 @@ struct State {
   std::vector<Output> outputs;
   std::shared_ptr<StreamFence> fence;
   py::object keep_alive;  // the captured graph (and its pool), static buffers
-  // Repointed inputs: the captured body's node in the runner's graph, the graph it holds (whose kernel
-  // nodes the repointer rewrites), and the inputs' addresses the executable graph holds now.
+  // Repointed inputs: the captured body's node in the runner's graph (the graph it holds is the one whose
+  // kernel nodes the repointer rewrites), the repointer, and which inputs it follows.
   cudaGraphNode_t body_node = nullptr;
   Repointer repointer;
   std::vector<size_t> repointed;
-  std::vector<uintptr_t> addresses;
 
   ~State() {
     for (Output& out : outputs) Py_CLEAR(out.last);
@@ -225,14 +224,13 @@ bool repoint(State& s, PyObject* const* args) {
   std::vector<uintptr_t> now(s.repointed.size());
   for (size_t k = 0; k < s.repointed.size(); ++k) {
     now[k] = reinterpret_cast<uintptr_t>(THPVariable_Unpack(args[s.repointed[k]]).data_ptr());
-    moved |= now[k] != s.addresses[k];
+    moved |= now[k] != s.repointer.addresses()[k];
   }
   if (!moved) return false;
   cudaGraph_t body = nullptr;
   OPGEN_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(s.body_node, &body));
   s.repointer.apply(now);
   OPGEN_CUDA_CHECK(cudaGraphExecChildGraphNodeSetParams(s.exec, s.body_node, body));
-  s.addresses = std::move(now);
   return true;
 }
 
@@ -424,9 +422,8 @@ std::optional<std::string> find_repoints(State& s, const std::vector<at::Tensor>
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     if (!s.inputs[i].repoint) continue;
     const auto data = reinterpret_cast<uintptr_t>(first[i].data_ptr());
-    ranges.push_back({data, data + span_bytes(first[i]), data});
+    ranges.push_back({data, data + span_bytes(first[i])});
     s.repointed.push_back(i);
-    s.addresses.push_back(data);
   }
   if (s.repointed.empty()) return std::nullopt;
   std::optional<std::string> reason;
@@ -444,7 +441,6 @@ std::optional<std::string> find_repoints(State& s, const std::vector<at::Tensor>
   if (reason) {
     for (Input& in : s.inputs) in.repoint = false;
     s.repointed.clear();
-    s.addresses.clear();
   }
   return reason;
 }

@@ -47,8 +47,8 @@ std::string error_text(CUresult result) {
   return message != nullptr ? message : "CUresult " + std::to_string(static_cast<int>(result));
 }
 
-// Each argument's (offset, size) in the kernel's parameter buffer; nullopt where the driver cannot say.
-std::optional<std::vector<std::pair<size_t, size_t>>> layout(const CUDA_KERNEL_NODE_PARAMS& p) {
+// Each argument's size; nullopt where the driver cannot say.
+std::optional<std::vector<size_t>> argument_sizes(const CUDA_KERNEL_NODE_PARAMS& p) {
   const Driver& d = driver();
   auto info = [&](size_t i, size_t* offset, size_t* size) {
     return p.func != nullptr ? d.funcParamInfo(p.func, i, offset, size) : d.kernelParamInfo(p.kern, i, offset, size);
@@ -57,7 +57,7 @@ std::optional<std::vector<std::pair<size_t, size_t>>> layout(const CUDA_KERNEL_N
   if (p.func != nullptr && d.funcParamCount != nullptr && d.funcParamCount(p.func, &count) != CUDA_SUCCESS) {
     return std::nullopt;
   }
-  std::vector<std::pair<size_t, size_t>> out;
+  std::vector<size_t> out;
   for (size_t i = 0; i < count; ++i) {
     size_t offset = 0, size = 0;
     const CUresult r = info(i, &offset, &size);
@@ -65,7 +65,7 @@ std::optional<std::vector<std::pair<size_t, size_t>>> layout(const CUDA_KERNEL_N
       if (count != SIZE_MAX || r != CUDA_ERROR_INVALID_VALUE) return std::nullopt;
       break;
     }
-    out.emplace_back(offset, size);
+    out.push_back(size);
   }
   return out;
 }
@@ -100,7 +100,7 @@ std::optional<std::string> Repointer::scan(cudaGraph_t graph, const std::vector<
   if (!d.missing.empty()) return "the CUDA driver has no " + d.missing;
   out.patches_.clear();
   out.current_.clear();
-  for (const InputRange& r : ranges) out.current_.push_back(r.data);
+  for (const InputRange& r : ranges) out.current_.push_back(r.start);
   for (cudaGraphNode_t node : nodes_of(graph)) {
     cudaGraphNodeType type{};
     if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return std::string("a node's type cannot be read");
@@ -133,12 +133,11 @@ std::optional<std::string> Repointer::scan(cudaGraph_t graph, const std::vector<
     if (r != CUDA_SUCCESS) return "a kernel node cannot be read: " + error_text(r);
     CUDA_KERNEL_NODE_PARAMS& p = patch.params;
     if (p.kernelParams != nullptr) {
-      const auto args = layout(p);
-      if (!args) return std::string("a kernel's arguments cannot be listed by this driver");
-      for (const auto& [offset, size] : *args) {
-        (void)offset;
-        patch.values.emplace_back(size);
-        if (size > 0) std::memcpy(patch.values.back().data(), p.kernelParams[patch.values.size() - 1], size);
+      const auto sizes = argument_sizes(p);
+      if (!sizes) return std::string("a kernel's arguments cannot be listed by this driver");
+      for (size_t a = 0; a < sizes->size(); ++a) {
+        patch.values.emplace_back((*sizes)[a]);
+        if ((*sizes)[a] > 0) std::memcpy(patch.values.back().data(), p.kernelParams[a], (*sizes)[a]);
       }
     } else if (p.extra != nullptr) {  // one buffer: {BUFFER_POINTER, buf, BUFFER_SIZE, &size, END}
       const void* buffer = nullptr;
@@ -163,7 +162,7 @@ std::optional<std::string> Repointer::scan(cudaGraph_t graph, const std::vector<
         }
         if (owner) {
           patch.words.push_back(
-              {a, at, *owner, static_cast<intptr_t>(word) - static_cast<intptr_t>(ranges[*owner].data)});
+              {a, at, *owner, static_cast<intptr_t>(word) - static_cast<intptr_t>(ranges[*owner].start)});
         }
       }
     }
@@ -183,10 +182,9 @@ std::optional<std::string> Repointer::scan(cudaGraph_t graph, const std::vector<
   return std::nullopt;
 }
 
-size_t Repointer::apply(const std::vector<uintptr_t>& data) {
+void Repointer::apply(const std::vector<uintptr_t>& data) {
   TORCH_CHECK(data.size() == current_.size(), "opgen CUDA graph: repointing ", current_.size(), " inputs, given ",
               data.size());
-  size_t changed = 0;
   for (Patch& patch : patches_) {
     bool moved = false;
     for (const Word& w : patch.words) moved |= data[w.input] != current_[w.input];
@@ -197,10 +195,8 @@ size_t Repointer::apply(const std::vector<uintptr_t>& data) {
     }
     const CUresult r = driver().setParams(patch.node, &patch.params);
     TORCH_CHECK(r == CUDA_SUCCESS, "opgen CUDA graph: repointing a kernel node failed: ", error_text(r));
-    ++changed;
   }
   current_ = data;
-  return changed;
 }
 
 }  // namespace opgen

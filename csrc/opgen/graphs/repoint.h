@@ -15,9 +15,9 @@
 
 namespace opgen {
 
-// The memory an input's elements span at capture, [start, end), and its first element's address.
+// The memory an input's elements span at capture, [start, end): start is its first element's address.
 struct InputRange {
-  uintptr_t start = 0, end = 0, data = 0;
+  uintptr_t start = 0, end = 0;
 };
 
 // The kernel nodes of one graph that take an input's addresses among their arguments, and how to
@@ -30,11 +30,13 @@ class Repointer {
   // read, a word inside two inputs.
   static std::optional<std::string> scan(cudaGraph_t graph, const std::vector<InputRange>& ranges, Repointer& out);
 
-  // Points the arguments at `data` (each input's first element now), in `graph`'s nodes. Returns how
-  // many nodes changed.
-  size_t apply(const std::vector<uintptr_t>& data);
+  // Points the arguments at `data` (each input's first element now), in `graph`'s nodes that take an input
+  // whose address changed.
+  void apply(const std::vector<uintptr_t>& data);
 
   size_t nodes() const { return patches_.size(); }
+  // Each input's first element, as the nodes hold it now.
+  const std::vector<uintptr_t>& addresses() const { return current_; }
 
  private:
   struct Word {
