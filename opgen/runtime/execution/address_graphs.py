@@ -110,18 +110,10 @@ class AddressesStatus:
 
     def repointed_line(self, runner: Any) -> str:
         status = runner.graph_status
-        replays, plain = status.calls()
-        line = f"CUDA graph: captured on the first call ({status.capture_seconds:.2f} s), replayed since "
-        line += f"({replays} replays"
-        if plain:
-            line += f"; {plain} calls ran plain: inputs unlike the capture's (sizes, strides)"
-        line += (
-            f"); its {len(self.graphs.rebound)} written inputs: used in place wherever they live, the graph "
+        return str(status.line(
+            f"its {len(self.graphs.rebound)} written inputs: used in place wherever they live, the graph "
             f"repointed at new addresses {status.repoints()} times ({status.repointed_kernels} kernels take them)"
-        )
-        if self.random:
-            line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
-        return line
+        ))  # fmt: skip
 
 
 class AddressGraphs:

@@ -32,7 +32,8 @@ torch.compile do not pass generator objects to it.)
 
 A graph compiled for dynamic shapes gets a capture for each set of sizes it is called at
 (`execution.size_graphs`, which wraps every graph: static ones here). Under torch.compile the inputs
-a graph writes get, besides the copying capture, in-place captures for addresses that come back
+a graph writes are used in place, the runner repointing the graph at each call's tensors; where it
+cannot, they are copied, with in-place captures for addresses that come back
 (`execution.address_graphs`, through `CudaGraphs.captured`). The plain function runs
 instead, with one warning and a line in `report()`, where a replay could not be faithful: no CUDA
 tensor, several devices, outputs that share memory in a way copies cannot reproduce, or a failed
@@ -84,7 +85,8 @@ class GraphStatus:
     repointed_kernels: int = 0
     repoints: Callable[[], int] = lambda: 0
 
-    def line(self) -> str:
+    def line(self, inputs: str = "") -> str:
+        """`report()`'s line; `inputs`: what the capture does with its inputs, said after the replays."""
         if self.captured:
             line = f"CUDA graph: captured on the first call ({self.capture_seconds:.2f} s), replayed since"
             if self.calls is not None:
@@ -92,6 +94,8 @@ class GraphStatus:
                 line += f" ({replays} replays" + (
                     f"; {plain} calls ran plain: inputs unlike the capture's (sizes, strides, or another tensor "
                     "for a fixed input)" if plain else "") + ")"  # fmt: skip
+            if inputs:
+                line += f"; {inputs}"
             if self.random:
                 line += f"; random ops ({', '.join(self.random)}) draw fresh numbers on every replay"
             return line
@@ -139,8 +143,9 @@ class CudaGraphs:
 
         `fixed` are inputs always passed at one address (parameters under torch.compile): they are
         not copied, and a call passing another tensor for one of them runs the plain function.
-        `rebound` are inputs the graph writes: copied in and out at new addresses, used in place where
-        their addresses come back (`execution.address_graphs`).
+        `rebound` are inputs the graph writes: used in place wherever they live (the graph repointed at
+        them), else copied in and out at new addresses and used in place where their addresses come back
+        (`execution.address_graphs`).
         """
         if graph.dynamic:
             raise TypeError("CudaGraphs.wrap takes a static graph; execution.size_graphs.wrap takes any")
@@ -154,7 +159,7 @@ class CudaGraphs:
         fixed: Sequence[int], rebound: Sequence[int],
     ) -> Compiled:  # fmt: skip
         """A static graph's runner on `pool` (a `Capture`'s); with `rebound` inputs, an `AddressGraphs` choosing
-        between captures that use them in place and one that copies them."""
+        among a capture repointed at them, captures that use them in place and one that copies them."""
 
         def capture(used_in_place: Sequence[int], repoint: Sequence[int] = ()) -> Compiled:
             status = GraphStatus(random=random_ops(graph))

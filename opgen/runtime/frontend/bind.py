@@ -50,7 +50,7 @@ def bind(
     """Bind `graph` with `constants`; `handler(set_check, *args)` is its input check's slow path.
 
     `graphs`: CUDA-graph mode (`fixed`: inputs always passed at one address, not copied; `rebound`: inputs
-    the graph writes, copied in and out at new addresses, used in place where their addresses come back).
+    the graph writes, used in place wherever they live, else copied: `execution.address_graphs`).
     """
     rt = executor.Runtime(handler, unflatten=unflatten)
     fn = executor.bind(graph, constants, rt, kernel_ops_module(), filename)

@@ -96,8 +96,9 @@ def compile_aten_graph(
     kept = [i for i in range(len(nodes)) if i not in keys]
     # Inputs at a fixed address (parameters), as positions among the function's own inputs. The ones the graph
     # writes, marked static or not (transformers' StaticCache, which each generate() call makes anew: marked
-    # where the prefill ran eagerly), are copied in and out at new addresses and used in place where their
-    # addresses come back (execution.address_graphs).
+    # where the prefill ran eagerly), are used in place wherever they live, the graph repointed at them, else
+    # copied in and out at new addresses and used in place where their addresses come back
+    # (execution.address_graphs).
     fixed = [kept.index(i) for i in _static_inputs() if i in kept and kept.index(i) not in graph.written_inputs]
     rebound = list(graph.written_inputs)
 
