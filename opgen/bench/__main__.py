@@ -1,4 +1,4 @@
-"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,generate,tp}
+"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,step,generate,tp}
 [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ COMMANDS = {
     "gpu_models": ("opgen.bench.gpu_models", "torchvision, timm and transformers models on the GPU vs Inductor (GPU)"),
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode_families", "LLM decoding, static KV cache: two Llamas at batch 1, or --families"),
+    "step": ("opgen.bench.step_profile", "one decode step of an LLM family, kernel by kernel: time, launches, what"),
     "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
     "tp": ("opgen.bench.tp", "Llama decode split over N GPUs (tensor parallelism): eager, reduce-overhead, opgen"),
 }
