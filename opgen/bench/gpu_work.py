@@ -77,18 +77,30 @@ def _build(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) 
 def kernel_table(call: Callable[[], Any], calls: int) -> dict[str, tuple[float, float]]:
     """GPU activity name -> (us, launches) per call: the profiler's kernels, memsets and copies."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    return activity_table(call, calls, ProfilerActivity.CUDA,
+                          lambda event: event.name if event.device_type == DeviceType.CUDA else None)  # fmt: skip
+
+
+def activity_table(call: Callable[[], Any], calls: int, activity: Any,
+                   key: Callable[[Any], str | None]) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """`key(event)` -> (us, events) per call, over the profiler's events of `activity` in `calls` calls
+    (events whose key is None left out); on CUDA, synchronized before the profile ends."""
+    from torch.profiler import profile
+
+    with profile(activities=[activity]) as prof:
         for _ in range(calls):
             call()
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     table: dict[str, tuple[float, float]] = {}
     for event in prof.events():
-        if event.device_type == DeviceType.CUDA:
-            us, launches = table.get(event.name, (0.0, 0.0))
-            table[event.name] = (us + event.time_range.elapsed_us() / calls, launches + 1 / calls)
+        name = key(event)
+        if name is not None:
+            us, launches = table.get(name, (0.0, 0.0))
+            table[name] = (us + event.time_range.elapsed_us() / calls, launches + 1 / calls)
     return table
 
 

@@ -132,23 +132,19 @@ def _step_us(call: Callable[[], Any], calls: int, repeats: int, cuda: bool) -> f
 
 def _kernel_table(call: Callable[[], Any], cuda: bool) -> dict[str, tuple[float, float]]:
     """Kernel -> (us, launches) a step: the GPU's activities on CUDA, opgen's kernel calls on the CPU."""
+    from torch.profiler import ProfilerActivity
+
+    from opgen.bench.gpu_work import activity_table, kernel_table
+
     if cuda:
-        from opgen.bench.gpu_work import kernel_table
-
         return kernel_table(call, PROFILED)
-    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(PROFILED):
-            call()
-    table: dict[str, tuple[float, float]] = {}
-    for event in prof.events():
+    def op(event: Any) -> str | None:
         # The executor's ranges: `opgen::<node> (<op>)` per kernel call, `opgen::<fn> (<model>, graph ..)` around them.
-        op = re.fullmatch(r"opgen::\S+ \((?P<op>[^,()]+)\)", event.name)
-        if op is not None:
-            us, launches = table.get(op["op"], (0.0, 0.0))
-            table[op["op"]] = (us + event.time_range.elapsed_us() / PROFILED, launches + 1 / PROFILED)
-    return table
+        found = re.fullmatch(r"opgen::\S+ \((?P<op>[^,()]+)\)", event.name)
+        return found["op"] if found is not None else None
+
+    return activity_table(call, PROFILED, ProfilerActivity.CPU, op)
 
 
 def _dependent_launch() -> bool:

@@ -64,11 +64,7 @@ def jit_lines(graph: Any, launchers: Mapping[str, Any]) -> tuple[str, ...]:
         lines.append(f"node '{spec.node}': {spec.kernel}, {len(spec.configs)} config(s): {picks}")
     for fused in getattr(graph, "fused", ()):
         binding = launchers.get(fused.local)
-        told = (
-            binding.describe()
-            if hasattr(binding, "describe")
-            else f"{fused.local} ({fused.name}): {fused.describe}, nodes {', '.join(fused.nodes)}: not bound"
-        )
+        told = binding.describe() if hasattr(binding, "describe") else f"{fused.heading}: not bound"
         lines.append(f"fused {told}")
     for choice_spec in graph.choices:
         choice = getattr(launchers.get(choice_spec.local), "choice", None)

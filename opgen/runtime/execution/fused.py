@@ -62,15 +62,14 @@ class FusedBinding:
         return self.choice.call  # type: ignore[no-any-return]
 
     def describe(self) -> str:
-        """`fused0 (fused_1a2b3c4d5e6f): row kernel, 64 rows of 16 (...), nodes mul, _softmax: triton (fastest on
-        the first call: ...)`: the Triton function in parentheses, as a profiler names its launches."""
+        """`<the kernel's heading>: triton (fastest on the first call: ...)` (`FusedKernel.heading`)."""
         if self.choice is None:
             told = f"ATen kernels ({self.error})" if self.error else "not bound"
         elif not self.choice.picks:
             told = "not called yet"
         else:
             told = "; ".join(f"{pick} ({why})" for pick, why in self.choice.picks.values())
-        return f"{self.spec.local} ({self.spec.name}): {self.spec.describe}, nodes {', '.join(self.spec.nodes)}: {told}"
+        return f"{self.spec.heading}: {told}"
 
 
 def bindings(specs: Sequence[FusedKernel]) -> dict[str, FusedBinding]:

@@ -92,6 +92,12 @@ class FusedKernel:
         return replace(self, name=name, source=source, configs=configs, plan=None)
 
     @property
+    def heading(self) -> str:
+        """`fused0 (fused_1a2b3c4d5e6f): row kernel, 64 rows of 16 (...), nodes mul, _softmax`: how the report
+        names it, the Triton function in parentheses (as a profiler names its launches)."""
+        return f"{self.local} ({self.name}): {self.describe}, nodes {', '.join(self.nodes)}"
+
+    @property
     def target(self) -> str:
         """What the body's call of it says it runs (the generated code's comment, the profiler's range)."""
         return f"fused Triton kernel {self.name}"
