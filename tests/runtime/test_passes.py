@@ -505,6 +505,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "spatial_mean",
         "gemv_prologue",
         "horizontal",
+        "attention_writes",
         "dependent_launch",
         "memory",
         "hoist_views",

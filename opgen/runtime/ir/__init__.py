@@ -54,6 +54,7 @@ from opgen.runtime.ir.plans import (
     RegionWrite,
     SpatialMeanPlan,
     Step,
+    StepRows,
     Tensor,
     flat_steps,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "SizeLet",
     "SpatialMeanPlan",
     "Step",
+    "StepRows",
     "Sym",
     "Tensor",
     "TensorConstant",

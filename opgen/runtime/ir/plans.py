@@ -137,6 +137,18 @@ WHOLE_ROW_BLOCKS = (2, 4, 8, 16)  # BLOCK_N candidates of such a kernel
 
 
 @dataclass(frozen=True, slots=True)
+class StepRows:
+    """The step's key and value rows that a decode-attention kernel stores into its cache itself, at one
+    position, before it reads the cache (`passes.fusion.attention_writes`): the rows' strides over
+    (batch, key/value head, head dimension), and the position as the sum of `terms` one-element tensors
+    (a cache's counter and the step's offset)."""
+
+    key_stride: tuple[int, int, int]
+    value_stride: tuple[int, int, int]
+    terms: int
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionPlan:
     """One query row per (batch, head) over `key`/`value` [B, H / group, S, D], where they are, its kept
     positions shared among up to `splits` programs (flash-decoding). A program takes one row, or where
@@ -153,6 +165,7 @@ class AttentionPlan:
     scale: float | None  # None: 1 / sqrt(D)
     splits: int = 1  # programs per row at most (a power of two)
     grouped: bool = False  # a program takes a key/value head's whole group of query rows (tensor-core dots)
+    step_rows: StepRows | None = None  # the step's rows it writes into `key`/`value` first
 
     @property
     def heads(self) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from opgen.runtime.codegen.triton import attention_writes
 from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan, Config, TensorMeta
 
@@ -132,7 +133,7 @@ def mask_kind(plan: AttentionPlan) -> str:
 
 
 def kernel(plan: AttentionPlan) -> tuple[str, str]:
-    """(name, source): parameters q, k, v, (mask,) (part, count,) out, then BLOCK_S."""
+    """(name, source): parameters q, k, v, (mask,) (nk, nv, at0.., ) (part, count,) out, then BLOCK_S."""
     q, key, value, out = plan.query, plan.key, plan.value, plan.out
     batch, heads, _, dim = q.shape
     length = int(key.shape[2])  # type: ignore[arg-type]
@@ -151,6 +152,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    d = tl.arange(0, {dim})",
         # the query row first: its load needs nothing, and waits alongside the mask's
         f"    qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32) * {scale!r}",
+        *attention_writes.lines(plan),
         kept_range.rstrip("\n"),
     ]
     inner = [
@@ -188,7 +190,8 @@ def walk(plan: AttentionPlan, inner: list[str], combine: str, store: str) -> lis
 
 def params(plan: AttentionPlan) -> list[str]:
     split = ["part", "count"] if plan.splits > 1 else []
-    return ["q", "k", "v", *(["mask"] if plan.mask is not None else []), *split, "out"]
+    mask = ["mask"] if plan.mask is not None else []
+    return ["q", "k", "v", *mask, *attention_writes.params(plan), *split, "out"]
 
 
 def configs(plan: AttentionPlan) -> tuple[Config, ...]:

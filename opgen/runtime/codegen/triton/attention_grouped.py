@@ -18,6 +18,7 @@ here of every row of the group at once.
 
 from __future__ import annotations
 
+from opgen.runtime.codegen.triton import attention_writes
 from opgen.runtime.codegen.triton.attention import mask_kind, masking, params, scale_of, walk
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan
@@ -78,7 +79,7 @@ def block_h(plan: AttentionPlan) -> int:
 
 
 def kernel(plan: AttentionPlan) -> tuple[str, str]:
-    """(name, source): parameters q, k, v, (mask,) (part, count,) out, then BLOCK_S."""
+    """(name, source): parameters q, k, v, (mask,) (nk, nv, at0.., ) (part, count,) out, then BLOCK_S."""
     q, key, value, out = plan.query, plan.key, plan.value, plan.out
     batch, heads, _, dim = q.shape
     kv_heads, length = int(key.shape[1]), int(key.shape[2])  # type: ignore[arg-type]
@@ -100,6 +101,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         # the query rows first: their load needs nothing, and waits alongside the mask's
         f"    qs = tl.load(q + b * {q.stride[0]} + hs[:, None] * {q.stride[1]} + d[None, :] * {q.stride[3]}, "
         "mask=h_ok[:, None], other=0.0)",
+        *attention_writes.lines(plan),
         kept_range.rstrip("\n"),
     ]
     rows = block_h(plan)
