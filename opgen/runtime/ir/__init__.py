@@ -44,6 +44,7 @@ from opgen.runtime.ir.lines import (
 from opgen.runtime.ir.plans import (
     AttentionPlan,
     CacheWritePlan,
+    Computed,
     FusedGroup,
     GemvPlan,
     GemvRows,
@@ -69,6 +70,7 @@ __all__ = [
     "CacheWritePlan",
     "Collective",
     "Comment",
+    "Computed",
     "Config",
     "Constant",
     "Free",

@@ -137,6 +137,16 @@ WHOLE_ROW_BLOCKS = (2, 4, 8, 16)  # BLOCK_N candidates of such a kernel
 
 
 @dataclass(frozen=True, slots=True)
+class Computed:
+    """A value a decode-attention kernel computes where it would load it (`passes.fusion.attention_prologue`):
+    a pointwise group with one output, and per input of the group its parameter among the kernel's
+    shared ones (`pi<j>`)."""
+
+    group: FusedGroup
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StepRows:
     """The step's key and value rows that a decode-attention kernel stores into its cache itself, at one
     position, before it reads the cache (`passes.fusion.attention_writes`): the rows' strides over
@@ -146,6 +156,7 @@ class StepRows:
     key_stride: tuple[int, int, int]
     value_stride: tuple[int, int, int]
     terms: int
+    key_part: Computed | None = None  # the key rows computed in the kernel (a rotation), not loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +177,8 @@ class AttentionPlan:
     splits: int = 1  # programs per row at most (a power of two)
     grouped: bool = False  # a program takes a key/value head's whole group of query rows (tensor-core dots)
     step_rows: StepRows | None = None  # the step's rows it writes into `key`/`value` first
+    query_part: Computed | None = None  # the query computed in the kernel (a rotation), not loaded
+    shared_inputs: int = 0  # the computed values' inputs: the kernel's first parameters (`pi<j>`)
 
     @property
     def heads(self) -> int:

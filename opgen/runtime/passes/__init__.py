@@ -41,7 +41,8 @@ kernels once the graph is simplified, before memo and memory planning see the ca
 makes a row kernel of one row (a norm) the first step of the matrix-vector kernel that alone reads its
 output; `horizontal` (CUDA) runs neighbouring pointwise kernels that read nothing of each other in
 one launch; `attention_writes` (CUDA) has the decode-attention kernel store the step's key and value rows
-that the cache-write kernel just before it stored; `dependent_launch`
+that the cache-write kernel just before it stored, and `attention_prologue` has it compute its query and
+those key rows (a rotation) where the pointwise kernel before it did; `dependent_launch`
 then lets each generated kernel start while the one before it finishes (Hopper and newer). The passes
 that make Triton kernels only decide: each kernel is a `FusedKernel` holding its plan
 (`opgen.runtime.ir.plans`), whose source `opgen.runtime.codegen.triton` prints after the last pass;
@@ -67,6 +68,7 @@ from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.dependent_launch import launch_dependently
 from opgen.runtime.passes.empty_cat import drop_empty_cat_operands
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
+from opgen.runtime.passes.fusion.attention_prologue import fuse_attention_prologue
 from opgen.runtime.passes.fusion.attention_writes import fuse_attention_writes
 from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
@@ -127,6 +129,7 @@ PASSES: dict[str, Pass] = {
     "gemv_prologue": fuse_gemv_prologue,
     "horizontal": fuse_horizontal,
     "attention_writes": fuse_attention_writes,
+    "attention_prologue": fuse_attention_prologue,
     "dependent_launch": launch_dependently,
     "memory": plan_memory,
     "hoist_views": hoist_views,
@@ -168,6 +171,7 @@ DEFAULT_PIPELINE = (
     "gemv_prologue",
     "horizontal",
     "attention_writes",
+    "attention_prologue",
     "dependent_launch",
     "memo",
     "memory",
@@ -182,7 +186,8 @@ DEFAULT_PIPELINE = (
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
     ("decode_attention", "sink_updates", "cache_writes", "gemv", "split_bias", "casts", "lift_views", "fusion",
-     "spatial_mean", "gemv_prologue", "horizontal", "attention_writes", "dependent_launch")
+     "spatial_mean", "gemv_prologue", "horizontal", "attention_writes",
+     "attention_prologue", "dependent_launch")
 )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton import attention_writes
+from opgen.runtime.codegen.triton import attention_prologue, attention_writes
 from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan, Config, TensorMeta
 
@@ -141,6 +141,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     split = plan.splits > 1
     kept_range, mask_lines, apply = masking(plan)
     out_row = f"b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}"
+    query_load = f"tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]})"
     body = [
         f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
         f"{plan.group} per key/value head, {mask_kind(plan)}; up to {plan.splits} program(s) a row",
@@ -151,7 +152,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    g = h // {plan.group}",
         f"    d = tl.arange(0, {dim})",
         # the query row first: its load needs nothing, and waits alongside the mask's
-        f"    qv = tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}).to(tl.float32) * {scale!r}",
+        f"    qv = ({attention_prologue.query(plan, 'h', None) or query_load}).to(tl.float32) * {scale!r}",
         *attention_writes.lines(plan),
         kept_range.rstrip("\n"),
     ]
@@ -167,7 +168,8 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     ]  # fmt: skip
     combine = _COMBINE.format(out_row=out_row, splits=plan.splits, width=int(dim) + 2, dim=dim)  # type: ignore[call-overload]
     body += walk(plan, inner, combine, f"tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))")
-    return jit_module("attention", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body))
+    helpers = attention_prologue.helpers(plan)
+    return jit_module("attention", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body), helpers)
 
 
 def walk(plan: AttentionPlan, inner: list[str], combine: str, store: str) -> list[str]:
@@ -191,7 +193,9 @@ def walk(plan: AttentionPlan, inner: list[str], combine: str, store: str) -> lis
 def params(plan: AttentionPlan) -> list[str]:
     split = ["part", "count"] if plan.splits > 1 else []
     mask = ["mask"] if plan.mask is not None else []
-    return ["q", "k", "v", *mask, *attention_writes.params(plan), *split, "out"]
+    query = [] if plan.query_part else ["q"]
+    shared = attention_prologue.shared_params(plan)
+    return [*shared, *query, "k", "v", *mask, *attention_writes.params(plan), *split, "out"]
 
 
 def configs(plan: AttentionPlan) -> tuple[Config, ...]:

@@ -18,7 +18,7 @@ here of every row of the group at once.
 
 from __future__ import annotations
 
-from opgen.runtime.codegen.triton import attention_writes
+from opgen.runtime.codegen.triton import attention_prologue, attention_writes
 from opgen.runtime.codegen.triton.attention import mask_kind, masking, params, scale_of, walk
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan
@@ -87,6 +87,8 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     kept_range, mask_lines, apply = masking(plan, "[None, :]")
     out_rows = f"b * {out.stride[0]} + hs[:, None] * {out.stride[1]} + d[None, :] * {out.stride[3]}"
     store = f"tl.store(out + {out_rows}, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=h_ok[:, None])"
+    query_load = (f"tl.load(q + b * {q.stride[0]} + hs[:, None] * {q.stride[1]} + d[None, :] * {q.stride[3]}, "
+                  "mask=h_ok[:, None], other=0.0)")  # fmt: skip
     body = [
         f"    # a group of query rows over {length} keys: {batch} x {kv_heads} key/value heads, {plan.group} per "
         f"key/value head, heads of {dim}, {mask_kind(plan)}; up to {plan.splits} program(s) a group",
@@ -99,8 +101,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    h_ok = hs < h + {plan.group}",
         f"    d = tl.arange(0, {dim})",
         # the query rows first: their load needs nothing, and waits alongside the mask's
-        f"    qs = tl.load(q + b * {q.stride[0]} + hs[:, None] * {q.stride[1]} + d[None, :] * {q.stride[3]}, "
-        "mask=h_ok[:, None], other=0.0)",
+        f"    qs = {attention_prologue.query(plan, 'hs[:, None]', 'h_ok[:, None]') or query_load}",
         *attention_writes.lines(plan),
         kept_range.rstrip("\n"),
     ]
@@ -120,4 +121,5 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     combine = _COMBINE.format(store=store, out_rows=out_rows, heads=heads, splits=plan.splits,  # type: ignore[call-overload]
                               width=int(dim) + 2, dim=dim)  # fmt: skip
     body += walk(plan, inner, combine, store)
-    return jit_module("attention_grouped", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body))
+    return jit_module("attention_grouped", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body),
+                      attention_prologue.helpers(plan))  # fmt: skip

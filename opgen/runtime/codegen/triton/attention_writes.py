@@ -9,13 +9,17 @@ an index; one out of the cache's range stores nothing (eager stops with a device
 
 from __future__ import annotations
 
+from opgen.runtime.codegen.triton import attention_prologue
 from opgen.runtime.ir import AttentionPlan, TensorMeta
 
 
 def params(plan: AttentionPlan) -> list[str]:
-    """The kernel's parameters for the rows, after the mask's: the key rows, the value rows, the terms."""
+    """The kernel's parameters for the rows, after the mask's: the key rows (unless the kernel computes
+    them: `attention_prologue`), the value rows, the terms."""
     rows = plan.step_rows
-    return [] if rows is None else ["nk", "nv", *(f"at{i}" for i in range(rows.terms))]
+    if rows is None:
+        return []
+    return [*([] if rows.key_part else ["nk"]), "nv", *(f"at{i}" for i in range(rows.terms))]
 
 
 def lines(plan: AttentionPlan) -> list[str]:
@@ -31,7 +35,7 @@ def lines(plan: AttentionPlan) -> list[str]:
         f"    at = {position}",
         f"    at = tl.where(at < 0, at + {length}, at)",
         f"    if (at >= 0) & (at < {length}):",
-        f"        kr = tl.load(nk + b * {kb} + g * {kg} + d * {kd})",
+        f"        kr = {attention_prologue.key(plan) or f'tl.load(nk + b * {kb} + g * {kg} + d * {kd})'}",
         f"        vr = tl.load(nv + b * {vb} + g * {vg} + d * {vd})",
         f"        tl.store(k + {_slot(plan.key)}, kr)",
         f"        tl.store(v + {_slot(plan.value)}, vr)",

@@ -59,3 +59,21 @@ def pointwise_part(group: FusedGroup, name: str) -> str:
         *(f"    {line}" for line in (*start, *body.lines)),
     ]
     return "\n".join(lines) + "\n"
+
+
+def pointwise_value(group: FusedGroup, name: str) -> str:
+    """Source of `@triton.jit def <name>(in0.., offs, mask)`: the pointwise group's one output at the
+    flat indices `offs` of its iteration space (row-major over its shape; any shape of tensor), as it
+    would be stored (in the output's dtype), for a kernel that computes a value where it would load it
+    (`codegen.triton.attention_prologue`). Parameters: `in0..` for the group's inputs."""
+    assert group.kind == "pointwise" and len(group.outputs) == 1, group.describe()
+    body = group_body(group, stored=())
+    params = [p for p in group_params(group) if p.startswith("in")]
+    lines = [
+        "@triton.jit",
+        f"def {name}({', '.join(params)}, offs, mask):",
+        f'    """{group.describe()}: its output at `offs`."""',
+        *(f"    {line}" for line in body.lines),
+        f"    return {body.stored(group.outputs[0])}",
+    ]
+    return "\n".join(lines) + "\n"
