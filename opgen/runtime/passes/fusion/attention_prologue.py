@@ -17,7 +17,7 @@ choice against the ATen calls of both, the pointwise ones first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from opgen.runtime.ir import (
@@ -30,29 +30,24 @@ from opgen.runtime.ir import (
     Program,
 )
 from opgen.runtime.passes.analysis import defined_at, readers, writes_memory
-from opgen.runtime.passes.fusion.calls import absorbing, called
+from opgen.runtime.passes.fusion.calls import Merge, called, merging
 from opgen.runtime.registry import KernelRegistry
 
 
 def fuse_attention_prologue(program: Program, registry: KernelRegistry) -> Program:
-    specs = {spec.local: spec for spec in program.fused}
     body = program.body
     producers, read_by = defined_at(body), readers(body)
-    found: list[tuple[FusedKernel, list[int], int]] = []
-    gone: set[str] = set()
-    for at, line in enumerate(body):
-        attention = called(line, specs)
-        if attention is None or not isinstance(attention.plan, AttentionPlan) or attention.plan.query_part:
-            continue
-        match = _producer(at, attention, body, specs, producers, read_by)
-        if match is None or match[1].local in gone:
-            continue
+
+    def find(at: int, attention: FusedKernel, specs: Mapping[str, FusedKernel]) -> Merge | None:
+        if not isinstance(attention.plan, AttentionPlan) or attention.plan.query_part is not None:
+            return None
+        if (match := _producer(at, attention, body, specs, producers, read_by)) is None:
+            return None
         source_at, source = match
         kernel = merged(source, attention)
-        if kernel is not None:
-            gone |= {source.local, attention.local}
-            found.append((kernel, [source_at, at], at))
-    return absorbing(program, found, gone)
+        return None if kernel is None else (kernel, (source_at, at), at, (source.local, attention.local))
+
+    return merging(program, find)
 
 
 def _computed(attention: FusedKernel) -> dict[str, tuple[int, ...]]:
@@ -73,7 +68,7 @@ def _groups(spec: FusedKernel) -> tuple[FusedGroup, ...]:
     return (plan,) if isinstance(plan, FusedGroup) else ()
 
 
-def _producer(at: int, attention: FusedKernel, body: Sequence[Line], specs: dict[str, FusedKernel],
+def _producer(at: int, attention: FusedKernel, body: Sequence[Line], specs: Mapping[str, FusedKernel],
               producers: dict[str, int], read_by: dict[str, set[int]]) -> tuple[int, FusedKernel] | None:  # fmt: skip
     """(body index, kernel) of the pointwise kernel whose outputs are all values the attention could
     compute and reads alone, as the module says; else None."""

@@ -18,7 +18,7 @@ choice against the ATen calls of both, the writes first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from opgen.runtime.ir import (
@@ -32,30 +32,21 @@ from opgen.runtime.ir import (
     uses,
 )
 from opgen.runtime.passes.analysis import Groups, alias_groups, writes_memory
-from opgen.runtime.passes.fusion.calls import absorbing, called
+from opgen.runtime.passes.fusion.calls import Merge, called, merging
 from opgen.runtime.registry import KernelRegistry
 
 
 def fuse_attention_writes(program: Program, registry: KernelRegistry) -> Program:
-    specs = {spec.local: spec for spec in program.fused}
-    body = program.body
-    storage = alias_groups(program_lines(program), registry)
-    found: list[tuple[FusedKernel, list[int], int]] = []
-    gone: set[str] = set()
-    for at, line in enumerate(body):
-        writer = called(line, specs)
-        if writer is None or writer.local in gone or _rows(writer) is None:
-            continue
-        match = _attention_after(at, writer, body, specs, storage)
-        if match is None or match[1].local in gone:
-            continue
+    body, storage = program.body, alias_groups(program_lines(program), registry)
+
+    def find(at: int, writer: FusedKernel, specs: Mapping[str, FusedKernel]) -> Merge | None:
+        if _rows(writer) is None or (match := _attention_after(at, writer, body, specs, storage)) is None:
+            return None
         reader_at, attention = match
         kernel = merged(writer, attention)
-        if kernel is None:
-            continue
-        gone |= {writer.local, attention.local}
-        found.append((kernel, [at, reader_at], reader_at))
-    return absorbing(program, found, gone)
+        return None if kernel is None else (kernel, (at, reader_at), reader_at, (writer.local, attention.local))
+
+    return merging(program, find)
 
 
 def _rows(writer: FusedKernel) -> CacheWritePlan | None:
@@ -70,7 +61,7 @@ def _rows(writer: FusedKernel) -> CacheWritePlan | None:
     return plan
 
 
-def _attention_after(at: int, writer: FusedKernel, body: Sequence[Line], specs: dict[str, FusedKernel],
+def _attention_after(at: int, writer: FusedKernel, body: Sequence[Line], specs: Mapping[str, FusedKernel],
                      storage: Groups) -> tuple[int, FusedKernel] | None:  # fmt: skip
     """(body index, kernel) of the decode attention after `at` that reads the buffers the writer writes,
     where the lines between touch neither buffer and write no memory; else None."""

@@ -1,10 +1,12 @@
 """Putting generated kernels into a program, for the fusion and gemv passes alike: each kernel's
 member lines leave the body and one call of the kernel takes the place of one of them. A pass that
-merges generated kernels (`gemv_prologue`, `horizontal`) drops the ones it absorbed (`absorbing`)."""
+merges generated kernels (`gemv_prologue`, `horizontal`, `attention_writes`, `attention_prologue`) drops
+the ones it absorbed (`absorbing`); one that merges a kernel with another found from it, pair by pair,
+walks the body with `merging`."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref
@@ -51,3 +53,27 @@ def called(line: Line, specs: Mapping[str, FusedKernel]) -> FusedKernel | None:
     if isinstance(line, KernelCall) and line.jit:
         return specs.get(line.kernel)
     return None
+
+
+# What a merging pass finds from one generated kernel's call (`merging`): the merged kernel, the body
+# indices of its member lines, the index its call goes to, and the `local`s of the kernels it absorbs.
+Merge = tuple[FusedKernel, Collection[int], int, Collection[str]]
+
+
+def merging(program: Program, find: Callable[[int, FusedKernel, Mapping[str, FusedKernel]], Merge | None]) -> Program:
+    """`program` with each merge `find(body index, kernel called there, the program's kernels)` returns
+    applied, in body order; a kernel takes part in one merge at most."""
+    specs = {spec.local: spec for spec in program.fused}
+    found: list[tuple[FusedKernel, Collection[int], int]] = []
+    gone: set[str] = set()
+    for at, line in enumerate(program.body):
+        spec = called(line, specs)
+        if spec is None or spec.local in gone:
+            continue
+        merge = find(at, spec, specs)
+        if merge is None or gone & set(merge[3]):
+            continue
+        kernel, members, place_at, absorbed = merge
+        gone |= set(absorbed)
+        found.append((kernel, members, place_at))
+    return absorbing(program, found, gone)

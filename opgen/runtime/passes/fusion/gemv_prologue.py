@@ -27,11 +27,12 @@ bytes again as their weights, and their products took 3-5x the time of their wei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from opgen.runtime.ir import ITEMSIZE, FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref, uses
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, readers, writes_memory
-from opgen.runtime.passes.fusion.calls import absorbing, called
+from opgen.runtime.passes.fusion.calls import Merge, called, merging
 from opgen.runtime.registry import KernelRegistry
 
 MAX_K = 4096  # the row and a tile of weights over it live in registers
@@ -39,29 +40,24 @@ MAX_REREAD = 0.5  # the group's inputs read by every program, over the weights' 
 
 
 def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
-    specs = {spec.local: spec for spec in program.fused}
     body = program.body
     producers, read_by = defined_at(body), readers(body)
-    found: list[tuple[FusedKernel, list[int], int]] = []
-    gone: set[str] = set()
-    for at, line in enumerate(body):
-        gemv = _gemv(line, specs)
-        if gemv is None:
-            continue
-        match = _row_group(line, at, body, specs, producers, read_by)
-        if match is None:
-            continue
+
+    def find(at: int, spec: FusedKernel, specs: Mapping[str, FusedKernel]) -> Merge | None:
+        line, gemv = body[at], _gemv(body[at], specs)
+        if gemv is None or (match := _row_group(line, at, body, specs, producers, read_by)) is None:  # type: ignore[arg-type]
+            return None
         group_at, views, returned, stored = match
         group = specs[body[group_at].kernel]  # type: ignore[union-attr]
-        if group.local in gone or rereads(group.plan, gemv) > MAX_REREAD:  # type: ignore[arg-type]
-            continue
-        gone |= {group.local, gemv.local}
+        if rereads(group.plan, gemv) > MAX_REREAD:  # type: ignore[arg-type]
+            return None
         kernel = merged(group, gemv, returned, [body[i] for i in views], stored)
-        found.append((kernel, [group_at, *views, at], at))
-    return absorbing(program, found, gone)
+        return kernel, (group_at, *views, at), at, (group.local, gemv.local)
+
+    return merging(program, find)
 
 
-def _gemv(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
+def _gemv(line: Line, specs: Mapping[str, FusedKernel]) -> FusedKernel | None:
     """The one-row matrix-vector kernel `line` calls, without a prologue, its row contiguous, or None."""
     spec = called(line, specs)
     plan = spec.plan if spec is not None else None
@@ -74,7 +70,7 @@ Match = tuple[int, list[int], int, bool]  # the row kernel's call, the views aft
 # read, whether that output is also stored (lines after the products read it)
 
 
-def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: dict[str, FusedKernel],
+def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
                producers: dict[str, int], read_by: dict[str, set[int]]) -> Match | None:  # fmt: skip
     """(body index of the row kernel's call, of the views between, index of the output the products
     read, whether it is stored too) where the products' input comes from a one-row group as the module
