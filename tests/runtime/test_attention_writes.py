@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import compile_with_pass, ran_in_fresh_interpreter
+from fusion_interp import _relabel, compile_with_pass, ran_in_fresh_interpreter
 from test_decode_attention import CacheAttention, cuda, inputs, interpreter, one_row_kernels, run_steps
 from torch import nn
 from torch.nn import functional as F
 
 import opgen
+from opgen.runtime import pipeline
 from opgen.runtime.ir import FusedKernel, Program
+from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.attention_writes import fuse_attention_writes
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
@@ -57,7 +59,7 @@ class CountedCache(CacheAttention):
         self.register_buffer("count", torch.zeros(1, dtype=torch.long))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        at = torch.arange(1) + self.count
+        at = torch.arange(1, device=self.count.device) + self.count
         self.k_cache.index_copy_(2, at, k)  # as transformers' StaticCache writes
         self.v_cache.index_copy_(2, at, v)
         self.count.add_(1)
@@ -105,6 +107,26 @@ def test_a_read_of_the_cache_between_keeps_them_apart(monkeypatch: pytest.Monkey
     compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model))
     assert sorted(s.describe.split(",")[0] for s in specs) == ["cache write kernel", "decode attention"]
     run_steps(compiled, eager, model, range(3, 6))
+
+
+def test_a_kernel_of_fresh_outputs_between_does_not_keep_them_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole pipeline as on CUDA: the additive mask's pointwise kernel lands between the writes and the
+    attention; it writes nothing but its output, so the writes still join the attention."""
+
+    def as_if_cuda(program: Program, registry: KernelRegistry, names: tuple[str, ...] = DEFAULT_PIPELINE) -> Program:
+        return _relabel(run_passes(_relabel(program, "cuda:0"), registry, names), "cpu")
+
+    monkeypatch.setattr(pipeline, "run_passes", as_if_cuda)
+    model, eager = (CacheAttention(heads=8, kv_heads=2, length=40, dim=16, mask="additive") for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        compiled = opgen.compile(model, inputs(model, 0), passes=DEFAULT_PIPELINE, cache=False)
+    eager.load_state_dict(model.state_dict())  # as compiling left the caches and the counter
+    jit = compiled.report().jit  # type: ignore[attr-defined]
+    assert any(line.startswith("fused fused") and "pointwise" in line for line in jit), jit  # the mask's kernel
+    assert [line for line in jit if "decode attention" in line and "storing the step's keys" in line], jit
+    assert not [line for line in jit if "cache write kernel" in line], jit
+    run_steps(compiled, eager, model, range(1, 6))
 
 
 @interpreter

@@ -9,10 +9,10 @@ launch, and its outputs' trip through memory, are gone.
 
 It applies to a generated kernel of pointwise groups (one group, or a `horizontal` launch of several)
 every output of which is the attention's query or its stored key rows, read by nothing else, each
-group's iteration space that value's shape; where the lines between the two write no memory (the groups'
-inputs hold the same values at the attention's place, where the merged kernel runs). An output stored
-through a chain of data movements (`placement`) stays apart. The merged kernel is one multi-kernel
-choice against the ATen calls of both, the pointwise ones first.
+group's iteration space that value's shape; where the lines between the two write no memory but their
+fresh outputs (the groups' inputs hold the same values at the attention's place, where the merged kernel
+runs). An output stored through a chain of data movements (`placement`) stays apart. The merged kernel is
+one multi-kernel choice against the ATen calls of both, the pointwise ones first.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from opgen.runtime.ir import (
     Line,
     Program,
 )
-from opgen.runtime.passes.analysis import defined_at, readers, writes_memory
-from opgen.runtime.passes.fusion.calls import Merge, called, merging
+from opgen.runtime.passes.analysis import defined_at, readers
+from opgen.runtime.passes.fusion.calls import Merge, called, merging, writes_in_place
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -86,7 +86,7 @@ def _producer(at: int, attention: FusedKernel, body: Sequence[Line], specs: Mapp
             return None
         if read_by.get(out.name) != {at}:
             return None
-    if any(writes_memory(line) for line in body[source_at + 1 : at]):  # type: ignore[operator]
+    if any(writes_in_place(line, specs) for line in body[source_at + 1 : at]):  # type: ignore[operator]
         return None
     return source_at, source  # type: ignore[return-value]
 

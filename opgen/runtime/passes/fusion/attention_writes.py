@@ -10,8 +10,8 @@ each of its programs stores its key/value head's rows at the step's position, th
 It applies to a cache-write kernel of two writes through one position (no update of a buffer by a
 number), the position a sum of one-element terms (a cache's counter and the step's offset), into
 exactly the key and value buffers of a decode-attention kernel after it: [B, H, S, D] buffers written
-along S with rows of [B, H, 1, D]. The lines between must write no memory and touch neither buffer
-(nor anything sharing their storage). The merged kernel takes the attention's place, so the rows'
+along S with rows of [B, H, 1, D]. The lines between must write no memory but their fresh outputs, and
+touch neither buffer (nor anything sharing their storage). The merged kernel takes the attention's place, so the rows'
 values and the position's terms, computed before the writes, are ready there. It is one multi-kernel
 choice against the ATen calls of both, the writes first.
 """
@@ -31,8 +31,8 @@ from opgen.runtime.ir import (
     program_lines,
     uses,
 )
-from opgen.runtime.passes.analysis import Groups, alias_groups, writes_memory
-from opgen.runtime.passes.fusion.calls import Merge, called, merging
+from opgen.runtime.passes.analysis import Groups, alias_groups
+from opgen.runtime.passes.fusion.calls import Merge, called, merging, writes_in_place
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -73,7 +73,7 @@ def _attention_after(at: int, writer: FusedKernel, body: Sequence[Line], specs: 
         if reader is not None and isinstance(reader.plan, AttentionPlan) and reader.plan.step_rows is None:
             if set(reader.inputs[1:3]) == written:
                 return index, reader
-        if writes_memory(line) or {storage.find(name) for name in uses(line)} & cache:
+        if writes_in_place(line, specs) or {storage.find(name) for name in uses(line)} & cache:
             return None
     return None
 

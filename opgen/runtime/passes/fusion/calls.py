@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref
+from opgen.runtime.passes.analysis import writes_memory
 
 
 def fused_call(spec: FusedKernel) -> KernelCall:
@@ -53,6 +54,13 @@ def called(line: Line, specs: Mapping[str, FusedKernel]) -> FusedKernel | None:
     if isinstance(line, KernelCall) and line.jit:
         return specs.get(line.kernel)
     return None
+
+
+def writes_in_place(line: Line, specs: Mapping[str, FusedKernel]) -> bool:
+    """`writes_memory`, knowing what a generated kernel writes: a call of one that writes no input in place
+    (a pointwise kernel, an attention) writes its fresh outputs alone."""
+    kernel = called(line, specs)
+    return bool(kernel.writes) if kernel is not None else writes_memory(line)
 
 
 # What a merging pass finds from one generated kernel's call (`merging`): the merged kernel, the body
