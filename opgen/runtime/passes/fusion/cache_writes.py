@@ -279,7 +279,7 @@ def fused_kernel(run: Writes, local: str, body: Sequence[Line]) -> FusedKernel:
              for w in writes]  # an update reads the buffer it writes: one parameter  # fmt: skip
     inputs = (*(t[0] for t in terms), *(name for pair in pairs for name, _ in pair))
     dtypes = (*(t[1].dtype for t in terms), *(meta.dtype for pair in pairs for _, meta in pair))
-    shapes = ", ".join("x".join(map(str, w.region)) for w in writes)
+    shapes = ", ".join("x".join(map(str, w.region)) or "scalar" for w in writes)
     lines = [body[i] for i in run.members]
     return FusedKernel.make(
         local,
