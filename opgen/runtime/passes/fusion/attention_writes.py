@@ -11,9 +11,9 @@ It applies to a cache-write kernel of two writes through one position (no update
 number), the position a sum of one-element terms (a cache's counter and the step's offset), into
 exactly the key and value buffers of a decode-attention kernel after it: [B, H, S, D] buffers written
 along S with rows of [B, H, 1, D]. The lines between must write no memory but their fresh outputs, and
-touch neither buffer (nor anything sharing their storage). The merged kernel takes the attention's place, so the rows'
-values and the position's terms, computed before the writes, are ready there. It is one multi-kernel
-choice against the ATen calls of both, the writes first.
+touch neither buffer (nor anything sharing their storage). The merged kernel takes the attention's
+place, so the rows' values and the position's terms, computed before the writes, are ready there. It is
+one multi-kernel choice against the ATen calls of both, the writes first.
 """
 
 from __future__ import annotations
