@@ -194,6 +194,12 @@ class AttentionPlan:
         return self.rows // self.group if self.grouped else self.rows
 
     @property
+    def own_inputs(self) -> int:
+        """The kernel's inputs that are the attention's: query, key, value and the mask where there is one
+        (`attention_writes` puts the step's rows after them, the split's buffers come last)."""
+        return 4 if self.mask is not None else 3
+
+    @property
     def partial_elements(self) -> int:
         """Per row and program: the output row's partial sums, the running maximum and the sum of weights."""
         return self.rows * self.splits * (int(self.query.shape[3]) + 2)  # type: ignore[arg-type]

@@ -55,7 +55,7 @@ def _computed(attention: FusedKernel) -> dict[str, tuple[int, ...]]:
     plan: AttentionPlan = attention.plan  # type: ignore[assignment]
     values = {attention.inputs[0]: tuple(plan.query.shape)}
     if plan.step_rows is not None:
-        keys = attention.inputs[4 if plan.mask is not None else 3]
+        keys = attention.inputs[plan.own_inputs]  # the key rows, just after (`attention_writes`)
         batch, heads, _, dim = plan.key.shape
         values[keys] = (batch, heads, 1, dim)
     return values  # type: ignore[return-value]

@@ -98,7 +98,7 @@ def merged(writer: FusedKernel, attention: FusedKernel) -> FusedKernel | None:
             return None
         sb, sh, _, sd = write.values_stride
         strides.append((sb, sh, sd))
-    own = 4 if plan.mask is not None else 3  # query, key, value, mask; then the split's buffers
+    own = plan.own_inputs
     inputs = [*attention.inputs[:own], key_rows, value_rows, *writer.inputs[:terms], *attention.inputs[own:]]
     return FusedKernel.make(
         attention.local,
