@@ -22,6 +22,7 @@ import torch
 import opgen
 from opgen.runtime.codegen.triton.kernels import print_kernels
 from opgen.runtime.ir import FusedKernel, Program, Sym, TensorMeta, Value
+from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.pipeline import default_pipeline
 from opgen.runtime.registry import KernelRegistry
@@ -97,6 +98,13 @@ def ran_in_fresh_interpreter(request: pytest.FixtureRequest) -> bool:
     )
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
     return True
+
+
+def run_passes_as_if_cuda(program: Program, registry: KernelRegistry,
+                          names: Sequence[str] = DEFAULT_PIPELINE) -> Program:  # fmt: skip
+    """`run_passes` as on CUDA (the GPU passes too), the result back on the CPU: monkeypatched over
+    `opgen.runtime.pipeline.run_passes`, `opgen.compile(..., passes=DEFAULT_PIPELINE)` plans a GPU step."""
+    return _relabel(run_passes(_relabel(program, "cuda:0"), registry, names), "cpu")
 
 
 def fuse_as_if_cuda(program: Program, registry: KernelRegistry) -> Program:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import _relabel, compile_with_pass, ran_in_fresh_interpreter
+from fusion_interp import compile_with_pass, ran_in_fresh_interpreter, run_passes_as_if_cuda
 from test_decode_attention import CacheAttention, cuda, inputs, interpreter, one_row_kernels, run_steps
 from torch import nn
 from torch.nn import functional as F
@@ -18,7 +18,7 @@ from torch.nn import functional as F
 import opgen
 from opgen.runtime import pipeline
 from opgen.runtime.ir import FusedKernel, Program
-from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
+from opgen.runtime.passes import DEFAULT_PIPELINE
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.attention_writes import fuse_attention_writes
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
@@ -113,10 +113,7 @@ def test_a_kernel_of_fresh_outputs_between_does_not_keep_them_apart(monkeypatch:
     """The whole pipeline as on CUDA: the additive mask's pointwise kernel lands between the writes and the
     attention; it writes nothing but its output, so the writes still join the attention."""
 
-    def as_if_cuda(program: Program, registry: KernelRegistry, names: tuple[str, ...] = DEFAULT_PIPELINE) -> Program:
-        return _relabel(run_passes(_relabel(program, "cuda:0"), registry, names), "cpu")
-
-    monkeypatch.setattr(pipeline, "run_passes", as_if_cuda)
+    monkeypatch.setattr(pipeline, "run_passes", run_passes_as_if_cuda)
     model, eager = (CacheAttention(heads=8, kv_heads=2, length=40, dim=16, mask="additive") for _ in range(2))
     eager.load_state_dict(model.state_dict())
     with torch.no_grad():

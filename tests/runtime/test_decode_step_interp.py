@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import InterpretedBinding, _relabel, ran_in_fresh_interpreter
+from fusion_interp import InterpretedBinding, ran_in_fresh_interpreter, run_passes_as_if_cuda
 from test_decode_attention import interpreter
 
 import opgen
 from opgen.runtime import pipeline
-from opgen.runtime.ir import Program
-from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
-from opgen.runtime.registry import KernelRegistry
+from opgen.runtime.passes import DEFAULT_PIPELINE
 
 pytest.importorskip("transformers")
 
@@ -30,13 +28,10 @@ def test_every_kernel_of_a_step_matches_in_the_interpreter(monkeypatch: pytest.M
     from opgen.bench.llm_families import causal_lm, step
     from opgen.runtime.execution import fused as fused_module
 
-    def as_if_cuda(program: Program, registry: KernelRegistry, names: tuple[str, ...] = DEFAULT_PIPELINE) -> Program:
-        return _relabel(run_passes(_relabel(program, "cuda:0"), registry, names), "cpu")
-
     checks: list[str] = []
     tolerance = {"atol": 1e-4, "rtol": 1e-4}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(pipeline, "run_passes", as_if_cuda)
+    monkeypatch.setattr(pipeline, "run_passes", run_passes_as_if_cuda)
     monkeypatch.setattr(
         fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
     )
