@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 from test_gemv import Block
+from test_split_products import FusedGateUp
 
 import opgen
 
@@ -51,6 +52,20 @@ def test_products_match_eager(
     report = str(compiled.report())
     assert report.count("matrix-vector kernel" if rows == 1 else "few-row kernel") == 4, report
     assert ("silu(gate) * up" in report) != bias, report  # the gated pair's kernel where there is no bias
+
+
+@pytest.mark.parametrize("force", ["triton", "aten"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_fused_gate_up_weight_takes_the_gated_kernel(monkeypatch: pytest.MonkeyPatch, force: str, rows: int) -> None:
+    """Phi-3's MLP: its one gate/up product, chunked, is split (`split_products`) and then gated."""
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
+    model = FusedGateUp(d=256, hidden=704).to(device="cuda", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        compiled = opgen.compile(model, (torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16),))
+        for _ in range(3):
+            x = torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.bfloat16])
+    assert "silu(gate) * up" in str(compiled.report())
 
 
 @pytest.mark.parametrize("rows", [1, 8])

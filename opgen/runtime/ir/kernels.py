@@ -57,7 +57,7 @@ class FusedKernel:
     input_dtypes: tuple[str, ...]  # their dtypes (for the compile started at load time)
     outputs: tuple[Value, ...]  # the values it returns (allocated by the launcher's wrapper)
     configs: tuple[Config, ...]  # the candidates its first call tunes over
-    nodes: tuple[str, ...]  # the graph nodes it covers
+    nodes: tuple[str, ...]  # the graph nodes it covers, each once
     describe: str  # "row kernel, 64 rows of 16 (1x4x16x16)"
     lines: tuple[KernelCall, ...] = ()  # the ATen sequence; () once printed (the source holds it)
     writes: tuple[Value, ...] = ()  # inputs it writes in place, with their metas (names among `inputs`)
@@ -83,8 +83,8 @@ class FusedKernel:
         read = tuple(inputs)
         return cls(
             local=local, name="", source="", inputs=tuple(n for n, _ in read), input_dtypes=tuple(d for _, d in read),
-            outputs=tuple(outputs), configs=(), nodes=tuple(nodes), describe=describe, lines=tuple(lines),
-            writes=tuple(writes), dependent_launch=dependent_launch, plan=plan,
+            outputs=tuple(outputs), configs=(), nodes=tuple(dict.fromkeys(nodes)), describe=describe,
+            lines=tuple(lines), writes=tuple(writes), dependent_launch=dependent_launch, plan=plan,
         )  # fmt: skip
 
     def printed(self, name: str, source: str, configs: tuple[Config, ...]) -> FusedKernel:

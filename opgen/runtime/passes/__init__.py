@@ -29,7 +29,10 @@ converts the boolean masks other attention calls read to additive ones once, whe
 them in every call; `sink_updates` (CUDA buffers) moves in-place updates of buffers by a number that
 nothing after them reads (a KV cache's position counters) to the end of the step, and `cache_writes`
 (CUDA, static sizes) runs the `index_put_` writes of a step's keys and values into a KV cache (which
-`reinplace` made) as one Triton kernel, and those updates as another; `gemv` (CUDA, static
+`reinplace` made) as one Triton kernel, and those updates as another; `split_products` (CUDA, static
+sizes) makes a few-row product whose result is only split along its columns (Phi-3's fused gate/up
+weight) one product per piece, on views of the weight's columns, so that `gemv` takes them as Llama's
+separate products; `gemv` (CUDA, static
 sizes) makes one-row matrix products on constant weights (siblings over one input together) Triton
 kernels, `split_bias` (CUDA) takes the bias adds out of matrix products and convolutions whose readers
 fusion takes, so that they join those kernels, `casts` (CUDA) moves dtype casts through the views
@@ -79,6 +82,7 @@ from opgen.runtime.passes.fusion.horizontal import fuse_horizontal
 from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.fusion.spatial_mean import spatial_means
+from opgen.runtime.passes.fusion.split_products import split_products
 from opgen.runtime.passes.grouped_attention import read_grouped_heads
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
@@ -120,6 +124,7 @@ PASSES: dict[str, Pass] = {
     "attention_masks": additive_masks,
     "sink_updates": sink_updates,
     "cache_writes": fuse_cache_writes,
+    "split_products": split_products,
     "gemv": fuse_gemv,
     "split_bias": split_bias,
     "casts": move_casts,
@@ -162,6 +167,7 @@ DEFAULT_PIPELINE = (
     "attention_masks",
     "sink_updates",
     "cache_writes",
+    "split_products",
     "gemv",
     "split_bias",
     "casts",
@@ -185,8 +191,8 @@ DEFAULT_PIPELINE = (
 # The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
-    ("decode_attention", "sink_updates", "cache_writes", "gemv", "split_bias", "casts", "lift_views", "fusion",
-     "spatial_mean", "gemv_prologue", "horizontal", "attention_writes",
+    ("decode_attention", "sink_updates", "cache_writes", "split_products", "gemv", "split_bias", "casts", "lift_views",
+     "fusion", "spatial_mean", "gemv_prologue", "horizontal", "attention_writes",
      "attention_prologue", "dependent_launch")
 )  # fmt: skip
 
