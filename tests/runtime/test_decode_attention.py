@@ -60,8 +60,28 @@ class CacheAttention(nn.Module):
         fill = torch.finfo(q.dtype).min if self.mask == "additive_min" else -1e4  # transformers' fill, or a mild one
         additive = torch.zeros(row.shape, dtype=q.dtype, device=q.device).masked_fill(~row, fill)
         mask = row if self.mask == "bool" else additive
+        return self.attend(q, keys, values, mask)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         extra = {"enable_gqa": True} if self.how == "gqa" else {}
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **extra)
+
+
+class EagerAttention(CacheAttention):
+    """The attention written out as transformers' `eager_attention_forward` (Gemma-2's, with `softcap`): products,
+    the scale, the cap, the additive mask, a float32 softmax cast back, eval-mode dropout, products."""
+
+    def __init__(self, softcap: float | None = 1.5, scale: float = 0.25, **kw: object) -> None:
+        super().__init__(mask="additive", **kw)  # type: ignore[arg-type]
+        self.softcap, self.scale = softcap, scale
+        self.eval()  # dropout off, as in a decode step
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(q, keys.transpose(2, 3)) * self.scale
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        probs = F.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(F.dropout(probs, p=0.1, training=self.training), values)
 
 
 def inputs(model: CacheAttention, pos: int = 7, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple:
@@ -110,6 +130,43 @@ def test_one_kernel_reads_the_cache_in_place_and_the_aten_side_matches(
         forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
         assert sum("clone" in n for n in spec.nodes) == 2 and "copy_(" not in forward and "clone(" not in forward
     run_steps(compiled, eager, model, range(3, 12))
+
+
+@pytest.mark.parametrize("how", ["repeat_kv", "none"])
+@pytest.mark.parametrize("softcap", [1.5, None])
+def test_attention_written_out_is_the_same_kernel(monkeypatch: pytest.MonkeyPatch, how: str,
+                                                  softcap: float | None) -> None:  # fmt: skip
+    """transformers' eager attention (Gemma-2's soft-capped scores): its products, scale, cap, mask, softmax and
+    casts, and the repeat's copies, all in one kernel that reads the cache in place."""
+    kv_heads = 8 if how == "none" else 2
+    model, eager = (EagerAttention(softcap, kv_heads=kv_heads, how=how) for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert len(specs) == 1, compiled.report()  # type: ignore[attr-defined]
+    (spec,) = specs
+    assert spec.inputs[1:3] == ("b_k_cache", "b_v_cache") and "scale" not in spec.describe
+    assert ("scores soft-capped at 1.5" in spec.describe) == (softcap is not None), spec.describe
+    forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
+    assert "bmm(" not in forward and "softmax(" not in forward and "tanh(" not in forward, forward
+    assert "0.25" in spec.source  # the eager form's own scale, not 1 / sqrt(16)
+    run_steps(compiled, eager, model, range(3, 12))
+
+
+class ScoresReadTwice(EagerAttention):
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(q, keys.transpose(2, 3)) * self.scale
+        probs = F.softmax(scores + mask, dim=-1, dtype=torch.float32)
+        return torch.matmul(probs, values) + scores.sum(-1, keepdim=True)  # the scores are read besides
+
+
+def test_a_written_out_attention_whose_scores_are_read_elsewhere_stays_with_aten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, eager = ScoresReadTwice(), ScoresReadTwice()
+    eager.load_state_dict(model.state_dict())
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert specs == []
+    run_steps(compiled, eager, model, range(3, 6))
 
 
 def one_row_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -311,6 +368,26 @@ def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, 
 
 @interpreter
 @pytest.mark.parametrize("kernel", ["row", "group"])
+@pytest.mark.parametrize("softcap", [1.5, None])
+def test_the_eager_forms_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
+                                                           request: pytest.FixtureRequest, kernel: str,
+                                                           softcap: float | None) -> None:  # fmt: skip
+    """The soft-capped scores (a cap small enough to change them) in both kernels, a cache split among programs."""
+    if ran_in_fresh_interpreter(request):
+        return
+    if kernel == "row":
+        one_row_kernels(monkeypatch)
+    model, eager = (EagerAttention(softcap, heads=4, kv_heads=2, length=300) for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    checks: list[str] = []
+    compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model), interpret=True, checks=checks)
+    assert ("soft-capped at 1.5" in spec.describe) == ("tl.sigmoid(scores" in spec.source) == (softcap is not None)
+    run_steps(compiled, eager, model, (0, 70, 299))
+    assert checks == [spec.name] * 3
+
+
+@interpreter
+@pytest.mark.parametrize("kernel", ["row", "group"])
 @pytest.mark.parametrize(("mask", "window"), [("bool", 0), ("additive_min", 0), ("bool", 200)])
 def test_the_split_kernel_matches_in_the_interpreter_at_any_fill(monkeypatch: pytest.MonkeyPatch,
                                                                  request: pytest.FixtureRequest, mask: str,
@@ -348,6 +425,28 @@ def test_on_the_gpu_plain_and_in_graph_mode(monkeypatch: pytest.MonkeyPatch, dty
                 example = inputs(model, pos, dtype, "cuda")
                 torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
         torch.testing.assert_close(model.v_cache, eager.v_cache)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["row", "group"])
+def test_the_soft_capped_eager_form_on_the_gpu(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                               kernel: str) -> None:  # fmt: skip
+    """Gemma-2's attention as transformers writes it: plain and in CUDA-graph mode, against eager."""
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    if kernel == "row":
+        one_row_kernels(monkeypatch)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2}[dtype]  # eager rounds its scores to bfloat16 before the cap
+    for graphs in (False, True):
+        model, eager = (EagerAttention(1.5, heads=8, kv_heads=4, length=300, dim=64, dtype=dtype).cuda()
+                        for _ in range(2))  # fmt: skip
+        eager.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            compiled = opgen.compile(model, inputs(model, 0, dtype, "cuda"), cuda_graphs=graphs, cache=False)
+            assert "scores soft-capped at 1.5" in str(compiled.report())
+            for pos in (0, 1, 150, 299):
+                example = inputs(model, pos, dtype, "cuda")
+                torch.testing.assert_close(compiled(*example), eager(*example), atol=tol, rtol=tol)
 
 
 @cuda

@@ -179,6 +179,7 @@ class AttentionPlan:
     step_rows: StepRows | None = None  # the step's rows it writes into `key`/`value` first
     query_part: Computed | None = None  # the query computed in the kernel (a rotation), not loaded
     shared_inputs: int = 0  # the computed values' inputs: the kernel's first parameters (`pi<j>`)
+    softcap: float | None = None  # scores capped as `softcap * tanh(s / softcap)` after the scale (Gemma-2)
 
     @property
     def heads(self) -> int:

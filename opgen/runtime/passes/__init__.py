@@ -23,7 +23,8 @@ constants, calls on constants) into the size memo, recomputed only when the size
 planning (calls on constants keep their own results) and after it (views of the buffers it made);
 `decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
 Triton kernel reading grouped heads in place (no repeat of the cache), reading a boolean mask as it
-is; `grouped_attention` lets the other attention calls of grouped-query models read the key/value
+is, whether the graph has SDPA or the attention written out (Gemma-2's soft-capped eager form);
+`grouped_attention` lets the other attention calls of grouped-query models read the key/value
 heads in place too (`enable_gqa`) where ATen's kernel for them can; `attention_masks` then
 converts the boolean masks other attention calls read to additive ones once, where ATen converted
 them in every call; `sink_updates` (CUDA buffers) moves in-place updates of buffers by a number that

@@ -57,7 +57,7 @@ _LOOP = """\
 {mask}\
                 keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None], other=0.0)
                 scores = tl.sum(keys.to(tl.float32) * qv[None, :], 1)
-{apply}\
+{softcap}{apply}\
                 scores = tl.where(s_ok, scores, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(scores, 0))
                 alpha = tl.exp(m_i - m_new)
@@ -122,6 +122,15 @@ def masking(plan: AttentionPlan, scores: str = "") -> tuple[str, str, str]:
     return kept_range, load, apply
 
 
+def softcapping(plan: AttentionPlan) -> str:
+    """The cap on a block's scaled scores, `cap * tanh(s / cap)` in float32 (Gemma-2), before the mask; "" without."""
+    if plan.softcap is None:
+        return ""
+    cap = float(plan.softcap)
+    tanh = f"(2.0 * tl.sigmoid(scores * {2.0 / cap!r}) - 1.0)"  # tanh(s / cap)
+    return f"                scores = {cap!r} * {tanh}\n"
+
+
 def scale_of(plan: AttentionPlan) -> float:
     """The scores' scale: the plan's, or 1 / sqrt(head size)."""
     return plan.scale if plan.scale is not None else 1.0 / math.sqrt(plan.query.shape[3])  # type: ignore[arg-type]
@@ -162,6 +171,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"        acc = tl.zeros(({dim},), dtype=tl.float32)",
         _LOOP.format(
             blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
+            softcap=softcapping(plan),
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
         ).rstrip("\n"),

@@ -19,7 +19,7 @@ here of every row of the group at once.
 from __future__ import annotations
 
 from opgen.runtime.codegen.triton import attention_prologue, attention_writes
-from opgen.runtime.codegen.triton.attention import mask_kind, masking, params, scale_of, walk
+from opgen.runtime.codegen.triton.attention import mask_kind, masking, params, scale_of, softcapping, walk
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan
 
@@ -33,7 +33,7 @@ _LOOP = """\
                 keys = tl.load(k + {k_base} + s[None, :] * {k_s} + d[:, None] * {k_d}, mask=s_ok[None, :], other=0.0)
 {score_dot}
                 scores = scores * {scale!r}
-{apply}\
+{softcap}{apply}\
                 scores = tl.where(s_ok[None, :], scores, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(scores, 1))
                 alpha = tl.exp(m_i - m_new)
@@ -112,6 +112,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"        acc = tl.zeros(({rows}, {dim}), dtype=tl.float32)",
         _LOOP.format(
             blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
+            softcap=softcapping(plan),
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
             scale=scale_of(plan), score_dot=ieee_dot("scores", "qs", "keys", "qs.dtype", 16),

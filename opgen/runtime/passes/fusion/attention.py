@@ -40,6 +40,7 @@ from opgen.runtime.ir import (
 from opgen.runtime.passes.analysis import defined_at, fresh_namer, readers, writes_between, writes_memory
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
+from opgen.runtime.passes.fusion.eager_attention import match_eager
 from opgen.runtime.passes.fusion.split_buffers import split_buffers, written
 from opgen.runtime.passes.repeat_kv import Operand, unrepeat
 from opgen.runtime.registry import BindError, KernelRegistry, bind
@@ -72,7 +73,8 @@ class DecodeAttention:
     mask: Operand | None  # broadcast to [B, H, 1, S]: bool (keep where true) or additive
     group: int  # query heads per key/value head
     scale: float | None  # None: 1 / sqrt(D)
-    members: tuple[int, ...]  # body indices of the repeat's lines and the SDPA call, in order
+    members: tuple[int, ...]  # body indices of the repeat's lines and the SDPA call (or eager chain), in order
+    softcap: float | None = None  # the scores' cap (`cap * tanh(s / cap)`), a written-out chain's (Gemma-2)
 
     @property
     def heads(self) -> int:
@@ -105,7 +107,7 @@ def attention_plan(match: DecodeAttention) -> AttentionPlan:
     assert out is not None and out.meta is not None
     mask = match.mask.meta if match.mask is not None else None
     plan = AttentionPlan(match.query.meta, match.key.meta, match.value.meta, mask, out.meta, match.group, match.scale,
-                         grouped=grouped(match))  # fmt: skip
+                         grouped=grouped(match), softcap=match.softcap)  # fmt: skip
     return replace(plan, splits=splits_for(plan.programs, int(match.key.meta.shape[2])))  # type: ignore[arg-type]
 
 
@@ -119,14 +121,23 @@ def grouped(match: DecodeAttention) -> bool:
 
 
 def find_decode_attention(program: Program, registry: KernelRegistry) -> Iterator[DecodeAttention]:
+    """SDPA calls of one query row, and the attention chains written out by hand (`eager_attention`)."""
     metas = meta_table(program)
     body = program.body
     producers, read_by = defined_at(body), readers(body)
     for index, line in enumerate(body):
-        if isinstance(line, KernelCall) and line.target in SDPA and not writes_memory(line):
+        if not isinstance(line, KernelCall) or writes_memory(line):
+            continue
+        if line.target in SDPA:
             match = _match(index, line, body, registry, metas, producers, read_by)
-            if match is not None:
-                yield match
+        else:
+            eager = match_eager(index, line, body, metas, producers, read_by)
+            match = None if eager is None else _checked(
+                body[eager.out], eager.out, eager.query, (eager.key, eager.key_reader),  # type: ignore[arg-type]
+                (eager.value, eager.value_reader), eager.mask, eager.scale, False, list(eager.members), body, metas,
+                producers, read_by, eager.softcap)  # fmt: skip
+        if match is not None:
+            yield match
 
 
 def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: KernelRegistry,
@@ -151,23 +162,35 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
         return None
     q, k, v = (_operand(values.get(n), metas) for n in ("query", "key", "value"))
     mask = _operand(mask_arg, metas)
-    out = line.outputs[0].meta
     if q is None or k is None or v is None or (mask_arg is not None and mask is None):
+        return None
+    return _checked(line, index, q, (k, index), (v, index), mask, None if scale is None else float(scale),
+                    bool(values.get("enable_gqa")), [index], body, metas, producers, read_by)  # fmt: skip
+
+
+def _checked(line: KernelCall, index: int, q: Operand, k: tuple[Operand, int], v: tuple[Operand, int],
+             mask: Operand | None, scale: float | None, gqa: bool, members: list[int], body: tuple[Line, ...],
+             metas: dict[str, TensorMeta], producers: dict[str, int], read_by: dict[str, set[int]],
+             softcap: float | None = None) -> DecodeAttention | None:  # fmt: skip
+    """The match where the kernel can take it: `line` (at `index`, among `members`) writes the attention's
+    output, `k` and `v` are read by the lines at the indices paired with them (a repeat of the cache
+    before them joins `members`)."""
+    out = line.outputs[0].meta if line.outputs and line.outputs[0] is not None else None
+    if out is None or len(q.meta.shape) != 4:
         return None
     batch, heads, rows, dim = q.meta.shape  # type: ignore[misc]
     if rows != 1 or out.shape != q.meta.shape or dim & (dim - 1) or not 0 < dim <= MAX_HEAD:  # type: ignore[operator]
         return None
-    metas_all = [q.meta, k.meta, v.meta, out]
+    metas_all = [q.meta, k[0].meta, v[0].meta, out]
     if any(not m.is_static or not m.device.startswith("cuda") for m in [*metas_all, *([mask.meta] if mask else [])]):
         return None
     if len({m.device for m in metas_all}) != 1 or {m.dtype for m in metas_all} != {q.meta.dtype}:
         return None
     if q.meta.dtype not in DTYPES:
         return None
-    members: list[int] = []
-    (key, k_group), (value, v_group) = (unrepeat(o, body, metas, producers, read_by, index, members) for o in (k, v))
+    (key, k_group), (value, v_group) = (unrepeat(o, body, metas, producers, read_by, at, members) for o, at in (k, v))
     group = k_group
-    if values.get("enable_gqa") and k_group == 1 and key.meta.shape[1] != heads:
+    if gqa and k_group == 1 and key.meta.shape[1] != heads:
         group = heads // key.meta.shape[1] if heads % key.meta.shape[1] == 0 else 0  # type: ignore[operator]
         v_group = group if v_group == 1 and value.meta.shape[1] == key.meta.shape[1] else 0
     if group < 1 or v_group != group or key.meta.shape != value.meta.shape:
@@ -177,10 +200,9 @@ def _match(index: int, line: KernelCall, body: tuple[Line, ...], registry: Kerne
         return None
     if mask is not None and not _mask_fits(mask.meta, batch, heads, length):  # type: ignore[arg-type]
         return None
-    if members and writes_between(body, min(members), index):
+    if writes_between(body, min(members), index):
         return None  # the repeat copied the cache before a write that the kernel would see
-    return DecodeAttention(index, line, q, key, value, mask, group, None if scale is None else float(scale),
-                           (*sorted(members), index))  # fmt: skip
+    return DecodeAttention(index, line, q, key, value, mask, group, scale, tuple(sorted(set(members))), softcap)
 
 
 def _operand(arg: object, metas: dict[str, TensorMeta]) -> Operand | None:
@@ -214,6 +236,7 @@ def fused_kernel(program: Program, match: DecodeAttention, plan: AttentionPlan, 
         nodes=(line.node for line in lines if isinstance(line, KernelCall)),
         describe=f"decode attention, {match.heads} heads of one query over {length} keys"
         + (f" ({match.group} per key/value head, read in place)" if match.group > 1 else "")
+        + (f", scores soft-capped at {plan.softcap:g}" if plan.softcap is not None else "")
         + (", a program a group" if plan.grouped else "")
         + (f", up to {plan.splits} programs a {'group' if plan.grouped else 'head'}" if plan.splits > 1 else ""),
         lines=lines,  # type: ignore[arg-type]
