@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_gemv import Block
 from test_split_products import FusedGateUp
+from test_weight_layout import MLP as Conv1DMLP
 
 import opgen
 
@@ -66,6 +67,21 @@ def test_a_fused_gate_up_weight_takes_the_gated_kernel(monkeypatch: pytest.Monke
             x = torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16)
             torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.bfloat16])
     assert "silu(gate) * up" in str(compiled.report())
+
+
+@pytest.mark.parametrize("force", ["triton", "aten"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_row_major_weights_take_the_kernels(monkeypatch: pytest.MonkeyPatch, force: str, rows: int) -> None:
+    """GPT-2's `Conv1D` weights ([K, N]): copied once into a linear layer's layout (`transpose_weights`)."""
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
+    model = Conv1DMLP(d=256, hidden=704).to(device="cuda", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        compiled = opgen.compile(model, (torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16),))
+        for _ in range(3):
+            x = torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.bfloat16])
+    report = str(compiled.report())
+    assert report.count("matrix-vector kernel" if rows == 1 else "few-row kernel") == 2 and "[K, N]" in report, report
 
 
 @pytest.mark.parametrize("rows", [1, 8])

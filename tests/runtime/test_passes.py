@@ -497,6 +497,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "attention_masks",
         "sink_updates",
         "cache_writes",
+        "transpose_weights",
         "split_products",
         "gemv",
         "split_bias",

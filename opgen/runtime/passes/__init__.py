@@ -30,7 +30,9 @@ converts the boolean masks other attention calls read to additive ones once, whe
 them in every call; `sink_updates` (CUDA buffers) moves in-place updates of buffers by a number that
 nothing after them reads (a KV cache's position counters) to the end of the step, and `cache_writes`
 (CUDA, static sizes) runs the `index_put_` writes of a step's keys and values into a KV cache (which
-`reinplace` made) as one Triton kernel, and those updates as another; `split_products` (CUDA, static
+`reinplace` made) as one Triton kernel, and those updates as another; `transpose_weights` (CUDA, static
+sizes) gives few-row products on constant weights stored [K, N] row-major (GPT-2's `Conv1D`) a copy made
+in setup in a linear layer's layout, which `gemv` reads; `split_products` (CUDA, static
 sizes) makes a few-row product whose result is only split along its columns (Phi-3's fused gate/up
 weight) one product per piece, on views of the weight's columns, so that `gemv` takes them as Llama's
 separate products; `gemv` (CUDA, static
@@ -84,6 +86,7 @@ from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
 from opgen.runtime.passes.fusion.spatial_mean import spatial_means
 from opgen.runtime.passes.fusion.split_products import split_products
+from opgen.runtime.passes.fusion.weight_layout import transpose_weights
 from opgen.runtime.passes.grouped_attention import read_grouped_heads
 from opgen.runtime.passes.kernel_choice import choose_kernels
 from opgen.runtime.passes.layout import channels_last_pooling
@@ -125,6 +128,7 @@ PASSES: dict[str, Pass] = {
     "attention_masks": additive_masks,
     "sink_updates": sink_updates,
     "cache_writes": fuse_cache_writes,
+    "transpose_weights": transpose_weights,
     "split_products": split_products,
     "gemv": fuse_gemv,
     "split_bias": split_bias,
@@ -168,6 +172,7 @@ DEFAULT_PIPELINE = (
     "attention_masks",
     "sink_updates",
     "cache_writes",
+    "transpose_weights",
     "split_products",
     "gemv",
     "split_bias",
@@ -192,8 +197,8 @@ DEFAULT_PIPELINE = (
 # The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
-    ("decode_attention", "sink_updates", "cache_writes", "split_products", "gemv", "split_bias", "casts", "lift_views",
-     "fusion", "spatial_mean", "gemv_prologue", "horizontal", "attention_writes",
+    ("decode_attention", "sink_updates", "cache_writes", "transpose_weights", "split_products", "gemv", "split_bias",
+     "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "horizontal", "attention_writes",
      "attention_prologue", "dependent_launch")
 )  # fmt: skip
 
