@@ -20,7 +20,8 @@ pytest.importorskip("transformers")
 
 @interpreter
 @pytest.mark.parametrize(
-    ("family", "batch"), [("llama", 1), ("llama", 3), ("qwen2", 1), ("phi3", 3), ("gemma2", 1), ("gemma2", 3)]
+    ("family", "batch"),
+    [("llama", 1), ("llama", 3), ("qwen2", 1), ("phi3", 3), ("gemma2", 1), ("gemma2", 3), ("olmo2", 3)],
 )
 def test_every_kernel_of_a_step_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
                                                            request: pytest.FixtureRequest, family: str,

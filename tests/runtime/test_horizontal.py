@@ -1,5 +1,6 @@
 """Independent pointwise kernels in one launch (`passes.fusion.horizontal`): the rotary embedding of the
-queries and of the keys, which read the same angles and nothing of each other.
+queries and of the keys, which read the same angles and nothing of each other; and independent row kernels
+(OLMo-2's query and key norms).
 
 Without a GPU the program is relabelled as CUDA around the fusion passes; each kernel is bound to its
 ATen calls, or, where triton is installed, run in Triton's interpreter with every config. With a GPU
@@ -166,6 +167,55 @@ def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, 
     assert [s.name for s in shared(specs)] == [c for c in checks if c == shared(specs)[0].name]
 
 
+class QKNorms(nn.Module):
+    """OLMo-2's query and key norms (RMSNorm over each whole projection), side by side, read after both."""
+
+    def __init__(self, q: int = 64, k: int = 32) -> None:
+        super().__init__()
+        self.q_norm, self.k_norm = nn.RMSNorm(q, eps=1e-6), nn.RMSNorm(k, eps=1e-6)
+        with torch.no_grad():
+            self.q_norm.weight.uniform_(0.5, 1.5)
+            self.k_norm.weight.uniform_(0.5, 1.5)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+def test_the_query_and_key_norms_share_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, example = QKNorms(), (torch.randn(3, 1, 64), torch.randn(3, 1, 32))
+    compiled, specs = compile_on_cpu(monkeypatch, model, example)
+    (spec,) = shared(specs)
+    assert spec.describe.startswith("one launch for 2 row kernels: row kernel, 3 rows of 64"), spec.describe
+    assert "def _part0(" in spec.source and "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" in spec.source
+    for meta, _, _, grid in spec.configs:  # both groups' blocks of rows, the longer row's BLOCK_N
+        block_r, block_n = dict(meta)["BLOCK_R"], dict(meta)["BLOCK_N"]
+        assert block_n == 64 and grid == (2 * -(-3 // block_r),)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), model(*example))  # type: ignore[operator]
+
+
+def test_large_row_kernels_keep_their_own_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, example = QKNorms(), (torch.randn(2048, 64), torch.randn(2048, 32))  # 128K elements: over the limit
+    _, specs = compile_on_cpu(monkeypatch, model, example)
+    assert shared(specs) == []
+
+
+@interpreter
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_row_kernels_match_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                  rows: int) -> None:  # fmt: skip
+    if ran_in_fresh_interpreter(request):
+        return
+    checks: list[str] = []
+    model = QKNorms(q=48, k=20)  # rows of different lengths, neither a power of two
+    example = (torch.randn(rows, 1, 48), torch.randn(rows, 1, 20))
+    compiled, specs = compile_on_cpu(monkeypatch, model, example, checks=checks)
+    example = (torch.randn(rows, 1, 48), torch.randn(rows, 1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*example), model(*example), atol=1e-5, rtol=1e-5)  # type: ignore[operator]
+    assert shared(specs)[0].name in checks
+
+
 def assert_near_eager(got: torch.Tensor, model: nn.Module, example: tuple, tol: float) -> None:
     """`got` against the model run in float32 on the same inputs, allowed twice the error eager makes in
     `got`'s dtype: the fused kernel keeps its rotations in float32, eager rounds them before the product's
@@ -199,3 +249,17 @@ def test_on_the_gpu_plain_in_graph_mode_and_every_config(monkeypatch: pytest.Mon
         example = inputs(64, dtype, "cuda")
         assert_near_eager(compiled(*example), eager, example, tol)
     assert checks
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1, 8])
+def test_the_row_kernels_on_the_gpu(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    monkeypatch.setenv("OPGEN_FORCE_KERNEL", "triton")
+    model = QKNorms(q=2048, k=512).to(device="cuda", dtype=torch.bfloat16).eval()
+    for graphs in (False, True):
+        with torch.no_grad():
+            example = (torch.randn(rows, 1, 2048, device="cuda", dtype=torch.bfloat16),
+                       torch.randn(rows, 1, 512, device="cuda", dtype=torch.bfloat16))  # fmt: skip
+            compiled = opgen.compile(model, example, cuda_graphs=graphs, cache=False)
+            assert "one launch for 2 row kernels" in str(compiled.report())
+            torch.testing.assert_close(compiled(*example), model(*example), atol=2e-2, rtol=2e-2)

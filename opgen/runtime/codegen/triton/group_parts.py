@@ -1,6 +1,6 @@
 """A fusion group's code as a function that another kernel calls: the printers of kernels that take
 groups in (`codegen.triton.gemv_prologue`: a norm computed first; `codegen.triton.horizontal`: several
-groups in one launch). The code is the group's own kernel's (`codegen.triton.groups`), its start
+pointwise or row groups in one launch). The code is the group's own kernel's (`codegen.triton.groups`), its start
 (which row, which block) given by the caller.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.groups import group_body, group_params
+from opgen.runtime.codegen.triton.groups import group_body, group_params, program_elements
 from opgen.runtime.codegen.triton.order import in_memory_order
 from opgen.runtime.ir import FusedGroup
 
@@ -57,6 +57,22 @@ def pointwise_part(group: FusedGroup, name: str) -> str:
         f"def {name}({', '.join(group_params(group))}, pid, BLOCK: tl.constexpr):",
         f'    """{group.describe()}"""',
         *(f"    {line}" for line in (*start, *body.lines)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def row_part(group: FusedGroup, name: str) -> str:
+    """Source of `@triton.jit def <name>(in0.., out0.., pid, BLOCK_R, BLOCK_N)`: the row group's kernel as a
+    function of its block of rows, for a kernel that launches several row groups at once
+    (`codegen.triton.horizontal`; BLOCK_N at least its row's length). Parameters as the group's own kernel's."""
+    assert group.kind == "row", group.describe()
+    group = in_memory_order(group)
+    body = group_body(group)
+    lines = [
+        "@triton.jit",
+        f"def {name}({', '.join(group_params(group))}, pid, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):",
+        f'    """{group.describe()}"""',
+        *(f"    {line}" for line in (*program_elements(group, "pid"), *body.lines)),
     ]
     return "\n".join(lines) + "\n"
 

@@ -43,7 +43,9 @@ def kernel(group: FusedGroup) -> Kernel:
     group = in_memory_order(group)
     body = group_body(group)
     meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
-    text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in (*_prologue(group), *body.lines))])
+    text = "\n".join(
+        [f"    # {group.describe()}", *(f"    {line}" for line in (*program_elements(group), *body.lines))]
+    )
     name, source = jit_module("fused", group_params(group), meta, text)
     return Kernel(name, source, _configs(group))
 
@@ -67,18 +69,19 @@ def group_params(group: FusedGroup) -> list[str]:
     return [f"in{i}" for i in range(len(group.inputs))] + [f"out{i}" for i in range(len(group.outputs))]
 
 
-def _prologue(group: FusedGroup) -> list[str]:
+def program_elements(group: FusedGroup, pid: str = "tl.program_id(0)") -> list[str]:
+    """Where the program's elements are: its rows (`pid` the program's block of rows), or its block."""
     if group.kind == "row":
         rows, n = math.prod(group.shape[:-1]), group.shape[-1]
         return [
-            "rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+            f"rows = {pid} * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
             "cols = tl.arange(0, BLOCK_N)[None, :]",
             f"rmask = rows < {rows}",
             f"cmask = cols < {n}",
             "mask = rmask & cmask",
         ]
     return [
-        "offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)",
         f"mask = offs < {math.prod(group.shape)}",
     ]
 

@@ -1,9 +1,10 @@
-"""The Triton source of one launch for several independent pointwise groups (a `HorizontalPlan` of
-`opgen.runtime.passes.fusion.horizontal`).
+"""The Triton source of one launch for several independent pointwise groups, or row groups (a
+`HorizontalPlan` of `opgen.runtime.passes.fusion.horizontal`).
 
-Each group is its own kernel's code as a function of its block number (`group_parts.pointwise_part`);
-programs are laid out group after group (the first group's blocks, then the second's, ...), all with
-one BLOCK. The kernel's parameters are the groups' inputs, each once (two groups reading one tensor
+Each group is its own kernel's code as a function of its block number (`group_parts.pointwise_part`,
+`group_parts.row_part`); programs are laid out group after group (the first group's blocks, then the
+second's, ...), all with one BLOCK (pointwise), or one BLOCK_R of rows and a BLOCK_N that covers the
+longest row (rows). The kernel's parameters are the groups' inputs, each once (two groups reading one tensor
 share its parameter), then their outputs; names of graph values never appear, so a model's layers
 share one kernel.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.group_parts import pointwise_part
+from opgen.runtime.codegen.triton.group_parts import pointwise_part, row_part
 from opgen.runtime.codegen.triton.module import Kernel, jit_module, next_power_of_2
 from opgen.runtime.ir import Config, HorizontalPlan
 
@@ -28,26 +29,32 @@ def kernel(plan: HorizontalPlan) -> Kernel:
     reads = inputs(plan)
     outputs = [t.name for g in plan.parts for t in g.outputs]
     params = [*(f"in{i}" for i in range(len(reads))), *(f"out{i}" for i in range(len(outputs)))]
+    rows = plan.parts[0].kind == "row"
+    meta = ("BLOCK_R", "BLOCK_N") if rows else ("BLOCK",)
     helpers, calls, start = [], [], ""
     for i, group in enumerate(plan.parts):
-        helpers.append(pointwise_part(group, f"_part{i}"))
+        helpers.append((row_part if rows else pointwise_part)(group, f"_part{i}"))
         args = [f"in{reads.index(t.name)}" for t in group.inputs]
         args += [f"out{outputs.index(t.name)}" for t in group.outputs]
-        blocks = f"({math.prod(group.shape)} + BLOCK - 1) // BLOCK"
+        size, per = (math.prod(group.shape[:-1]), "BLOCK_R") if rows else (math.prod(group.shape), "BLOCK")
+        blocks = f"({size} + {per} - 1) // {per}"
         end = f"{start} + {blocks}" if start else blocks
         block = f"pid - ({start})" if start else "pid"
-        calls.append((end, f"_part{i}({', '.join([*args, block, 'BLOCK'])})"))
+        calls.append((end, f"_part{i}({', '.join([*args, block, *meta])})"))
         start = end
     body = [f"    # one launch, {len(plan.parts)} groups: " + "; ".join(g.describe() for g in plan.parts)]
     body.append("    pid = tl.program_id(0)")
     for i, (end, call) in enumerate(calls):
         test = "else:" if i == len(calls) - 1 else f"{'if' if i == 0 else 'elif'} pid < {end}:"
         body += [f"    {test}", f"        {call}"]
-    name, source = jit_module("fused", params, "BLOCK: tl.constexpr", "\n".join(body), "\n\n".join(helpers))
+    constexprs = ", ".join(f"{m}: tl.constexpr" for m in meta)
+    name, source = jit_module("fused", params, constexprs, "\n".join(body), "\n\n".join(helpers))
     return Kernel(name, source, configs(plan))
 
 
 def configs(plan: HorizontalPlan) -> tuple[Config, ...]:
+    if plan.parts[0].kind == "row":
+        return _row_configs(plan)
     largest = max(math.prod(g.shape) for g in plan.parts)
     found: list[Config] = []
     for block, warps in BLOCKS:
@@ -57,3 +64,18 @@ def configs(plan: HorizontalPlan) -> tuple[Config, ...]:
         if config not in found:
             found.append(config)
     return tuple(found)
+
+
+def _row_configs(plan: HorizontalPlan) -> tuple[Config, ...]:
+    """Rows a program (1 to 8, fewer where the tile grows past 8192 elements), BLOCK_N the longest row's."""
+    block_n = max(16, *(next_power_of_2(g.shape[-1]) for g in plan.parts))
+    most = max(math.prod(g.shape[:-1]) for g in plan.parts)
+    found: list[Config] = []
+    for block_r in (1, 2, 4, 8):
+        tile = block_r * block_n
+        if block_r > 1 and (tile > 8192 or block_r > next_power_of_2(most)):
+            continue
+        warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
+        grid = (sum(-(-math.prod(g.shape[:-1]) // block_r) for g in plan.parts),)
+        found.append(((("BLOCK_R", block_r), ("BLOCK_N", block_n)), warps, 1, grid))
+    return tuple(found[-3:])

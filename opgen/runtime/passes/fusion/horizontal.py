@@ -1,12 +1,13 @@
-"""Independent pointwise kernels next to each other share one launch.
+"""Independent pointwise kernels next to each other share one launch, and so do independent row kernels.
 
 A decode step's rotary embedding is two pointwise kernels, one over the queries and one over the keys,
-which read the same angles and nothing of each other, one after the other in every layer. At batch 1
-each has a few thousand elements: the launch and the start of its memory traffic cost more than its
-work. Here a run of such kernels (pointwise `FusedGroup`s, at most `MAX_PARTS`) becomes one kernel whose
-programs take the groups' blocks one group after another (`codegen.triton.horizontal`).
+which read the same angles and nothing of each other, one after the other in every layer; OLMo-2 norms
+its queries and its keys, two row kernels side by side. At batch 1 each has a few thousand elements:
+the launch and the start of its memory traffic cost more than its work. Here a run of such kernels
+(`FusedGroup`s of one kind, pointwise or row, at most `MAX_PARTS`) becomes one kernel whose programs
+take the groups' blocks one group after another (`codegen.triton.horizontal`).
 
-A run: fused pointwise kernels in body order where none reads what an earlier one of the run returns,
+A run: fused kernels of one kind in body order where none reads what an earlier one of the run returns,
 and the lines between write no memory and read nothing the run's kernels return (the merged kernel runs
 where the last one did), except views: a view of what the run returns (gpt-fast reshapes each rotated
 tensor right after its kernel), and views of those, move to just after the merged kernel, where no
@@ -15,6 +16,7 @@ kernel of the run reads them. One multi-kernel choice against every ATen call th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, Line, Program, defs, uses
@@ -23,6 +25,7 @@ from opgen.runtime.passes.fusion.calls import absorbing, called
 from opgen.runtime.registry import KernelRegistry
 
 MAX_PARTS = 4
+MAX_ROW_ELEMENTS = 1 << 16  # a row kernel larger than this keeps its launch (decode's q/k norms: a few thousand)
 
 
 def fuse_horizontal(program: Program, registry: KernelRegistry) -> Program:
@@ -40,11 +43,18 @@ def fuse_horizontal(program: Program, registry: KernelRegistry) -> Program:
     return absorbing(program, found, gone)
 
 
-def _pointwise(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
+def _part(line: Line, specs: dict[str, FusedKernel]) -> FusedKernel | None:
+    """The fused kernel `line` calls where it may join a run: any pointwise one, a row one of a few rows."""
     spec = called(line, specs)
-    if spec is None or not isinstance(spec.plan, FusedGroup) or spec.plan.kind != "pointwise" or spec.writes:
+    if spec is None or not isinstance(spec.plan, FusedGroup) or spec.writes:
         return None
+    if spec.plan.kind == "row" and math.prod(spec.plan.shape) > MAX_ROW_ELEMENTS:
+        return None  # its own launch is no large part of its time, and its tiles are its own
     return spec
+
+
+def _kind(spec: FusedKernel) -> str:
+    return spec.plan.kind  # type: ignore[union-attr]
 
 
 @dataclass
@@ -58,10 +68,13 @@ def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel], registry: Kerne
     """Each run (see the module's docstring), in body order."""
     runs: list[_Run] = []
     run = _Run()
+    kind = ""
     for at, line in enumerate(body):
-        spec = _pointwise(line, specs)
+        spec = _part(line, specs)
         reads_run = bool(set(uses(line)) & run.returned)
-        if spec is not None and not reads_run and len(run.kernels) < MAX_PARTS:
+        joins = spec is not None and (not run.kernels or _kind(spec) == kind)
+        if joins and not reads_run and len(run.kernels) < MAX_PARTS:
+            kind = _kind(spec)  # type: ignore[arg-type]
             run.kernels.append(at)
             run.returned |= {v.name for v in spec.outputs}
             continue
@@ -72,6 +85,7 @@ def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel], registry: Kerne
         if run.kernels and (writes_memory(line) or reads_run or spec is not None):
             runs.append(run)
             run = _Run([at], [], {v.name for v in spec.outputs}) if spec is not None else _Run()
+            kind = _kind(spec) if spec is not None else ""
     if run.kernels:
         runs.append(run)
     for run in runs:  # views after the last kernel stay where they are
@@ -106,6 +120,6 @@ def merged(parts: list[FusedKernel], local: str) -> FusedKernel:
         inputs=inputs,
         outputs=[v for p in parts for v in p.outputs],
         nodes=[n for p in parts for n in p.nodes],
-        describe=f"one launch for {len(parts)} pointwise kernels: " + "; ".join(p.describe for p in parts),
+        describe=f"one launch for {len(parts)} {_kind(parts[0])} kernels: " + "; ".join(p.describe for p in parts),
         lines=[line for p in parts for line in p.lines],
     )
