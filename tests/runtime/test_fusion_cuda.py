@@ -62,7 +62,8 @@ def _check(name: str, force: str | None, monkeypatch: pytest.MonkeyPatch, cuda_g
             for g, e in zip(_outputs(got), _outputs(expected), strict=True):
                 torch.testing.assert_close(g, e, equal_nan=True, **_tolerance(*inputs, e))
     report = str(compiled.report())
-    launches = {**EXPECTED_KERNELS, "rotary_pairs": 1}  # the `horizontal` pass runs the two rotations in one launch
+    # the `horizontal` pass runs the two rotations in one launch, and the three independent row kernels in another
+    launches = {**EXPECTED_KERNELS, "rotary_pairs": 1, "row_reductions": 1}
     assert report.count("fused fused") == launches[name], report
     return compiled
 
@@ -121,12 +122,12 @@ def test_graph_mode_replays_fused_kernels(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_kernel_that_fails_to_compile_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     from opgen.runtime.codegen.triton import groups as backend
 
-    original = backend._prologue
+    original = backend.program_elements
 
-    def broken(group: Any) -> list[str]:
-        return [*original(group), "tl.static_assert(False, 'a kernel made to fail')"]
+    def broken(group: Any, *pid: str) -> list[str]:
+        return [*original(group, *pid), "tl.static_assert(False, 'a kernel made to fail')"]
 
-    monkeypatch.setattr(backend, "_prologue", broken)
+    monkeypatch.setattr(backend, "program_elements", broken)
     model = ResidualNorm().cuda()
     inputs = (torch.randn(3, 7, 48, device="cuda"), torch.randn(3, 7, 48, device="cuda"))
     with torch.no_grad():
