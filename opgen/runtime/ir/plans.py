@@ -55,14 +55,20 @@ class Step:
 
 
 def flat_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
-    """Every step, those inside a cat's branches first (they ran earlier), each once."""
-    seen: dict[str, Step] = {}
+    """Every step, those inside a cat's branches first (they ran earlier), each once: one step is the values it
+    defines (two branches may share one; two steps of one node may not be one step: the `casts` pass moves one
+    cast down several view chains, a step in each)."""
+    seen: dict[tuple[str, tuple[str, ...]], Step] = {}
     for step in steps:
         for branch in step.branches:
             for inner in flat_steps(branch):
-                seen.setdefault(inner.node, inner)
-        seen.setdefault(step.node, step)
+                seen.setdefault(_defines(inner), inner)
+        seen.setdefault(_defines(step), step)
     return tuple(seen.values())
+
+
+def _defines(step: Step) -> tuple[str, tuple[str, ...]]:
+    return step.node, tuple(t.name for t in step.outputs if t is not None)
 
 
 @dataclass(frozen=True, slots=True)
