@@ -75,36 +75,3 @@ def test_fused_kernels_stay_out_of_the_table(registry) -> None:  # type: ignore[
     small = _without(registry, "aten::silu")
     assert torch.ops.aten.silu.default in decomposition_table(small).keys()
     assert set(kept) <= set(KEEP_FUSED)
-
-
-class FusedRMSNorm(torch.nn.Module):
-    """What `nn.RMSNorm` calls on CUDA: `_fused_rms_norm`, which torch 2.11's export table kept whole."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.rand(16) + 0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._fused_rms_norm(x, [16], self.weight, 1e-6)[0] * 2
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_rms_norm_is_decomposed_whatever_the_table_says(registry, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
-                                                              dtype: torch.dtype) -> None:  # fmt: skip
-    import opgen
-    from opgen.runtime.capture import decompositions
-
-    op = torch.ops.aten._fused_rms_norm.default
-    plain = torch.export.default_decompositions()
-    plain.pop(op, None)  # as torch 2.11's table: no entry for it
-    monkeypatch.setattr(torch.export, "default_decompositions", lambda: plain.copy())
-    assert op in decomposition_table(registry)
-    x = torch.randn(3, 5, 16, dtype=dtype)
-    model = FusedRMSNorm().to(dtype).requires_grad_(False)
-    compiled = opgen.compile(model, (x,), cache=False)
-    assert not compiled.report().fallbacks  # type: ignore[attr-defined]
-    torch.testing.assert_close(compiled(x), model(x))  # type: ignore[operator]
-    # the fallback decomposition, for a torch without one, computes what the op does
-    got = decompositions._fused_rms_norm(x, [5, 16], None, None)
-    for a, b in zip(got, torch.ops.aten._fused_rms_norm(x, [5, 16], None, None), strict=True):
-        torch.testing.assert_close(a, b)

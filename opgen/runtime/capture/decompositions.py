@@ -12,11 +12,6 @@ kernels themselves (`_scaled_dot_product_flash_attention_for_cpu`; on CUDA
 `_scaled_dot_product_{flash,efficient,cudnn}_attention`) are kept too, wherever a table would
 take them apart.
 
-Some fused ops have no kernel_ops binding but are left whole by some torch versions' export table:
-`nn.RMSNorm` calls `_fused_rms_norm` on CUDA, which torch 2.11's table keeps. `ALWAYS_DECOMPOSED` puts
-torch's own decomposition of each back in the table (pow, mean, rsqrt, mul: what `fusion` makes one row
-kernel of, as it does transformers' hand-written RMSNorm).
-
 Linear layers stay decomposed on purpose: `addmm(b, x, permute(W))` is what eager runs too, and
 it is the pattern the prepack pass rewrites to oneDNN.
 """
@@ -53,10 +48,6 @@ KEEP_FUSED: tuple[Any, ...] = (
 )
 
 
-# Ops decomposed whatever the torch version's export table says (torch's own decomposition).
-ALWAYS_DECOMPOSED: tuple[str, ...] = ("_fused_rms_norm.default",)
-
-
 def kept_ops(registry: KernelRegistry) -> tuple[Any, ...]:
     """The ops of `KEEP_FUSED` that kernel_ops binds: those the capture leaves whole."""
     return tuple(op for op in KEEP_FUSED if registry.lookup(op.name()) is not None)
@@ -64,33 +55,10 @@ def kept_ops(registry: KernelRegistry) -> tuple[Any, ...]:
 
 def decomposition_table(registry: KernelRegistry) -> Any:
     """torch.export's default table (a CustomDecompTable) without the kept fused ops."""
-    from torch._decomp import decomposition_table as torch_decompositions
-
     table = torch.export.default_decompositions()
     for op in kept_ops(registry):
         table.pop(op, None)
-    for name in ALWAYS_DECOMPOSED:
-        packet, overload = name.split(".")
-        op = getattr(getattr(_aten, packet, None), overload, None)
-        if op is not None and op not in table:
-            table[op] = torch_decompositions.get(op, _FALLBACKS[name])
     return table
-
-
-def _fused_rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-                    eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """torch's decomposition of `_fused_rms_norm` (`torch._decomp`), for a torch that has none: float32 for
-    half types, the mean of squares over the last dims, its rsqrt; (the result in x's dtype, rstd)."""
-    dims = [x.dim() - 1 - i for i in range(len(normalized_shape))]
-    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    up = x.to(compute)
-    eps = eps if eps is not None else torch.finfo(torch.float32 if compute == torch.float32 else torch.float64).eps
-    rstd = torch.rsqrt(torch.ops.aten.add.Scalar(torch.pow(up, 2).mean(dim=dims, keepdim=True), eps))
-    out = up.mul(rstd) if weight is None else up.mul(rstd).mul(weight)
-    return out.contiguous().type_as(x), rstd.contiguous()
-
-
-_FALLBACKS = {"_fused_rms_norm.default": _fused_rms_norm}
 
 
 def aot_decompositions(registry: KernelRegistry) -> dict[Any, Any]:
