@@ -74,3 +74,43 @@ def test_every_family_prints_its_kernels_in_bfloat16(monkeypatch: pytest.MonkeyP
         for pos in range(2):
             ids = torch.randint(1, 100, (1, 1))
             torch.testing.assert_close(fn(ids, torch.tensor([pos])), eager(ids, torch.tensor([pos])))  # type: ignore[operator]
+
+
+@interpreter
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_padded_head_with_its_writes_and_rotations_matches_in_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, batch: int
+) -> None:
+    """A Llama with heads of 24 (no power of two, as Phi-3's 96): the attention stores the step's key and value
+    rows and computes its rotations with the padded lanes masked, and the next positions read them back."""
+    if ran_in_fresh_interpreter(request):
+        return
+    import transformers
+
+    from opgen.bench.llm_families import step
+    from opgen.runtime.execution import fused as fused_module
+
+    checks: list[str] = []
+    tolerance = {"atol": 1e-4, "rtol": 1e-4}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(pipeline, "run_passes", run_passes_as_if_cuda)
+    monkeypatch.setattr(
+        fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
+    )
+    config = transformers.LlamaConfig(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                      intermediate_size=128, num_hidden_layers=2, vocab_size=256)  # fmt: skip
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(config).eval()
+    lm.generation_config.cache_implementation = "static"
+    eager, mine = step(lm, 32, batch), step(lm, 32, batch)
+    with torch.no_grad():
+        example = (torch.zeros(batch, 1, dtype=torch.long), torch.tensor([0]))
+        fn = opgen.compile(mine, example, passes=DEFAULT_PIPELINE, cache=False)
+        attention = [line for line in fn.report().jit if "decode attention" in line]  # type: ignore[attr-defined]
+        assert len(attention) == 2 and all("storing the step's keys and values first" in a for a in attention)
+        assert all("its query and keys computed first" in a for a in attention), attention
+        for pos in range(5):
+            ids = torch.randint(1, 100, (batch, 1))
+            want = eager(ids, torch.tensor([pos]))
+            torch.testing.assert_close(fn(ids, torch.tensor([pos])), want, **tolerance)  # type: ignore[operator]
+    assert any(c.startswith("attention") for c in checks)

@@ -55,7 +55,8 @@ _LOOP = """\
                 s = start + tl.arange(0, BLOCK_S)
                 s_ok = s < last
 {mask}\
-                keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None], other=0.0)
+                keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None]{d_cols},
+                               other=0.0)
                 scores = tl.sum(keys.to(tl.float32) * qv[None, :], 1)
 {softcap}{apply}\
                 scores = tl.where(s_ok, scores, float("-inf"))
@@ -63,7 +64,8 @@ _LOOP = """\
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(scores - m_new)
                 l_i = l_i * alpha + tl.sum(p, 0)
-                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None], other=0.0)
+                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None]{d_cols},
+                               other=0.0)
                 acc = acc * alpha + tl.sum(p[:, None] * vals.to(tl.float32), 0)
                 m_i = m_new
 """
@@ -71,10 +73,10 @@ _LOOP = """\
 # Where one program's piece is not the whole range: its partial results, a ticket, and the last one's combine.
 _COMBINE = """\
         if parts == 1:
-            tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))
+            tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty){d_store})
         else:
             mine = part + (pid * {splits} + split) * {width}
-            tl.store(mine + d, acc)
+            tl.store(mine + d, acc{d_store})
             tl.store(mine + {dim}, m_i)
             tl.store(mine + {dim} + 1, l_i)
             tl.debug_barrier()  # every thread's stores before the ticket (which releases them)
@@ -86,10 +88,11 @@ _COMBINE = """\
                 theirs = part + (pid * {splits} + j) * {width}
                 maxima = tl.load(theirs + {dim}, mask=held, other=float("-inf"), cache_modifier=".cg")
                 sums = tl.load(theirs + {dim} + 1, mask=held, other=0.0, cache_modifier=".cg")
-                rows = tl.load(theirs[:, None] + d[None, :], mask=held[:, None], other=0.0, cache_modifier=".cg")
+                rows = tl.load(theirs[:, None] + d[None, :], mask=held[:, None]{d_cols}, other=0.0,
+                               cache_modifier=".cg")
                 weight = tl.exp(maxima - tl.max(maxima, 0))
                 total = tl.sum(sums * weight, 0)
-                tl.store(out + {out_row}, (tl.sum(rows * weight[:, None], 0) / total).to(out.dtype.element_ty))
+                tl.store(out + {out_row}, (tl.sum(rows * weight[:, None], 0) / total).to(out.dtype.element_ty){d_store})
 """
 
 
@@ -131,6 +134,28 @@ def softcapping(plan: AttentionPlan) -> str:
     return f"                scores = {cap!r} * {tanh}\n"
 
 
+def head_width(plan: AttentionPlan) -> tuple[int, int]:
+    """(the head size D, the power of two `d` spans): a D that is no power of two (Phi-3's 96) is padded, its
+    lanes past D masked (`d_ok`) in every load and store and zero in every product."""
+    dim = int(plan.query.shape[3])  # type: ignore[arg-type]
+    return dim, next_power_of_2(dim)
+
+
+def head_lanes(plan: AttentionPlan) -> list[str]:
+    """The lines that define `d` (and `d_ok` where the head is padded)."""
+    dim, span = head_width(plan)
+    return [f"    d = tl.arange(0, {span})", *([f"    d_ok = d < {dim}"] if span != dim else [])]
+
+
+def head_masks(plan: AttentionPlan, lanes: str) -> tuple[str, str]:
+    """(`& d_ok<lanes>` for a load's or store's mask, `, mask=d_ok<lanes>` for a store without one); both ""
+    where the head needs no padding. `lanes` indexes d_ok as the tile's head dimension (`[None, :]`)."""
+    dim, span = head_width(plan)
+    if span == dim:
+        return "", ""
+    return f" & d_ok{lanes}", f", mask=d_ok{lanes}"
+
+
 def scale_of(plan: AttentionPlan) -> float:
     """The scores' scale: the plan's, or 1 / sqrt(head size)."""
     return plan.scale if plan.scale is not None else 1.0 / math.sqrt(plan.query.shape[3])  # type: ignore[arg-type]
@@ -150,7 +175,13 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     split = plan.splits > 1
     kept_range, mask_lines, apply = masking(plan)
     out_row = f"b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}"
-    query_load = f"tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]})"
+    d_cols, _ = head_masks(plan, "[None, :]")
+    _, d_row = head_masks(plan, "")
+    masked = f"{d_row}, other=0.0" if d_row else ""
+    query_load = f"tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}{masked})"
+    query = attention_prologue.query(plan, "h", None)
+    if query is not None and d_row:
+        query = f"tl.where(d_ok, {query}, 0.0)"
     body = [
         f"    # one query row over {length} keys: {batch} x {heads} heads of {dim}, "
         f"{plan.group} per key/value head, {mask_kind(plan)}; up to {plan.splits} program(s) a row",
@@ -159,25 +190,26 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    b = pid // {heads}",
         f"    h = pid % {heads}",
         f"    g = h // {plan.group}",
-        f"    d = tl.arange(0, {dim})",
+        *head_lanes(plan),
         # the query row first: its load needs nothing, and waits alongside the mask's
-        f"    qv = ({attention_prologue.query(plan, 'h', None) or query_load}).to(tl.float32) * {scale!r}",
+        f"    qv = ({query or query_load}).to(tl.float32) * {scale!r}",
         *attention_writes.lines(plan),
         kept_range.rstrip("\n"),
     ]
     inner = [
         "        m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
         "        l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)",
-        f"        acc = tl.zeros(({dim},), dtype=tl.float32)",
+        f"        acc = tl.zeros(({head_width(plan)[1]},), dtype=tl.float32)",
         _LOOP.format(
             blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
-            softcap=softcapping(plan),
+            softcap=softcapping(plan), d_cols=d_cols,
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
         ).rstrip("\n"),
     ]  # fmt: skip
-    combine = _COMBINE.format(out_row=out_row, splits=plan.splits, width=int(dim) + 2, dim=dim)  # type: ignore[call-overload]
-    body += walk(plan, inner, combine, f"tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty))")
+    combine = _COMBINE.format(out_row=out_row, splits=plan.splits, width=int(dim) + 2, dim=dim,  # type: ignore[call-overload]
+                              d_cols=d_cols, d_store=d_row)  # fmt: skip
+    body += walk(plan, inner, combine, f"tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty){d_row})")
     helpers = attention_prologue.helpers(plan)
     return jit_module("attention", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body), helpers)
 

@@ -19,7 +19,17 @@ here of every row of the group at once.
 from __future__ import annotations
 
 from opgen.runtime.codegen.triton import attention_prologue, attention_writes
-from opgen.runtime.codegen.triton.attention import mask_kind, masking, params, scale_of, softcapping, walk
+from opgen.runtime.codegen.triton.attention import (
+    head_lanes,
+    head_masks,
+    head_width,
+    mask_kind,
+    masking,
+    params,
+    scale_of,
+    softcapping,
+    walk,
+)
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import AttentionPlan
 
@@ -30,7 +40,8 @@ _LOOP = """\
                 s = start + tl.arange(0, BLOCK_S)
                 s_ok = s < last
 {mask}\
-                keys = tl.load(k + {k_base} + s[None, :] * {k_s} + d[:, None] * {k_d}, mask=s_ok[None, :], other=0.0)
+                keys = tl.load(k + {k_base} + s[None, :] * {k_s} + d[:, None] * {k_d}, mask=s_ok[None, :]{d_rows},
+                               other=0.0)
 {score_dot}
                 scores = scores * {scale!r}
 {softcap}{apply}\
@@ -39,7 +50,8 @@ _LOOP = """\
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(scores - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None], other=0.0)
+                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None]{d_cols},
+                               other=0.0)
                 p = p.to(vals.dtype)
 {value_dot}
                 acc = acc * alpha[:, None] + weighted
@@ -52,7 +64,7 @@ _COMBINE = """\
             {store}
         else:
             mine = part + ((b * {heads} + hs) * {splits} + split) * {width}
-            tl.store(mine[:, None] + d[None, :], acc, mask=h_ok[:, None])
+            tl.store(mine[:, None] + d[None, :], acc, mask=h_ok[:, None]{d_cols})
             tl.store(mine + {dim}, m_i, mask=h_ok)
             tl.store(mine + {dim} + 1, l_i, mask=h_ok)
             tl.debug_barrier()  # every thread's stores before the ticket (which releases them)
@@ -64,12 +76,12 @@ _COMBINE = """\
                 theirs = part + ((b * {heads} + hs[:, None]) * {splits} + j[None, :]) * {width}
                 maxima = tl.load(theirs + {dim}, mask=held, other=-1e30, cache_modifier=".cg")
                 sums = tl.load(theirs + {dim} + 1, mask=held, other=0.0, cache_modifier=".cg")
-                rows = tl.load(theirs[:, :, None] + d[None, None, :], mask=held[:, :, None], other=0.0,
+                rows = tl.load(theirs[:, :, None] + d[None, None, :], mask=held[:, :, None]{d_deep}, other=0.0,
                                cache_modifier=".cg")
                 weight = tl.exp(maxima - tl.max(maxima, 1)[:, None])
                 total = tl.where(h_ok, tl.sum(sums * weight, 1), 1.0)  # rows past the group: not stored
                 combined = tl.sum(rows * weight[:, :, None], 1) / total[:, None]
-                tl.store(out + {out_rows}, combined.to(out.dtype.element_ty), mask=h_ok[:, None])
+                tl.store(out + {out_rows}, combined.to(out.dtype.element_ty), mask=h_ok[:, None]{d_cols})
 """
 
 
@@ -86,9 +98,11 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     split = plan.splits > 1
     kept_range, mask_lines, apply = masking(plan, "[None, :]")
     out_rows = f"b * {out.stride[0]} + hs[:, None] * {out.stride[1]} + d[None, :] * {out.stride[3]}"
-    store = f"tl.store(out + {out_rows}, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=h_ok[:, None])"
+    (d_cols, _), (d_rows, _), (d_deep, _) = (head_masks(plan, lanes) for lanes in ("[None, :]", "[:, None]",
+                                                                                   "[None, None, :]"))  # fmt: skip
+    store = f"tl.store(out + {out_rows}, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=h_ok[:, None]{d_cols})"
     query_load = (f"tl.load(q + b * {q.stride[0]} + hs[:, None] * {q.stride[1]} + d[None, :] * {q.stride[3]}, "
-                  "mask=h_ok[:, None], other=0.0)")  # fmt: skip
+                  f"mask=h_ok[:, None]{d_cols}, other=0.0)")  # fmt: skip
     body = [
         f"    # a group of query rows over {length} keys: {batch} x {kv_heads} key/value heads, {plan.group} per "
         f"key/value head, heads of {dim}, {mask_kind(plan)}; up to {plan.splits} program(s) a group",
@@ -99,9 +113,9 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    h = g * {plan.group}  # the group's first head (the mask's row: its head dimension broadcasts)",
         f"    hs = h + tl.arange(0, {block_h(plan)})",
         f"    h_ok = hs < h + {plan.group}",
-        f"    d = tl.arange(0, {dim})",
+        *head_lanes(plan),
         # the query rows first: their load needs nothing, and waits alongside the mask's
-        f"    qs = {attention_prologue.query(plan, 'hs[:, None]', 'h_ok[:, None]') or query_load}",
+        f"    qs = {attention_prologue.query(plan, 'hs[:, None]', f'h_ok[:, None]{d_cols}') or query_load}",
         *attention_writes.lines(plan),
         kept_range.rstrip("\n"),
     ]
@@ -109,10 +123,10 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     inner = [
         f"        m_i = tl.full(({rows},), -1e30, tl.float32)  # finite: a block all masked adds nothing",
         f"        l_i = tl.zeros(({rows},), tl.float32)",
-        f"        acc = tl.zeros(({rows}, {dim}), dtype=tl.float32)",
+        f"        acc = tl.zeros(({rows}, {head_width(plan)[1]}), dtype=tl.float32)",
         _LOOP.format(
             blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
-            softcap=softcapping(plan),
+            softcap=softcapping(plan), d_cols=d_cols, d_rows=d_rows,
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
             scale=scale_of(plan), score_dot=ieee_dot("scores", "qs", "keys", "qs.dtype", 16),
@@ -120,7 +134,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         ).rstrip("\n"),
     ]  # fmt: skip
     combine = _COMBINE.format(store=store, out_rows=out_rows, heads=heads, splits=plan.splits,  # type: ignore[call-overload]
-                              width=int(dim) + 2, dim=dim)  # fmt: skip
+                              width=int(dim) + 2, dim=dim, d_cols=d_cols, d_deep=d_deep)  # fmt: skip
     body += walk(plan, inner, combine, store)
     return jit_module("attention_grouped", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body),
                       attention_prologue.helpers(plan))  # fmt: skip

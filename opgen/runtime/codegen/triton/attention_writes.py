@@ -30,15 +30,17 @@ def lines(plan: AttentionPlan) -> list[str]:
     length = int(plan.key.shape[2])  # type: ignore[arg-type]
     (kb, kg, kd), (vb, vg, vd) = rows.key_stride, rows.value_stride
     position = " + ".join(f"tl.load(at{i})" for i in range(rows.terms))
+    dim = int(plan.key.shape[3])  # type: ignore[arg-type]
+    lanes = "" if dim & (dim - 1) == 0 else ", mask=d_ok"  # a padded head (`attention.head_lanes`): its lanes
     return [
         "    # this step's key and value rows into the cache at its position, before anything reads it",
         f"    at = {position}",
         f"    at = tl.where(at < 0, at + {length}, at)",
         f"    if (at >= 0) & (at < {length}):",
-        f"        kr = {attention_prologue.key(plan) or f'tl.load(nk + b * {kb} + g * {kg} + d * {kd})'}",
-        f"        vr = tl.load(nv + b * {vb} + g * {vg} + d * {vd})",
-        f"        tl.store(k + {_slot(plan.key)}, kr)",
-        f"        tl.store(v + {_slot(plan.value)}, vr)",
+        f"        kr = {attention_prologue.key(plan) or f'tl.load(nk + b * {kb} + g * {kg} + d * {kd}{lanes})'}",
+        f"        vr = tl.load(nv + b * {vb} + g * {vg} + d * {vd}{lanes})",
+        f"        tl.store(k + {_slot(plan.key)}, kr{lanes})",
+        f"        tl.store(v + {_slot(plan.value)}, vr{lanes})",
         "    tl.debug_barrier()  # every thread's stores before any thread of the program reads the cache",
     ]
 

@@ -13,7 +13,8 @@ itself; the repeat's copies leave the program with it.
 The kernel is a `FusedKernel` whose plan (`AttentionPlan`) `codegen.triton.attention` prints, bound like
 the fusion pass's kernels: a multi-kernel choice between
 it and the ATen calls it replaced (the repeat included), timed on the first call. CUDA, static
-sizes, float16/bfloat16/float32, head sizes that are powers of two up to 256.
+sizes, float16/bfloat16/float32, head sizes up to 256 (one that is no power of two, Phi-3's 96, padded to one, the
+lanes past it masked).
 
 A row's keys are shared among up to `splits` programs (flash-decoding), so that the launch has about
 `TARGET_PROGRAMS` programs once the cache fills: a batch of one has a few dozen rows, each of which
@@ -179,7 +180,7 @@ def _checked(line: KernelCall, index: int, q: Operand, k: tuple[Operand, int], v
     if out is None or len(q.meta.shape) != 4:
         return None
     batch, heads, rows, dim = q.meta.shape  # type: ignore[misc]
-    if rows != 1 or out.shape != q.meta.shape or dim & (dim - 1) or not 0 < dim <= MAX_HEAD:  # type: ignore[operator]
+    if rows != 1 or out.shape != q.meta.shape or not 0 < dim <= MAX_HEAD:  # type: ignore[operator]
         return None
     metas_all = [q.meta, k[0].meta, v[0].meta, out]
     if any(not m.is_static or not m.device.startswith("cuda") for m in [*metas_all, *([mask.meta] if mask else [])]):
