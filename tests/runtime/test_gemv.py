@@ -8,6 +8,7 @@ the graph's meaning; `test_gemv_cuda.py` runs the Triton kernels themselves on a
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -55,14 +56,25 @@ class Block(nn.Module):
 
 
 def compile_gemv(
-    monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...], checks: list[str] | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    checks: list[str] | None = None,
+    before: tuple[Callable[[Program, KernelRegistry], Program], ...] = (),
+    made: list[Program] | None = None,
 ) -> tuple[object, list[FusedKernel]]:
     """Compiled with the pass (as if on CUDA) in place of the GPU passes; kernels bound to their ATen
-    side, or with `checks`, run in Triton's interpreter with every config and checked against it."""
+    side, or with `checks`, run in Triton's interpreter with every config and checked against it. The passes
+    `before` run first, as if on CUDA too (the programs they make go to `made`)."""
     specs: list[FusedKernel] = []
 
     def gemv_on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        out = print_kernels(_relabel(fuse_gemv(_relabel(program, "cuda:0"), registry), "cpu"))  # with their sources
+        program = _relabel(program, "cuda:0")
+        for run in before:
+            program = run(program, registry)
+        if made is not None:
+            made.append(program)
+        out = print_kernels(_relabel(fuse_gemv(program, registry), "cpu"))  # with their sources
         specs.extend(out.fused)
         return out
 
@@ -75,7 +87,8 @@ def compile_gemv(
         monkeypatch.setattr(
             fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
         )
-    pipeline = [p for p in default_pipeline() if p not in ("gemv", "fusion", "mkl_linear", "prepack", "onednn")]
+    gpu = ("transpose_weights", "split_products", "gemv", "fusion", "mkl_linear", "prepack", "onednn")
+    pipeline = [p for p in default_pipeline() if p not in gpu]
     pipeline.insert(pipeline.index("memo"), "gemv_on_cpu")
     with torch.no_grad():
         return opgen.compile(model.eval(), inputs, passes=pipeline, cache=False), specs

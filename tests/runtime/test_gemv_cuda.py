@@ -55,33 +55,30 @@ def test_products_match_eager(
     assert ("silu(gate) * up" in report) != bias, report  # the gated pair's kernel where there is no bias
 
 
-@pytest.mark.parametrize("force", ["triton", "aten"])
-@pytest.mark.parametrize("rows", [1, 8])
-def test_a_fused_gate_up_weight_takes_the_gated_kernel(monkeypatch: pytest.MonkeyPatch, force: str, rows: int) -> None:
-    """Phi-3's MLP: its one gate/up product, chunked, is split (`split_products`) and then gated."""
-    monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
-    model = FusedGateUp(d=256, hidden=704).to(device="cuda", dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        compiled = opgen.compile(model, (torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16),))
-        for _ in range(3):
-            x = torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16)
-            torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.bfloat16])
-    assert "silu(gate) * up" in str(compiled.report())
+# Products other passes make gemv's: Phi-3's fused gate/up weight, split (`split_products`), then gated; GPT-2's
+# `Conv1D` weights ([K, N]), copied once into a linear layer's layout (`transpose_weights`). (model, report lines)
+REWRITTEN = {
+    "fused_gate_up": (lambda: FusedGateUp(d=256, hidden=704), ("silu(gate) * up",)),
+    "row_major": (lambda: Conv1DMLP(d=256, hidden=704), ("[K, N]",)),
+}
 
 
 @pytest.mark.parametrize("force", ["triton", "aten"])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_row_major_weights_take_the_kernels(monkeypatch: pytest.MonkeyPatch, force: str, rows: int) -> None:
-    """GPT-2's `Conv1D` weights ([K, N]): copied once into a linear layer's layout (`transpose_weights`)."""
+@pytest.mark.parametrize("case", list(REWRITTEN))
+def test_products_other_passes_rewrite_take_the_kernels(monkeypatch: pytest.MonkeyPatch, force: str, rows: int,
+                                                        case: str) -> None:  # fmt: skip
     monkeypatch.setenv("OPGEN_FORCE_KERNEL", force)
-    model = Conv1DMLP(d=256, hidden=704).to(device="cuda", dtype=torch.bfloat16).eval()
+    make, lines = REWRITTEN[case]
+    model = make().to(device="cuda", dtype=torch.bfloat16).eval()
     with torch.no_grad():
         compiled = opgen.compile(model, (torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16),))
         for _ in range(3):
             x = torch.randn(rows, 1, 256, device="cuda", dtype=torch.bfloat16)
             torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.bfloat16])
     report = str(compiled.report())
-    assert report.count("matrix-vector kernel" if rows == 1 else "few-row kernel") == 2 and "[K, N]" in report, report
+    kind = "matrix-vector kernel" if rows == 1 else "few-row kernel"
+    assert all(line in report for line in (*lines, kind)), report
 
 
 @pytest.mark.parametrize("rows", [1, 8])

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import InterpretedBinding, _relabel, needs_triton, ran_in_fresh_interpreter, run_passes_as_if_cuda
+from fusion_interp import needs_triton, ran_in_fresh_interpreter, run_passes_as_if_cuda
+from test_gemv import compile_gemv
 from torch import nn
 
 import opgen
-from opgen.runtime import passes, pipeline
-from opgen.runtime.codegen.triton.kernels import print_kernels
+from opgen.runtime import pipeline
 from opgen.runtime.execution import fused as fused_module
 from opgen.runtime.ir import FusedKernel, KernelCall, Program
 from opgen.runtime.passes import DEFAULT_PIPELINE
-from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.split_products import split_products
-from opgen.runtime.pipeline import default_pipeline
-from opgen.runtime.registry import KernelRegistry
 
 torch.manual_seed(0)
 
@@ -63,31 +60,10 @@ class SplitOfRows(nn.Module):
 def compile_split(
     monkeypatch: pytest.MonkeyPatch, model: nn.Module, x: torch.Tensor, checks: list[str] | None = None
 ) -> tuple[object, list[FusedKernel], list[Program]]:
-    """Compiled with `split_products` then `gemv` (as if on CUDA) in place of the GPU passes; kernels bound to
-    their ATen side, or with `checks`, run in Triton's interpreter. Also returns the program `split_products` made."""
-    specs: list[FusedKernel] = []
-    split: list[Program] = []
-
-    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        split.append(split_products(_relabel(program, "cuda:0"), registry))
-        out = print_kernels(_relabel(fuse_gemv(split[-1], registry), "cpu"))
-        specs.extend(out.fused)
-        return out
-
-    monkeypatch.setitem(passes.PASSES, "split_on_cpu", on_cpu)
-    if checks is None:
-        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
-    else:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        tolerance = {"atol": 1e-4, "rtol": 1e-4}
-        monkeypatch.setattr(
-            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
-        )
-    names = [p for p in default_pipeline() if p not in ("split_products", "gemv", "fusion", "mkl_linear", "prepack",
-                                                        "onednn")]  # fmt: skip
-    names.insert(names.index("memo"), "split_on_cpu")
-    with torch.no_grad():
-        return opgen.compile(model.eval(), (x,), passes=names, cache=False), specs, split
+    """`test_gemv.compile_gemv` with `split_products` first; also returns the program `split_products` made."""
+    made: list[Program] = []
+    compiled, specs = compile_gemv(monkeypatch, model, (x,), checks, before=(split_products,), made=made)
+    return compiled, specs, made
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fusion_interp import InterpretedBinding, _relabel, needs_triton, ran_in_fresh_interpreter
+from fusion_interp import needs_triton, ran_in_fresh_interpreter
+from test_gemv import compile_gemv
 from torch import nn
 
 import opgen
-from opgen.runtime import passes
-from opgen.runtime.codegen.triton.kernels import print_kernels
 from opgen.runtime.execution import fused as fused_module
 from opgen.runtime.ir import FusedKernel, KernelCall, Program
-from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.weight_layout import transpose_weights
-from opgen.runtime.pipeline import default_pipeline
-from opgen.runtime.registry import KernelRegistry
 
 torch.manual_seed(0)
 
@@ -73,31 +69,10 @@ class BufferWeight(nn.Module):
 def compile_layout(
     monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: tuple[torch.Tensor, ...], checks: list[str] | None = None
 ) -> tuple[object, list[FusedKernel], list[Program]]:
-    """Compiled with `transpose_weights` then `gemv` (as if on CUDA) in place of the GPU passes; kernels bound to
-    their ATen side, or with `checks`, run in Triton's interpreter. Also returns the program the pass made."""
-    specs: list[FusedKernel] = []
-    laid: list[Program] = []
-
-    def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        laid.append(transpose_weights(_relabel(program, "cuda:0"), registry))
-        out = print_kernels(_relabel(fuse_gemv(laid[-1], registry), "cpu"))
-        specs.extend(out.fused)
-        return out
-
-    monkeypatch.setitem(passes.PASSES, "layout_on_cpu", on_cpu)
-    if checks is None:
-        monkeypatch.setattr(fused_module, "bindings", lambda found: {s.local: (lambda aten: aten) for s in found})
-    else:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        tolerance = {"atol": 1e-4, "rtol": 1e-4}
-        monkeypatch.setattr(
-            fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
-        )
-    skip = ("transpose_weights", "split_products", "gemv", "fusion", "mkl_linear", "prepack", "onednn", "split_bias")
-    names = [p for p in default_pipeline() if p not in skip]
-    names.insert(names.index("memo"), "layout_on_cpu")
-    with torch.no_grad():
-        return opgen.compile(model.eval(), inputs, passes=names, cache=False), specs, laid
+    """`test_gemv.compile_gemv` with `transpose_weights` first; also returns the program `transpose_weights` made."""
+    made: list[Program] = []
+    compiled, specs = compile_gemv(monkeypatch, model, inputs, checks, before=(transpose_weights,), made=made)
+    return compiled, specs, made
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
