@@ -94,7 +94,7 @@ def find_siblings(program: Program) -> Iterator[Siblings]:
     roots = view_roots(program.body)  # two views of one root with one layout read the same elements
     open_: dict[tuple[str, TensorMeta], list[Product]] = {}
     for index, line in enumerate(program.body):
-        product = _product(index, line, metas, constant) if isinstance(line, KernelCall) else None
+        product = product_of(index, line, metas, constant) if isinstance(line, KernelCall) else None
         if product is not None:
             key = (roots.get(product.x, product.x), metas[product.x])
             group = open_.setdefault(key, [])
@@ -115,7 +115,9 @@ def _siblings(products: list[Product], metas: dict[str, TensorMeta]) -> Siblings
     return Siblings(x, metas[x].shape[1], metas[x], tuple(products))  # type: ignore[arg-type]
 
 
-def _product(index: int, line: KernelCall, metas: dict[str, TensorMeta], constant: set[str]) -> Product | None:
+def product_of(index: int, line: KernelCall, metas: dict[str, TensorMeta], constant: set[str]) -> Product | None:
+    """The product `line` (at `index`) as this pass takes it, or None: the one test of what `gemv` takes,
+    which the passes that bring it products (`split_products`, `transpose_weights`) ask too."""
     if line.target not in PRODUCTS or line.kwargs or writes_memory(line):
         return None
     if len(line.outputs) != 1 or line.outputs[0] is None or not all(isinstance(a, Ref) for a in line.args):

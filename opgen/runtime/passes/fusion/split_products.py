@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, Value, meta_table
 from opgen.runtime.passes.analysis import RESHAPES, constant_names, fresh_namer, readers
-from opgen.runtime.passes.fusion.gemv import MAX_PRODUCTS, _product
+from opgen.runtime.passes.fusion.gemv import MAX_PRODUCTS, product_of
 from opgen.runtime.registry import KernelRegistry
 
 SPLITS = ("aten.split.Tensor", "aten.split_with_sizes.default")
@@ -80,7 +80,7 @@ def _splits(program: Program) -> Iterator[Split]:
     for index, line in enumerate(body):
         if not isinstance(line, KernelCall) or line.target != "aten.mm.default":
             continue
-        product = _product(index, line, metas, constant)
+        product = product_of(index, line, metas, constant)
         if product is None:
             continue
         chain, value = [], product.line.outputs[0].name  # type: ignore[union-attr]

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, Sym, Value, meta_table, substitute_line
 from opgen.runtime.passes.analysis import fresh_namer
-from opgen.runtime.passes.fusion.gemv import PRODUCTS, _product
+from opgen.runtime.passes.fusion.gemv import PRODUCTS, product_of
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -42,7 +42,7 @@ def transpose_weights(program: Program, registry: KernelRegistry) -> Program:
             continue
         k, n = meta.shape
         laid = replace(meta, stride=(1, k), offset=0)  # [K, N], K contiguous: a linear layer's transpose
-        if k == 1 or n == 1 or _product(index, line, {**metas, w.name: laid}, constant | {w.name}) is None:  # type: ignore[union-attr]
+        if k == 1 or n == 1 or product_of(index, line, {**metas, w.name: laid}, constant | {w.name}) is None:  # type: ignore[union-attr]
             continue
         if w.name not in copies:  # type: ignore[union-attr]
             t, c, copy = next(names), next(names), next(names)
