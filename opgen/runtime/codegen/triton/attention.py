@@ -193,7 +193,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         *head_lanes(plan),
         # the query row first: its load needs nothing, and waits alongside the mask's
         f"    qv = ({query or query_load}).to(tl.float32) * {scale!r}",
-        *attention_writes.lines(plan),
+        *attention_writes.lines(plan, d_row),
         kept_range.rstrip("\n"),
     ]
     inner = [

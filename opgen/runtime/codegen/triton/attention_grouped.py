@@ -100,6 +100,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     out_rows = f"b * {out.stride[0]} + hs[:, None] * {out.stride[1]} + d[None, :] * {out.stride[3]}"
     (d_cols, _), (d_rows, _), (d_deep, _) = (head_masks(plan, lanes) for lanes in ("[None, :]", "[:, None]",
                                                                                    "[None, None, :]"))  # fmt: skip
+    _, d_row = head_masks(plan, "")  # the step's key and value rows: one head's lanes
     store = f"tl.store(out + {out_rows}, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=h_ok[:, None]{d_cols})"
     query_load = (f"tl.load(q + b * {q.stride[0]} + hs[:, None] * {q.stride[1]} + d[None, :] * {q.stride[3]}, "
                   f"mask=h_ok[:, None]{d_cols}, other=0.0)")  # fmt: skip
@@ -116,7 +117,7 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         *head_lanes(plan),
         # the query rows first: their load needs nothing, and waits alongside the mask's
         f"    qs = {attention_prologue.query(plan, 'hs[:, None]', f'h_ok[:, None]{d_cols}') or query_load}",
-        *attention_writes.lines(plan),
+        *attention_writes.lines(plan, d_row),
         kept_range.rstrip("\n"),
     ]
     rows = block_h(plan)

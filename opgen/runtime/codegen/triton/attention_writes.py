@@ -22,16 +22,15 @@ def params(plan: AttentionPlan) -> list[str]:
     return [*([] if rows.key_part else ["nk"]), "nv", *(f"at{i}" for i in range(rows.terms))]
 
 
-def lines(plan: AttentionPlan) -> list[str]:
-    """The kernel body's lines that store the rows (`b`, `g` and `d`, the head dimension, defined before)."""
+def lines(plan: AttentionPlan, lanes: str = "") -> list[str]:
+    """The kernel body's lines that store the rows (`b`, `g` and `d`, the head dimension, defined before);
+    `lanes` masks the loads and stores to the head where it is padded (`attention.head_masks`: `, mask=d_ok`)."""
     rows = plan.step_rows
     if rows is None:
         return []
     length = int(plan.key.shape[2])  # type: ignore[arg-type]
     (kb, kg, kd), (vb, vg, vd) = rows.key_stride, rows.value_stride
     position = " + ".join(f"tl.load(at{i})" for i in range(rows.terms))
-    dim = int(plan.key.shape[3])  # type: ignore[arg-type]
-    lanes = "" if dim & (dim - 1) == 0 else ", mask=d_ok"  # a padded head (`attention.head_lanes`): its lanes
     return [
         "    # this step's key and value rows into the cache at its position, before anything reads it",
         f"    at = {position}",

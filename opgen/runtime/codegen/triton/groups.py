@@ -368,19 +368,27 @@ _ROWS = {
 }
 
 
+def row_configs(groups: Sequence[FusedGroup]) -> list[Config]:
+    """Row tiles for row groups launched together (one group: its own kernel; several: `horizontal`'s): BLOCK_N
+    the longest row's power of two, BLOCK_R rows a program up to a tile of 8192, the three largest tiles that
+    fit (small rows want several per program); the grid each group's blocks of rows, one after another."""
+    block_n = max(16, *(next_power_of_2(g.shape[-1]) for g in groups))
+    rows = [math.prod(g.shape[:-1]) for g in groups]
+    configs: list[Config] = []
+    for block_r in (1, 2, 4, 8, 16, 32):
+        tile = block_r * block_n
+        if block_r > 1 and (tile > 8192 or block_r > next_power_of_2(max(rows))):
+            continue
+        warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
+        grid = (sum(-(-r // block_r) for r in rows),)
+        configs.append(((("BLOCK_N", block_n), ("BLOCK_R", block_r)), warps, 1, grid))
+    return configs[-3:]
+
+
 def _configs(group: FusedGroup) -> tuple[Config, ...]:
     """Candidates the first call autotunes over, with their (fixed) grids."""
     if group.kind == "row":
-        rows, n = math.prod(group.shape[:-1]), group.shape[-1]
-        block_n = max(next_power_of_2(n), 16)
-        configs = []
-        for block_r in (1, 2, 4, 8, 16, 32):
-            tile = block_r * block_n
-            if block_r > 1 and (tile > 8192 or block_r > next_power_of_2(rows)):
-                continue
-            warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
-            configs.append(((("BLOCK_N", block_n), ("BLOCK_R", block_r)), warps, 1, (-(-rows // block_r), 1, 1)))
-        return tuple(configs[-3:])  # the largest tiles that fit: small rows want several per program
+        return tuple((meta, warps, stages, (*grid, 1, 1)) for meta, warps, stages, grid in row_configs([group]))
     numel = math.prod(group.shape)
     configs = []
     for block, warps in ((256, 2), (1024, 4), (2048, 8)):

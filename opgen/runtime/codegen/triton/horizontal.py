@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from opgen.runtime.codegen.triton.group_parts import pointwise_part, row_part
+from opgen.runtime.codegen.triton.groups import row_configs
 from opgen.runtime.codegen.triton.module import Kernel, jit_module, next_power_of_2
 from opgen.runtime.ir import Config, HorizontalPlan
 
@@ -54,7 +55,7 @@ def kernel(plan: HorizontalPlan) -> Kernel:
 
 def configs(plan: HorizontalPlan) -> tuple[Config, ...]:
     if plan.parts[0].kind == "row":
-        return _row_configs(plan)
+        return tuple(row_configs(plan.parts))
     largest = max(math.prod(g.shape) for g in plan.parts)
     found: list[Config] = []
     for block, warps in BLOCKS:
@@ -64,18 +65,3 @@ def configs(plan: HorizontalPlan) -> tuple[Config, ...]:
         if config not in found:
             found.append(config)
     return tuple(found)
-
-
-def _row_configs(plan: HorizontalPlan) -> tuple[Config, ...]:
-    """Rows a program (1 to 8, fewer where the tile grows past 8192 elements), BLOCK_N the longest row's."""
-    block_n = max(16, *(next_power_of_2(g.shape[-1]) for g in plan.parts))
-    most = max(math.prod(g.shape[:-1]) for g in plan.parts)
-    found: list[Config] = []
-    for block_r in (1, 2, 4, 8):
-        tile = block_r * block_n
-        if block_r > 1 and (tile > 8192 or block_r > next_power_of_2(most)):
-            continue
-        warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
-        grid = (sum(-(-math.prod(g.shape[:-1]) // block_r) for g in plan.parts),)
-        found.append(((("BLOCK_R", block_r), ("BLOCK_N", block_n)), warps, 1, grid))
-    return tuple(found[-3:])

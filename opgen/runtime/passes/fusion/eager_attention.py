@@ -150,7 +150,7 @@ def _scores(chain: _Chain, probs: str) -> tuple[str, str | None, float, float | 
         if len(add.args) != 2 or add.kwargs or not isinstance(add.args[1], Ref):
             return None
         scores, mask = add.args[0].name, add.args[1].name  # type: ignore[union-attr]
-        if chain.producers.get(scores) is None or scores not in _chain_side(chain, scores):
+        if not _last_score_step(chain, scores):
             scores, mask = mask, scores
         name = scores
     softcap = None
@@ -175,12 +175,10 @@ def _scores(chain: _Chain, probs: str) -> tuple[str, str | None, float, float | 
     return name, mask, scale, softcap
 
 
-def _chain_side(chain: _Chain, name: str) -> set[str]:
-    """`{name}` where `name` is made by a call that can be the scores' last step (scale, cap or product view)."""
+def _last_score_step(chain: _Chain, name: str) -> bool:
+    """Whether `name` is made by a call that can be the scores' last step (the cap, the scale, the product's view)."""
     at = chain.producers.get(name)
-    line = chain.body[at] if at is not None else None
-    ok = isinstance(line, KernelCall) and line.target in (MUL, DIV, *RESHAPES)
-    return {name} if ok else set()
+    return at is not None and isinstance(line := chain.body[at], KernelCall) and line.target in (MUL, DIV, *RESHAPES)
 
 
 def _last_two_swapped(line: KernelCall) -> bool:

@@ -62,19 +62,19 @@ class _Run:
     kernels: list[int] = field(default_factory=list)  # body indices of the run's kernels
     views: list[int] = field(default_factory=list)  # views of their results between them, moved after the last
     returned: set[str] = field(default_factory=set)  # what the kernels return, and the views of it
+    kind: str = ""  # its kernels': "pointwise" or "row"
 
 
 def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel], registry: KernelRegistry) -> list[_Run]:
     """Each run (see the module's docstring), in body order."""
     runs: list[_Run] = []
     run = _Run()
-    kind = ""
     for at, line in enumerate(body):
         spec = _part(line, specs)
         reads_run = bool(set(uses(line)) & run.returned)
-        joins = spec is not None and (not run.kernels or _kind(spec) == kind)
+        joins = spec is not None and (not run.kernels or _kind(spec) == run.kind)
         if joins and not reads_run and len(run.kernels) < MAX_PARTS:
-            kind = _kind(spec)  # type: ignore[arg-type]
+            run.kind = _kind(spec)  # type: ignore[arg-type]
             run.kernels.append(at)
             run.returned |= {v.name for v in spec.outputs}
             continue
@@ -84,8 +84,7 @@ def _runs(body: tuple[Line, ...], specs: dict[str, FusedKernel], registry: Kerne
             continue
         if run.kernels and (writes_memory(line) or reads_run or spec is not None):
             runs.append(run)
-            run = _Run([at], [], {v.name for v in spec.outputs}) if spec is not None else _Run()
-            kind = _kind(spec) if spec is not None else ""
+            run = _Run([at], [], {v.name for v in spec.outputs}, _kind(spec)) if spec is not None else _Run()
     if run.kernels:
         runs.append(run)
     for run in runs:  # views after the last kernel stay where they are

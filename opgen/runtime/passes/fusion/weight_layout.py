@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import KernelCall, Line, Program, Ref, Sym, Value, meta_table, substitute_line
+from opgen.runtime.ir import ITEMSIZE, KernelCall, Line, Program, Ref, Sym, Value, meta_table, substitute_line
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.fusion.gemv import PRODUCTS, product_of
 from opgen.runtime.registry import KernelRegistry
@@ -42,7 +42,7 @@ def transpose_weights(program: Program, registry: KernelRegistry) -> Program:
             continue
         k, n = meta.shape
         laid = replace(meta, stride=(1, k), offset=0)  # [K, N], K contiguous: a linear layer's transpose
-        if k == 1 or n == 1 or product_of(index, line, {**metas, w.name: laid}, constant | {w.name}) is None:  # type: ignore[union-attr]
+        if k == 1 or n == 1 or product_of(index, line, {**metas, w.name: laid}, constant) is None:  # type: ignore[union-attr]
             continue
         if w.name not in copies:  # type: ignore[union-attr]
             t, c, copy = next(names), next(names), next(names)
@@ -58,11 +58,7 @@ def transpose_weights(program: Program, registry: KernelRegistry) -> Program:
         body[index] = substitute_line(line, {w.name: Ref(copies[w.name])})  # type: ignore[union-attr]
     if not copies:
         return program
-    size = sum(metas[w].numel * _itemsize(metas[w].dtype) for w in copies)
+    size = sum(metas[w].numel * ITEMSIZE[metas[w].dtype] for w in copies)
     note = (f"product weights stored [K, N] ({len(copies)}, {size / 2**20:.1f} MiB) copied once into a linear "
             "layer's layout for the few-row product kernels (`transpose_weights`)")  # fmt: skip
     return replace(program, setup=tuple(setup), body=tuple(body), notes=(*program.notes, note))
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float16": 2, "bfloat16": 2, "float32": 4}.get(dtype, 4)
