@@ -169,6 +169,25 @@ def test_a_written_out_attention_whose_scores_are_read_elsewhere_stays_with_aten
     run_steps(compiled, eager, model, range(3, 6))
 
 
+class HalfToFloatSoftmax(EagerAttention):
+    """The eager form as CUDA records it in float16: `F.softmax(s, dtype=torch.float32)` dispatches there to one
+    `_softmax(s, -1, half_to_float=True)`, with no cast before it."""
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = torch.tanh(torch.matmul(q, keys.transpose(2, 3)) * self.scale / self.softcap) * self.softcap  # type: ignore[operator]
+        probs = torch.ops.aten._softmax.default(scores + mask, -1, True).to(q.dtype)
+        return torch.matmul(probs, values)
+
+
+def test_cudas_float16_softmax_is_the_same_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matched only: the CPU has no half_to_float softmax to run (its numbers: the GPU cases in float16)."""
+    model = HalfToFloatSoftmax().half()
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model, dtype=torch.float16))
+    assert len(specs) == 1 and "scores soft-capped at 1.5" in specs[0].describe, compiled.report()  # type: ignore[attr-defined]
+    forward = compiled.artifact.source.split("def forward(")[1].split("def forward_profiled")[0]  # type: ignore[attr-defined]
+    assert "softmax(" not in forward and "bmm(" not in forward, forward
+
+
 def one_row_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """A program per query row whatever the group (the kernel a group of one takes)."""
     monkeypatch.setattr(attention_pass, "GROUPED_FROM", 1 << 30)

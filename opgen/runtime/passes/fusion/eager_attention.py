@@ -12,9 +12,10 @@ the same kernel, with the cap applied to the float32 scores in the kernel.
 What the chain may hold, in order: the keys' transpose (a `permute` or `transpose` of the last two
 dimensions) and the reshapes to the products' 3-d operands (`view`, `reshape`, an `expand` that repeats
 nothing); the scale as a product or quotient by a number (none: 1); the cap as a quotient, `tanh` and
-product by one number; an additive mask; casts to float32 around `_softmax` of the last dimension and a
-`clone` (eval-mode dropout). Every value in it must be read only by the next line of the chain, so that
-replacing the chain drops nothing that something else reads.
+product by one number; an additive mask; casts to float32 around `_softmax` of the last dimension, or on
+CUDA in float16 a `_softmax(s, -1, half_to_float=True)` that casts as it goes (what `F.softmax(s,
+dtype=torch.float32)` dispatches to there); a `clone` (eval-mode dropout). Every value in it must be read
+only by the next line of the chain, so that replacing the chain drops nothing that something else reads.
 """
 
 from __future__ import annotations
@@ -138,10 +139,11 @@ def _scores(chain: _Chain, probs: str) -> tuple[str, str | None, float, float | 
     if (cast := chain.line(name, CAST)) is not None:
         name = cast.args[0].name  # type: ignore[union-attr]
     softmax = chain.line(name, SOFTMAX)
-    if softmax is None or softmax.args[1:] not in ((-1, False), (3, False)):
+    if softmax is None or softmax.args[1] not in (-1, 3):
         return None
     name = softmax.args[0].name  # type: ignore[union-attr]
-    if (cast := chain.line(name, CAST)) is not None:
+    half_to_float = softmax.args[2]  # CUDA's float16 softmax to float32, the cast before it done inside
+    if not half_to_float and (cast := chain.line(name, CAST)) is not None:
         if chain.metas[cast.outputs[0].name].dtype != "float32":  # type: ignore[union-attr]
             return None
         name = cast.args[0].name  # type: ignore[union-attr]
