@@ -114,3 +114,50 @@ def test_a_padded_head_with_its_writes_and_rotations_matches_in_the_interpreter(
             want = eager(ids, torch.tensor([pos]))
             torch.testing.assert_close(fn(ids, torch.tensor([pos])), want, **tolerance)  # type: ignore[operator]
     assert any(c.startswith("attention") for c in checks)
+
+
+@interpreter
+@pytest.mark.parametrize("tp", [False, True])
+def test_gpt_fasts_interleaved_rotation_is_the_attentions_too(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, tp: bool
+) -> None:
+    """gpt-fast's rotary embedding rotates pairs in [.., heads, D / 2, 2], then flattens them and transposes the
+    length-1 sequence dimension away: views between the rotation's kernel and the attention, in the same flat
+    order, so the attention computes them too (five launches a layer), whole and as a tensor-parallel rank (its
+    shard's heads; one rank's group stands in for two)."""
+    if ran_in_fresh_interpreter(request):
+        return
+    import tempfile
+
+    import torch.distributed as dist
+
+    from opgen.bench import decode_models
+    from opgen.bench.tp_models import shard
+    from opgen.runtime.execution import fused as fused_module
+
+    checks: list[str] = []
+    tolerance = {"atol": 1e-4, "rtol": 1e-4}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(pipeline, "run_passes", run_passes_as_if_cuda)
+    monkeypatch.setattr(
+        fused_module, "bindings", lambda found: {s.local: InterpretedBinding(s, checks, tolerance) for s in found}
+    )
+    eager, mine = (decode_models.gpt_fast(decode_models.SHAPES["tiny"], 32, torch.device("cpu")) for _ in range(2))
+    if tp:  # rank 0 of 2; a group of one process runs its collectives (sums of one)
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+        eager, mine = (shard(m, 0, 2, dist.group.WORLD) for m in (eager, mine))
+    try:
+        with torch.no_grad():
+            fn = opgen.compile(mine, (torch.tensor([[1]]), torch.tensor([0])), passes=DEFAULT_PIPELINE, cache=False)
+            jit = fn.report().jit  # type: ignore[attr-defined]
+            attention = [line for line in jit if "decode attention" in line]
+            assert len(attention) == 2 and all("its query and keys computed first" in a for a in attention), jit
+            assert not any("pointwise kernel over 1x1x" in line for line in jit), jit  # no rotation of its own
+            for pos in range(5):
+                ids = torch.randint(1, 100, (1, 1))
+                want = eager(ids, torch.tensor([pos]))
+                torch.testing.assert_close(fn(ids, torch.tensor([pos])), want, **tolerance)  # type: ignore[operator]
+    finally:
+        if tp:
+            dist.destroy_process_group()
+    assert any(c.startswith("attention") for c in checks)
