@@ -11,11 +11,8 @@ It applies to a generated kernel of pointwise groups (one group, or a `horizonta
 every output of which is the attention's query or its stored key rows, read by nothing else, each
 group's iteration space that value's shape; where the lines between the two write no memory but their
 fresh outputs (the groups' inputs hold the same values at the attention's place, where the merged kernel
-runs). An output may reach the attention through views, each read only by the next, that end in a
-row-major tensor of all its elements (gpt-fast rotates pairs in [.., heads, D / 2, 2], then flattens and
-transposes the length-1 sequence dimension away): its flat order is then the value's, and those views
-go with it. An output stored through a chain of data movements (`placement`) stays apart. The merged
-kernel is one multi-kernel choice against the ATen calls of both, the pointwise ones first.
+runs). An output stored through a chain of data movements (`placement`) stays apart. The merged kernel is
+one multi-kernel choice against the ATen calls of both, the pointwise ones first.
 """
 
 from __future__ import annotations
@@ -29,13 +26,10 @@ from opgen.runtime.ir import (
     FusedGroup,
     FusedKernel,
     HorizontalPlan,
-    KernelCall,
     Line,
     Program,
-    Ref,
-    TensorMeta,
 )
-from opgen.runtime.passes.analysis import defined_at, is_view_call, readers
+from opgen.runtime.passes.analysis import defined_at, readers
 from opgen.runtime.passes.fusion.calls import Merge, called, merging, writes_in_place
 from opgen.runtime.registry import KernelRegistry
 
@@ -47,11 +41,11 @@ def fuse_attention_prologue(program: Program, registry: KernelRegistry) -> Progr
     def find(at: int, attention: FusedKernel, specs: Mapping[str, FusedKernel]) -> Merge | None:
         if not isinstance(attention.plan, AttentionPlan) or attention.plan.query_part is not None:
             return None
-        if (match := _producer(at, attention, body, specs, producers, read_by, registry)) is None:
+        if (match := _producer(at, attention, body, specs, producers, read_by)) is None:
             return None
-        source_at, source, outputs, views = match
-        kernel = merged(source, attention, outputs, [body[i] for i in sorted(views)])
-        return None if kernel is None else (kernel, (source_at, *views, at), at, (source.local, attention.local))
+        source_at, source = match
+        kernel = merged(source, attention)
+        return None if kernel is None else (kernel, (source_at, at), at, (source.local, attention.local))
 
     return merging(program, find)
 
@@ -74,88 +68,39 @@ def _groups(spec: FusedKernel) -> tuple[FusedGroup, ...]:
     return (plan,) if isinstance(plan, FusedGroup) else ()
 
 
-def _through_views(
-    name: str,
-    at: int,
-    body: Sequence[Line],
-    producers: dict[str, int],
-    read_by: dict[str, set[int]],
-    registry: KernelRegistry,
-) -> tuple[str, list[int], TensorMeta | None]:
-    """(the value `name` is a view of, the view lines in between, `name`'s own meta where a view made it):
-    back from line `at` through views, each read only by the line after it in the chain."""
-    views: list[int] = []
-    meta = None
-    reader = at
-    while (i := producers.get(name)) is not None and is_view_call(line := body[i], registry):
-        assert isinstance(line, KernelCall)
-        if read_by.get(name) != {reader} or not line.args or not isinstance(line.args[0], Ref):
-            break
-        meta = meta or line.outputs[0].meta  # type: ignore[union-attr]
-        views.append(i)
-        name, reader = line.args[0].name, i
-    return name, views, meta
-
-
 def _producer(at: int, attention: FusedKernel, body: Sequence[Line], specs: Mapping[str, FusedKernel],
-              producers: dict[str, int], read_by: dict[str, set[int]],
-              registry: KernelRegistry) -> tuple[int, FusedKernel, dict[str, str], list[int]] | None:  # fmt: skip
-    """(body index, kernel, its outputs -> the attention's values they are, the view lines between) of the
-    pointwise kernel whose outputs are all values the attention could compute and reads alone, as the
-    module says; else None."""
+              producers: dict[str, int], read_by: dict[str, set[int]]) -> tuple[int, FusedKernel] | None:  # fmt: skip
+    """(body index, kernel) of the pointwise kernel whose outputs are all values the attention could
+    compute and reads alone, as the module says; else None."""
     computed = _computed(attention)
-    reached = {}  # a kernel output -> (the attention's value, views between, that value's meta if a view)
-    for value in computed:
-        root, views, meta = _through_views(value, at, body, producers, read_by, registry)
-        reached[root] = (value, views, meta)
-    query_root = next(iter(reached))
-    source_at = producers.get(query_root)
+    source_at = producers.get(attention.inputs[0])
     source = called(body[source_at], specs) if source_at is not None else None
     groups = _groups(source) if source is not None else ()
     if source is None or not groups:
         return None
-    outputs: dict[str, str] = {}
-    views: list[int] = []
     for group in groups:
         if group.kind != "pointwise" or len(group.outputs) != 1:
             return None
         out = group.outputs[0]
-        if out.placement is not None or out.name not in reached:
+        if out.placement is not None or computed.get(out.name) != tuple(group.shape):
             return None
-        value, between, meta = reached[out.name]
-        if not _same_order(out.meta, tuple(group.shape), computed[value], meta):
+        if read_by.get(out.name) != {at}:
             return None
-        if read_by.get(out.name) != {between[-1] if between else at}:
-            return None
-        outputs[out.name] = value
-        views += between
     if any(writes_in_place(line, specs) for line in body[source_at + 1 : at]):  # type: ignore[operator]
         return None
-    return source_at, source, outputs, views  # type: ignore[return-value]
+    return source_at, source  # type: ignore[return-value]
 
 
-def _same_order(out: TensorMeta, space: tuple[int, ...], shape: tuple[int, ...], view: TensorMeta | None) -> bool:
-    """Whether the attention's value holds the group's output in its flat order: the output itself (the
-    iteration space the value's shape), or a row-major view of all of a row-major output's elements."""
-    if view is None:
-        return space == shape
-    return out.is_contiguous() and view.is_contiguous() and view.offset == out.offset == 0 and view.numel == out.numel
-
-
-def merged(
-    source: FusedKernel, attention: FusedKernel, outputs: Mapping[str, str], views: Sequence[Line]
-) -> FusedKernel | None:
-    """The attention computing what `source` computed (`outputs`: each output -> the attention's value it
-    is, through `views`, which its ATen side runs in between): the groups' inputs first (each graph value
-    once), then the attention's inputs but the values it now computes. None where a group reads one of the
+def merged(source: FusedKernel, attention: FusedKernel) -> FusedKernel | None:
+    """The attention computing what `source` computed: the groups' inputs first (each graph value once),
+    then the attention's inputs but the values it now computes. None where a group reads one of the
     attention's other inputs (the kernel takes each graph value once)."""
     plan: AttentionPlan = attention.plan  # type: ignore[assignment]
     computed = _computed(attention)
     shared = list(dict.fromkeys(t.name for g in _groups(source) for t in g.inputs))
     parts = {}
     for group in _groups(source):
-        name = group.outputs[0].name
-        parts[outputs[name]] = Computed(group, tuple(shared.index(t.name) for t in group.inputs))
+        parts[group.outputs[0].name] = Computed(group, tuple(shared.index(t.name) for t in group.inputs))
     rest = [name for name in attention.inputs if name not in parts]  # the parameters' order: codegen's
     if set(shared) & set(rest):
         return None
@@ -173,6 +118,6 @@ def merged(
         outputs=attention.outputs,
         nodes=(*source.nodes, *attention.nodes),
         describe=f"{attention.describe}, its query{' and keys' if keys and keys[0] in parts else ''} computed first",
-        lines=(*source.lines, *views, *attention.lines),
+        lines=(*source.lines, *attention.lines),
         writes=attention.writes,
     )
