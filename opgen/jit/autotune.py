@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 import torch
 
-from opgen.jit import cache, compiler
+from opgen.jit import cache, compiler, env
 from opgen.jit.binary import KernelBinary
+from opgen.jit.errors import JitError
 from opgen.jit.specialize import Specialization
 from opgen.jit.timing import time_calls
 
@@ -54,21 +55,37 @@ def pick(
 ) -> tuple[int, str]:
     keys = [compiler.binary_key(kernel.fn, s, c.options, device) for s, c in zip(specs, kernel.configs, strict=True)]
     key = cache.make_key(("tune", keys, size_key(args)))
+    fitting, skipped = _fitting(kernel, [future.result() for future in futures], device)
     record = cache.load_pick(key)
-    if record is not None and 0 <= record.get("index", -1) < len(keys):
+    if record is not None and record.get("index", -1) in fitting:
         cache.STATS.add("tune_hits")
         return record["index"], "autotune pick from the cache"
+    if len(fitting) == 1:
+        return fitting[0], f"the only config that fits{skipped}"
     start = time.perf_counter()
-    pairs = zip(futures, kernel.configs, strict=True)
-    calls = [_config_call(kernel, future.result(), config, args) for future, config in pairs]
+    calls = [_config_call(kernel, futures[i].result(), kernel.configs[i], args) for i in fitting]
     timings = time_calls(calls)
-    index = min(range(len(timings.us)), key=timings.us.__getitem__)
+    index = fitting[min(range(len(timings.us)), key=timings.us.__getitem__)]
     cache.STATS.add("tunes")
     cache.STATS.add("tune_seconds", time.perf_counter() - start)
     if timings.trusted:
         cache.store_pick(key, {"index": index, "timings_us": timings.us})
     shown = ", ".join(f"{t:.1f}" for t in timings.us)
-    return index, f"autotuned on the first call (us per launch: {shown}){timings.caveat}"
+    return index, f"autotuned on the first call (us per launch: {shown}){timings.caveat}{skipped}"
+
+
+def _fitting(kernel: Tunable, binaries: Sequence[KernelBinary], device: int) -> tuple[list[int], str]:
+    """The configs whose binaries the device can launch (`env.fits`: the others need more shared memory than
+    it allows a program), and a note of those skipped ("" for none); JitError where none fits."""
+    fitting = [i for i, b in enumerate(binaries) if env.fits(b.shared, device)]
+    if not fitting:
+        needs = ", ".join(str(b.shared) for b in binaries)
+        raise JitError(
+            f"{kernel.name}: every config needs more shared memory ({needs} bytes) than device {device} allows a "
+            f"program ({env.shared_memory_limit(device)}); fewer num_stages or smaller blocks fit"
+        )
+    skipped = len(binaries) - len(fitting)
+    return fitting, f"; {skipped} config(s) skipped: too much shared memory" if skipped else ""
 
 
 def _config_call(kernel: Tunable, binary: KernelBinary, config: Any, args: Sequence[Any]) -> Callable[[], Any]:

@@ -61,6 +61,17 @@ def target(device: int) -> Any:
 
 
 @functools.cache
+def shared_memory_limit(device: int) -> int:
+    """Bytes of shared memory one program may have on a device (the opt-in maximum a launch may ask for)."""
+    return int(getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 49152))
+
+
+def fits(shared: int, device: int) -> bool:
+    """Whether a binary that needs `shared` bytes of shared memory can be launched on the device."""
+    return shared <= shared_memory_limit(device)
+
+
+@functools.cache
 def fingerprint(device: int) -> tuple[str, ...]:
     """What a binary depends on besides its source and specialization: architecture and versions."""
     import triton

@@ -124,7 +124,9 @@ class JitKernel:
         self.native.jit_launch_strict(self.launcher, *args)
 
     def add_variant(self, binary: KernelBinary, config: Config, args: Sequence[Any], *, into: Any = None) -> None:
-        """Load `binary` into the launcher (or `into`, a scratch launcher), ahead of the others."""
+        """Load `binary` into the launcher (or `into`, a scratch launcher), ahead of the others. A binary
+        that needs more shared memory than the arguments' device allows is refused (`check_fits`)."""
+        check_fits(self.name, binary, config, _device(self, args))
         self.native.jit_add_variant(
             into if into is not None else self.launcher,
             binary.cubin,
@@ -155,6 +157,16 @@ class JitKernel:
             return [list(expr.to_program(e, params, config.meta)) for e in items]
         except expr.ExprError as exc:
             raise JitError(f"{self.name}: bad grid: {exc}") from None
+
+
+def check_fits(name: str, binary: KernelBinary, config: Config, device: int) -> None:
+    """JitError where the binary needs more shared memory than the device allows a program (`env.fits`):
+    its launch would fail, as Triton's launcher says with OutOfResources."""
+    if not env.fits(binary.shared, device):
+        raise JitError(
+            f"{name}: config ({config.describe()}) needs {binary.shared} bytes of shared memory, and device "
+            f"{device} allows {env.shared_memory_limit(device)} a program; fewer num_stages or smaller blocks fit"
+        )
 
 
 def _python_grid(grid: Callable[..., Any], names: Sequence[str], meta: Mapping[str, Any]) -> Callable[..., Any]:

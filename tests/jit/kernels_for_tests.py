@@ -59,3 +59,18 @@ def tuned_mul_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * factor, mask=mask)
+
+
+@triton.jit
+def rows_dot_kernel(x_ptr, w_ptr, out_ptr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[:, cols] = x @ w[cols, :].T for 16 rows of x: a pipelined loop of dots, whose shared memory grows
+    with BLOCK_K and num_stages."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = tl.arange(0, 16)
+    acc = tl.zeros((16, BLOCK_N), tl.float32)
+    for start in range(0, K, BLOCK_K):
+        ks = start + tl.arange(0, BLOCK_K)
+        xs = tl.load(x_ptr + ms[:, None] * K + ks[None, :])
+        tile = tl.load(w_ptr + cols[None, :] * K + ks[:, None])
+        acc = tl.dot(xs, tile, acc)
+    tl.store(out_ptr + ms[:, None] * (BLOCK_N * tl.num_programs(0)) + cols[None, :], acc)

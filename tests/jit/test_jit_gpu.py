@@ -337,3 +337,119 @@ def test_launch_tells_grid_functions_apart_by_their_closure():
         opgen.jit.launch(K.int_kernel, grid_for(300), torch.zeros(300, device="cuda", dtype=torch.int64), 300, 2,
                          BLOCK=64)  # fmt: skip
     assert len(K.int_kernel._opgen_launchers) == made
+
+
+# --- shared memory beyond the device's limit: refused with a clear error, never launched ------------------
+
+
+def rows_dot(configs):
+    from opgen.jit import env
+
+    x = torch.randn(16, 1024, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, 1024, device="cuda", dtype=torch.float16) / 32
+    out = torch.empty(16, 256, device="cuda")
+    launch = opgen.jit.kernel(K.rows_dot_kernel, lambda m: (256 // m["BLOCK_N"],), configs=configs)
+    return launch, (x, w, out), env
+
+
+def test_a_config_needing_more_shared_memory_than_the_device_allows_is_refused(monkeypatch):
+    launch, args, env = rows_dot([Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 64}, num_stages=3)])
+    monkeypatch.setattr(env, "shared_memory_limit", lambda device: -1)
+    with pytest.raises(opgen.jit.JitError, match=r"needs \d+ bytes of shared memory, and device 0 allows -1"):
+        launch(*args)
+    assert launch.variant_count == 0
+
+
+def test_autotuning_skips_the_configs_that_need_too_much_shared_memory(monkeypatch):
+    small = Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 32}, num_stages=2)
+    big = Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 128}, num_stages=4)
+    launch, args, env = rows_dot([big, small])
+    launch.kernel.warmup(*args)
+    shared = {b.num_stages: b.shared for b in (f.result(timeout=120) for f in launch.kernel._futures.values())}
+    assert shared[2] < shared[4]
+    monkeypatch.setattr(env, "shared_memory_limit", lambda device: shared[2])
+    launch(*args)
+    x, w, out = args
+    torch.testing.assert_close(out, x.float() @ w.float().T, rtol=1e-2, atol=1e-2)
+    (pick,) = launch.kernel.picks.values()
+    assert pick.startswith("config 1 ") and "the only config that fits; 1 config(s) skipped" in pick
+    monkeypatch.setattr(env, "shared_memory_limit", lambda device: -1)
+    again, args, _ = rows_dot([big, small])
+    with pytest.raises(opgen.jit.JitError, match="every config needs more shared memory"):
+        again(*args)
+
+
+def test_the_few_row_tile_that_crashed_the_launcher_is_skipped():
+    """Six stages of (32, 256) for Llama-3.2-1B's q/k/v at 8 rows need 240 KB on an H200 (227 KB allowed):
+    its launch took the process down (a segmentation fault, not an error). Autotuned beside one that fits,
+    it is skipped where it does not fit; the kernel runs and matches."""
+    import importlib.util
+
+    from opgen.jit import env
+    from opgen.jit.kernels import JitKernel
+    from opgen.runtime.codegen.triton import few_rows
+    from opgen.runtime.ir import GemvPlan, GemvRows
+
+    k, widths = 2048, (2048, 512, 512)
+    plan = GemvPlan(k, 1, tuple(GemvRows(n, k, False) for n in widths), m=8, x_row_stride=k)
+    name, source = few_rows.kernel(plan)
+    path = Path(os.environ["OPGEN_CACHE_DIR"]).parent / "few_rows_kernel.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("few_rows_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    configs = [Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=s) for s in (6, 3)]
+    kernel = JitKernel(getattr(module, name), (plan.blocks(32),), configs)
+    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for n in widths]
+    outs = [torch.empty(8, n, device="cuda", dtype=torch.bfloat16) for n in widths]
+    kernel.launcher(x, *ws, *outs)
+    for out, w in zip(outs, ws):
+        torch.testing.assert_close(out.float(), x.float() @ w.float().T, rtol=2e-2, atol=2e-2)
+    shared = max(f.result().shared for f in kernel._futures.values())
+    (pick,) = kernel.picks.values()
+    assert ("skipped" in pick) == (shared > env.shared_memory_limit(0))
+
+
+PROBE = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {here!r})
+    import torch
+    import opgen.jit
+    from opgen.jit import env
+    import kernels_for_tests as K
+
+    launch = opgen.jit.kernel(K.axpy_kernel, ("cdiv(n, BLOCK)",), BLOCK=256)
+    x = torch.randn(1024, device="cuda")
+    out = torch.empty_like(x)
+    args = (x, x, out, 1024, 1.0)
+    launch(*args)
+    kernel = launch.kernel
+    binary = next(iter(kernel._futures.values())).result()
+    native = kernel.native
+    scratch = native.JitLauncher("too_big", len(kernel.names), None)
+    params = [(p.kind, getattr(torch, p.dtype) if p.dtype else None, p.align16, p.div16) for p in binary.params]
+    native.jit_add_variant(scratch, binary.cubin, binary.name, binary.num_warps, env.shared_memory_limit(0) + 1024,
+                           params, kernel._grid_for(kernel.configs[0], args), binary.extra_pointers)
+    try:
+        native.jit_launch_strict(scratch, *args)
+    except Exception as exc:
+        print("raised", type(exc).__name__, str(exc).splitlines()[0])
+    """
+)
+
+
+@pytest.mark.xfail(
+    reason="on an H200 (torch 2.11, CUDA 13) any C++ error thrown in jit_launch_strict took the process down (a "
+    "segmentation fault; a grid error too) at 1b905f2; the entry points now raise through python_errors and "
+    "open libcuda locally, not yet run on a GPU",
+    strict=False,
+)
+def test_the_launcher_itself_raises_for_a_variant_beyond_the_shared_memory_limit(fresh_cache):
+    """The C++ launcher's own check (behind the Python one): an error in a child process, which lives on."""
+    env = {**os.environ, "OPGEN_CACHE_DIR": str(fresh_cache)}
+    done = subprocess.run([sys.executable, "-c", PROBE.format(here=str(HERE))], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "raised" in done.stdout and "bytes of shared memory; the device allows" in done.stdout, done.stdout

@@ -29,7 +29,7 @@ void resolve(void* lib, const char* name, F& slot, std::string& missing) {
 const Driver& driver() {
   static const Driver d = [] {
     Driver out;
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // local: symbols come from the handle
     resolve(lib, "cuGraphKernelNodeGetParams_v2", out.getParams, out.missing);
     resolve(lib, "cuGraphKernelNodeSetParams_v2", out.setParams, out.missing);
     resolve(lib, "cuFuncGetParamInfo", out.funcParamInfo, out.missing);

@@ -64,7 +64,9 @@ void resolve(void* lib, const char* name, F& slot) {
 
 const Driver& driver() {
   static const Driver d = [] {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    // Local, as Triton opens it: the symbols are taken from the handle, and a global libcuda would join the
+    // scope every later symbol lookup in the process searches.
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     TORCH_CHECK(lib != nullptr, "opgen.jit: cannot open the CUDA driver (libcuda.so.1): ", dlerror());
     Driver out;
     resolve(lib, "cuModuleLoadData", out.moduleLoadData);
@@ -168,9 +170,9 @@ CUfunction function_for(Variant& v, int device) {
   int optin = 0;
   check(d.deviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
         "cuDeviceGetAttribute", v.name);
-  TORCH_CHECK_WITH(OutOfMemoryError, v.shared <= static_cast<unsigned>(optin), "opgen.jit: kernel ", v.name,
-                   " needs ", v.shared, " bytes of shared memory; the device allows ", optin,
-                   ". Smaller blocks or fewer num_stages may help.");
+  // opgen.jit refuses such binaries before they get here (kernels.check_fits): this is the last guard.
+  TORCH_CHECK(v.shared <= static_cast<unsigned>(optin), "opgen.jit: kernel ", v.name, " needs ", v.shared,
+              " bytes of shared memory; the device allows ", optin, ". Smaller blocks or fewer num_stages may help.");
   if (v.shared > 49152) {
     int static_shared = 0;
     check(d.funcGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f), "cuFuncGetAttribute", v.name);
@@ -421,6 +423,24 @@ class Variants {
   std::atomic<const List*> current_{nullptr};
   std::vector<std::unique_ptr<const List>> published_;
 };
+
+// The pybind11 entry points below raise as the rest of opgen does (python_errors.h: a C++ exception as the
+// Python one, its message without c10's backtrace) instead of leaving C++ exceptions to pybind11's
+// translators; pybind11's own exceptions pass as they are. A c10 error thrown from jit_launch_strict took
+// the process down (a segmentation fault) on an H200 with torch 2.11; whether this is the cause was not found.
+template <class Body>
+decltype(auto) python_errors(Body&& body) {
+  try {
+    return body();
+  } catch (const py::error_already_set&) {
+    throw;
+  } catch (const py::builtin_exception&) {
+    throw;
+  } catch (...) {
+    raise_current("");
+    throw py::error_already_set();
+  }
+}
 
 // --- the Python type ---------------------------------------------------------------------------------
 
@@ -830,20 +850,36 @@ void add_jit(py::module_& m) {
   own_module = Py_NewRef(m.ptr());  // an extension module is never unloaded
   m.def("JitLauncher", &make_launcher, py::arg("name"), py::arg("nargs"), py::arg("fallback"),
         "JitLauncher(name, nargs, fallback): a Triton kernel's launcher, with no variant yet.");
-  m.def("jit_add_variant", &add_variant, py::arg("launcher"), py::arg("binary"), py::arg("name"),
+  m.def("jit_add_variant",
+        [](py::object self, py::bytes binary, std::string name, unsigned num_warps, unsigned shared, py::list params,
+           py::object grid, int extra_pointers, bool first, bool dependent) {
+          python_errors([&] {
+            add_variant(std::move(self), std::move(binary), std::move(name), num_warps, shared, std::move(params),
+                        std::move(grid), extra_pointers, first, dependent);
+          });
+        },
+        py::arg("launcher"), py::arg("binary"), py::arg("name"),
         py::arg("num_warps"), py::arg("shared"), py::arg("params"), py::arg("grid"), py::arg("extra_pointers"),
         py::arg("first") = true, py::arg("dependent") = false,
         "Adds a compiled variant to a JitLauncher (see opgen/jit/kernels.py); `dependent`: launch it with "
         "programmatic dependent launch (its source waits for the kernel before it with gdc_wait).");
-  m.def("jit_launch_strict", &launch_strict, py::arg("launcher"),
+  m.def("jit_launch_strict",
+        [](py::object self, py::args args) { python_errors([&] { launch_strict(std::move(self), std::move(args)); }); },
+        py::arg("launcher"),
         "Launches the first variant that fits, never the fallback (raises if none fits).");
-  m.def("jit_bench_bare", &bench_bare, py::arg("launcher"), py::arg("iterations"),
+  m.def("jit_bench_bare",
+        [](py::object self, int64_t iterations, py::args args) {
+          return python_errors([&] { return bench_bare(std::move(self), iterations, std::move(args)); });
+        },
+        py::arg("launcher"), py::arg("iterations"),
         "Seconds of host time per launch of a bare cuLaunchKernel loop (opgen.bench jit).");
   m.def("Switch", &make_switch, py::arg("target"), "Switch(target): calls go to `target`, which can be replaced.");
   m.def("cuda_driver_version", [] {
-    int version = 0;
-    check(driver().driverGetVersion(&version), "cuDriverGetVersion", "-");
-    return version;
+    return python_errors([] {
+      int version = 0;
+      check(driver().driverGetVersion(&version), "cuDriverGetVersion", "-");
+      return version;
+    });
   }, "The CUDA driver's version, as cuDriverGetVersion gives it (12080 for 12.8).");
 }
 
