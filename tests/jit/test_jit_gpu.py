@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not opgen.jit.available(), reason="; ".join(opge
 triton = pytest.importorskip("triton")
 import kernels_for_tests as K  # noqa: E402
 
-from opgen.jit import Config  # noqa: E402
+from opgen.jit import Config, env  # noqa: E402
 from opgen.jit.cache import STATS  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -343,17 +343,15 @@ def test_launch_tells_grid_functions_apart_by_their_closure():
 
 
 def rows_dot(configs):
-    from opgen.jit import env
-
     x = torch.randn(16, 1024, device="cuda", dtype=torch.float16)
     w = torch.randn(256, 1024, device="cuda", dtype=torch.float16) / 32
     out = torch.empty(16, 256, device="cuda")
     launch = opgen.jit.kernel(K.rows_dot_kernel, lambda m: (256 // m["BLOCK_N"],), configs=configs)
-    return launch, (x, w, out), env
+    return launch, (x, w, out)
 
 
 def test_a_config_needing_more_shared_memory_than_the_device_allows_is_refused(monkeypatch):
-    launch, args, env = rows_dot([Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 64}, num_stages=3)])
+    launch, args = rows_dot([Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 64}, num_stages=3)])
     monkeypatch.setattr(env, "shared_memory_limit", lambda device: -1)
     with pytest.raises(opgen.jit.JitError, match=r"needs \d+ bytes of shared memory, and device 0 allows -1"):
         launch(*args)
@@ -363,7 +361,7 @@ def test_a_config_needing_more_shared_memory_than_the_device_allows_is_refused(m
 def test_autotuning_skips_the_configs_that_need_too_much_shared_memory(monkeypatch):
     small = Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 32}, num_stages=2)
     big = Config({"K": 1024, "BLOCK_N": 64, "BLOCK_K": 128}, num_stages=4)
-    launch, args, env = rows_dot([big, small])
+    launch, args = rows_dot([big, small])
     launch.kernel.warmup(*args)
     shared = {b.num_stages: b.shared for b in (f.result(timeout=120) for f in launch.kernel._futures.values())}
     assert shared[2] < shared[4]
@@ -374,7 +372,7 @@ def test_autotuning_skips_the_configs_that_need_too_much_shared_memory(monkeypat
     (pick,) = launch.kernel.picks.values()
     assert pick.startswith("config 1 ") and "the only config that fits; 1 config(s) skipped" in pick
     monkeypatch.setattr(env, "shared_memory_limit", lambda device: -1)
-    again, args, _ = rows_dot([big, small])
+    again, args = rows_dot([big, small])
     with pytest.raises(opgen.jit.JitError, match="every config needs more shared memory"):
         again(*args)
 
@@ -385,7 +383,6 @@ def test_the_few_row_tile_that_crashed_the_launcher_is_skipped():
     it is skipped where it does not fit; the kernel runs and matches."""
     import importlib.util
 
-    from opgen.jit import env
     from opgen.jit.kernels import JitKernel
     from opgen.runtime.codegen.triton import few_rows
     from opgen.runtime.ir import GemvPlan, GemvRows
@@ -448,8 +445,8 @@ PROBE = textwrap.dedent(
 )
 def test_the_launcher_itself_raises_for_a_variant_beyond_the_shared_memory_limit(fresh_cache):
     """The C++ launcher's own check (behind the Python one): an error in a child process, which lives on."""
-    env = {**os.environ, "OPGEN_CACHE_DIR": str(fresh_cache)}
-    done = subprocess.run([sys.executable, "-c", PROBE.format(here=str(HERE))], env=env, capture_output=True,
+    child_env = {**os.environ, "OPGEN_CACHE_DIR": str(fresh_cache)}
+    done = subprocess.run([sys.executable, "-c", PROBE.format(here=str(HERE))], env=child_env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "raised" in done.stdout and "bytes of shared memory; the device allows" in done.stdout, done.stdout
