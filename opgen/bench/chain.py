@@ -187,14 +187,17 @@ class Runner:
             return  # the interpreter runs the one program alone
         compiled = self.kernels.persistent_kernel.warmup(*self._persistent_args(), grid=(self.programs,),
                                                          num_warps=self.tiles.warps)  # fmt: skip
-        compiled._init_handles()  # loads the binary: its registers a thread are known from then on
-        limits = sm_limits(device)
-        each = resident_programs(compiled.n_regs, compiled.metadata.shared, self.tiles.warps, limits)
+        try:
+            compiled._init_handles()  # loads the binary: its registers a thread are known from then on
+            registers, shared = int(compiled.n_regs), int(compiled.metadata.shared)
+        except AttributeError as e:  # another Triton: not run, rather than risk waiting forever
+            raise ValueError(f"opgen.bench chain: cannot tell how many programs an SM holds ({e})") from None
+        each = resident_programs(registers, shared, self.tiles.warps, sm_limits(device))
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         if self.programs > each * sms:
             raise ValueError(
                 f"opgen.bench chain: {self.programs} persistent programs, but an SM holds {each} of this kernel "
-                f"({compiled.n_regs} registers a thread, {compiled.metadata.shared} bytes of shared memory, "
+                f"({registers} registers a thread, {shared} bytes of shared memory, "
                 f"{self.tiles.warps} warps): at most --per-sm {each}"
             )
 
@@ -254,7 +257,7 @@ def run(widths: str, device: torch.device, tiles: Tiles, programs: int, layers: 
     """One dict a way: "way", "us" (median; None where nothing is timed: the CPU), "min_us", "max_us",
     "bandwidth" (a fraction of copy bandwidth), "error" (max |result - torch's| over max |torch's|)."""
     chain = make_chain(widths, device, layers)
-    x = torch.randn(rows, chain.hidden, device=device).bfloat16()
+    x = torch.randn(rows, chain.hidden, device=device, generator=torch.Generator(device).manual_seed(1)).bfloat16()
     want = reference(chain, x)
     runner = Runner(chain, tiles, programs, rows)
     ways = {"launches": runner.launches}
@@ -341,7 +344,11 @@ def main(argv: list[str]) -> int:
         return 2
     cuda = device.type == "cuda"
     programs = torch.cuda.get_device_properties(device).multi_processor_count * args.per_sm if cuda else 1
-    rows = run(args.widths, device, tiles, programs, args.layers, args.rows, args.repeats)
+    try:
+        rows = run(args.widths, device, tiles, programs, args.layers, args.rows, args.repeats)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
     how = f"{programs} persistent programs, tiles: {tiles.describe()}" if args.rows == 1 else \
         f"{args.rows} rows, tiles: {tiles.describe_rows()}"  # fmt: skip
