@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import astuple, dataclass
 
 import torch
@@ -278,23 +278,30 @@ def run(widths: str, device: torch.device, tiles: Tiles, programs: int, layers: 
     from opgen.bench.decode import copy_bandwidth
 
     bandwidth = copy_bandwidth(device)
-    replays = {name: _graph(step, runner, x) for name, step in ways.items()}
-    samples: dict[str, list[float]] = {name: [] for name in ways}
+    samples = _timed({name: _graph(step, runner, x) for name, step in ways.items()}, runner, x, repeats)
+    result = []
+    for name in ways:
+        us = statistics.median(samples[name])
+        result.append({"way": name, "us": us, "min_us": min(samples[name]), "max_us": max(samples[name]),
+                     "bandwidth": chain.weight_bytes / (us * 1e-6) / bandwidth, "error": errors[name]})  # fmt: skip
+    return result
+
+
+def _timed(
+    replays: Mapping[str, Callable[[], None]], runner: Runner, x: torch.Tensor, repeats: int
+) -> dict[str, list[float]]:
+    """Microseconds a step, `repeats` samples a way, the ways interleaved; each sample REPLAYS replays."""
+    samples: dict[str, list[float]] = {name: [] for name in replays}
     for _ in range(repeats):
         for name, replay in replays.items():
             runner.load(x)
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(x.device)
             start = time.perf_counter()
             for _ in range(REPLAYS):
                 replay()
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(x.device)
             samples[name].append((time.perf_counter() - start) / REPLAYS * 1e6)
-    rows = []
-    for name in ways:
-        us = statistics.median(samples[name])
-        rows.append({"way": name, "us": us, "min_us": min(samples[name]), "max_us": max(samples[name]),
-                     "bandwidth": chain.weight_bytes / (us * 1e-6) / bandwidth, "error": errors[name]})  # fmt: skip
-    return rows
+    return samples
 
 
 def _tiles(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Tiles:
@@ -311,7 +318,7 @@ def _tiles(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Tiles:
     return tiles
 
 
-def main(argv: list[str]) -> int:
+def _arguments(argv: list[str]) -> tuple[argparse.Namespace, Tiles]:
     parser = argparse.ArgumentParser(prog="python -m opgen.bench chain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", choices=sorted(WIDTHS), help="default: 1b on CUDA, tiny on the CPU")
     parser.add_argument("--layers", type=int, default=None, help="layers (default: the model's)")
@@ -324,32 +331,36 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dot", action="store_true", help="a few-row kernel's tiles on tensor cores (not FMA)")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed samples (the median is reported)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    args.widths = args.widths or ("1b" if device.type == "cuda" else "tiny")
+    args.widths = args.widths or ("1b" if args.device == "cuda" else "tiny")
     tiles = _tiles(parser, args)
     if not 1 <= args.rows <= 64:
         parser.error(f"--rows {args.rows}: 1 to 64")
-    if args.per_sm < 1 or args.repeats < 1:
-        parser.error("--per-sm and --repeats take a positive count")
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if args.per_sm < 1 or args.repeats < 1 or args.stages < 1 or (args.layers is not None and args.layers < 1):
+        parser.error("--per-sm, --repeats, --stages and --layers take a positive count")
+    if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
-    if device.type == "cpu":
-        if args.widths != "tiny":
-            parser.error(f"--device cpu runs Triton's interpreter: --widths tiny, not {args.widths}")
-        os.environ["TRITON_INTERPRET"] = "1"
+    if args.device == "cpu" and args.widths != "tiny":
+        parser.error(f"--device cpu runs Triton's interpreter: --widths tiny, not {args.widths}")
+    return args, tiles
+
+
+def main(argv: list[str]) -> int:
+    args, tiles = _arguments(argv)
+    device, cuda = torch.device(args.device), args.device == "cuda"
+    if not cuda:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
     try:
         import triton  # noqa: F401
     except ImportError:
         print("opgen.bench chain: needs triton (on the CPU, for its interpreter)", file=sys.stderr)
         return 2
-    cuda = device.type == "cuda"
     programs = torch.cuda.get_device_properties(device).multi_processor_count * args.per_sm if cuda else 1
     try:
         rows = run(args.widths, device, tiles, programs, args.layers, args.rows, args.repeats)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
+    name = torch.cuda.get_device_name(device) if cuda else "cpu (Triton's interpreter)"
     how = f"{programs} persistent programs, tiles: {tiles.describe()}" if args.rows == 1 else \
         f"{args.rows} rows, tiles: {tiles.describe_rows()}"  # fmt: skip
     print(f"chain of {args.widths} widths, {args.layers or WIDTHS[args.widths][3]} layers, bf16, {name}, {how}")
