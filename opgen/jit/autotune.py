@@ -55,11 +55,12 @@ def pick(
 ) -> tuple[int, str]:
     keys = [compiler.binary_key(kernel.fn, s, c.options, device) for s, c in zip(specs, kernel.configs, strict=True)]
     key = cache.make_key(("tune", keys, size_key(args)))
-    fitting, skipped = _fitting(kernel, [future.result() for future in futures], device)
     record = cache.load_pick(key)
-    if record is not None and record.get("index", -1) in fitting:
+    cached = record.get("index", -1) if record is not None else -1
+    if 0 <= cached < len(keys) and env.fits(futures[cached].result().shared, device):  # waits for its binary alone
         cache.STATS.add("tune_hits")
-        return record["index"], "autotune pick from the cache"
+        return cached, "autotune pick from the cache"
+    fitting, skipped = _fitting(kernel, [future.result() for future in futures], device)
     if len(fitting) == 1:
         return fitting[0], f"the only config that fits{skipped}"
     start = time.perf_counter()
