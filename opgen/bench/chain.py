@@ -21,10 +21,11 @@ With `--rows M` (2 to 64: batched decode) the products take M rows, their tiles 
 row times each weight row, summed along K at the end, as opgen's one-row kernels) or with `--dot` on
 tensor cores (a block of the rows, padded to 16, times a tile of the weight, as opgen's few-row kernels).
 
-Each row of the output gives microseconds a step (median of `--repeats` samples of 50 replays,
-interleaved), the weights' bytes over that time as a % of copy bandwidth, and the result against torch's
-products of the same weights. `--device cpu` runs the tiny widths in Triton's interpreter (one program,
-nothing timed): a check of the kernels. Measured figures: docs/jit-and-fusion.md (A persistent chain).
+Each row of the output gives microseconds a step (median of `--repeats` interleaved samples of replays,
+`opgen.bench.timing.interleaved`), the weights' bytes over that time as a % of copy bandwidth, and the result
+against torch's products of the same weights (over the first two layers: `_errors` says why). `--device cpu`
+runs the tiny widths in Triton's interpreter (one program, nothing timed): a check of the kernels. Measured
+figures: docs/jit-and-fusion.md (A persistent chain).
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
 import torch
+
+from opgen.bench.timing import interleaved
 
 # (hidden, q/k/v rows, MLP width, layers) of real checkpoints: Llama-3.2-1B, Qwen2.5-0.5B, Llama-3.1-8B
 WIDTHS = {
@@ -47,8 +48,9 @@ WIDTHS = {
     "8b": (4096, 6144, 14336, 32),
     "tiny": (64, 96, 128, 2),
 }
-REPLAYS = 50  # graph replays a sample
+CHECKED_LAYERS = 2  # layers of the chain whose result is checked against torch's (`_errors`)
 REPEATS = 7  # interleaved samples (`--repeats`); the median is reported
+TARGET_S = 0.04  # seconds of replays a sample (about 50 of a 1B chain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,20 @@ class Tiles:
         return f"{self.describe()}, {self.stages} stages, {'tensor cores' if self.dot else 'FMA'}"
 
 
+@dataclass(frozen=True, slots=True)
+class Product:
+    """One product of the chain: y = x[:, :k] @ w.T (a gated pair: silu(x @ w0.T) * (x @ w1.T)), n columns."""
+
+    weights: tuple[torch.Tensor, ...]  # one, or a gate's and an up's
+    x: torch.Tensor
+    y: torch.Tensor
+    n: int
+    k: int
+    row_stride: int  # x's
+    block_n: int
+    block_k: int
+
+
 class Runner:
     """The chain's buffers and its three ways, each a function that runs one step."""
 
@@ -142,38 +158,32 @@ class Runner:
     def load(self, x: torch.Tensor) -> None:
         self.h.copy_(x)
 
-    def launches(self, dependent: bool = False) -> None:
-        if self.rows > 1:
-            return self._rows(dependent)
-        c, t, k = self.chain, self.tiles, {"num_warps": self.tiles.warps}
-        product, gated = self.kernels.product_kernel, self.kernels.gated_kernel
-        if dependent:
-            k["launch_pdl"] = True
-        for layer in range(c.layers):
-            product[(triton_cdiv(c.qkv, t.qkv),)](c.w_qkv[layer], self.h, self.qkv, c.qkv, c.hidden, t.qkv,
-                                                      t.block_k, dependent, **k)  # fmt: skip
-            product[(triton_cdiv(c.hidden, t.o),)](c.w_o[layer], self.qkv, self.o, c.hidden, c.hidden, t.o,
-                                                       t.block_k, dependent, **k)  # fmt: skip
-            gated[(triton_cdiv(c.inter, t.gu),)](c.w_g[layer], c.w_u[layer], self.o, self.gu, c.inter, c.hidden,
-                                                     t.gu, t.block_k, dependent, **k)  # fmt: skip
-            product[(triton_cdiv(c.hidden, t.d),)](c.w_d[layer], self.gu, self.h, c.hidden, c.inter, t.d,
-                                                       t.block_kd, dependent, **k)  # fmt: skip
+    def products(self, layer: int) -> list[Product]:
+        """The layer's four products in order, each with its tile's rows and K block."""
+        c, t = self.chain, self.tiles
+        return [
+            Product((c.w_qkv[layer],), self.h, self.qkv, c.qkv, c.hidden, c.hidden, t.qkv, t.block_k),
+            Product((c.w_o[layer],), self.qkv, self.o, c.hidden, c.hidden, c.qkv, t.o, t.block_k),  # q's columns
+            Product((c.w_g[layer], c.w_u[layer]), self.o, self.gu, c.inter, c.hidden, c.hidden, t.gu, t.block_k),
+            Product((c.w_d[layer],), self.gu, self.h, c.hidden, c.inter, c.inter, t.d, t.block_kd),
+        ]
 
-    def _rows(self, dependent: bool) -> None:
-        """A few rows: each product's tiles of BLOCK_N columns for every row."""
-        c, t, m = self.chain, self.tiles, self.rows
-        block_m = max(16, 1 << (m - 1).bit_length()) if t.dot else 1 << (m - 1).bit_length()
-        product, gated = self.kernels.rows_product_kernel, self.kernels.rows_gated_kernel
-        k = {"num_warps": t.warps, "num_stages": t.stages, **({"launch_pdl": True} if dependent else {})}
-        for layer in range(c.layers):
-            product[(triton_cdiv(c.qkv, t.qkv),)](c.w_qkv[layer], self.h, self.qkv, m, c.qkv, c.hidden, c.hidden,
-                                                  block_m, t.qkv, t.block_k, t.dot, dependent, **k)  # fmt: skip
-            product[(triton_cdiv(c.hidden, t.o),)](c.w_o[layer], self.qkv, self.o, m, c.hidden, c.hidden, c.qkv,
-                                                   block_m, t.o, t.block_k, t.dot, dependent, **k)  # fmt: skip
-            gated[(triton_cdiv(c.inter, t.gu),)](c.w_g[layer], c.w_u[layer], self.o, self.gu, m, c.inter, c.hidden,
-                                                 c.hidden, block_m, t.gu, t.block_k, t.dot, dependent, **k)  # fmt: skip
-            product[(triton_cdiv(c.hidden, t.d),)](c.w_d[layer], self.gu, self.h, m, c.hidden, c.inter, c.inter,
-                                                   block_m, t.d, t.block_kd, t.dot, dependent, **k)  # fmt: skip
+    def launches(self, dependent: bool = False) -> None:
+        """A kernel a product; a few rows' kernels take the rows (their block padded to a power of two, at
+        least 16 on tensor cores), their row stride and the pipeline's stages."""
+        t, m, k = self.tiles, self.rows, self.kernels
+        options = {"num_warps": t.warps, **({"launch_pdl": True} if dependent else {})}
+        block_m = max(16 if t.dot else 1, 1 << (m - 1).bit_length())
+        for layer in range(self.chain.layers):
+            for p in self.products(layer):
+                grid = (_cdiv(p.n, p.block_n),)
+                if m == 1:
+                    kernel = k.gated_kernel if len(p.weights) == 2 else k.product_kernel
+                    kernel[grid](*p.weights, p.x, p.y, p.n, p.k, p.block_n, p.block_k, dependent, **options)
+                else:
+                    kernel = k.rows_gated_kernel if len(p.weights) == 2 else k.rows_product_kernel
+                    kernel[grid](*p.weights, p.x, p.y, m, p.n, p.k, p.row_stride, block_m, p.block_n, p.block_k,
+                                 t.dot, dependent, num_stages=t.stages, **options)  # fmt: skip
 
     def _persistent_args(self) -> tuple:
         c, t = self.chain, self.tiles
@@ -206,7 +216,7 @@ class Runner:
         self.kernels.persistent_kernel[(self.programs,)](*self._persistent_args(), num_warps=self.tiles.warps)
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -245,63 +255,62 @@ def _graph(step, runner: Runner, x: torch.Tensor):
     return graph.replay
 
 
-def _check(step, runner: Runner, x: torch.Tensor, want: torch.Tensor) -> float:
-    runner.load(x)
-    step()
-    got = runner.h.float()
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+def _ways(runner: Runner) -> dict[str, Callable[[], None]]:
+    """The ways to run the runner's chain here: the persistent one at one row (its grid checked resident
+    first), the dependent one where the device launches that way."""
+    ways = {"launches": runner.launches}
+    if runner.rows == 1:
+        runner.check_resident()
+        ways["persistent"] = runner.persistent
+    device = runner.chain.w_o.device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+        ways["dependent"] = lambda: runner.launches(dependent=True)
+    return ways
+
+
+def _errors(chain: Chain, tiles: Tiles, programs: int, x: torch.Tensor) -> dict[str, float]:
+    """Each way's result over the chain's first CHECKED_LAYERS layers against torch's: max |difference| over
+    max |torch's|. Products without norms between them shrink the values layer after layer (the gated pair
+    squares them) until they are zero, where any result would match: a longer chain checks nothing more."""
+    checked = replace(chain, layers=min(chain.layers, CHECKED_LAYERS))
+    want = reference(checked, x)
+    scale = float(want.abs().max())
+    if scale == 0.0:
+        raise RuntimeError("opgen.bench chain: torch's chain is all zeros: nothing to check the kernels against")
+    runner = Runner(checked, tiles, programs, x.shape[0])
+    errors = {}
+    for name, step in _ways(runner).items():
+        runner.load(x)
+        step()
+        errors[name] = float((runner.h.float() - want).abs().max()) / scale
+    bumps = runner.counters.tolist()  # after the persistent run: every program bumped every product once
+    if "persistent" in errors and bumps != [programs] * len(bumps):
+        raise RuntimeError(f"opgen.bench chain: the persistent kernel's counters read {sorted(set(bumps))}, "
+                           f"not {programs} each")  # fmt: skip
+    return errors
 
 
 def run(widths: str, device: torch.device, tiles: Tiles, programs: int, layers: int | None = None,
         rows: int = 1, repeats: int = REPEATS) -> list[dict]:  # fmt: skip
     """One dict a way: "way", "us" (median; None where nothing is timed: the CPU), "min_us", "max_us",
-    "bandwidth" (a fraction of copy bandwidth), "error" (max |result - torch's| over max |torch's|)."""
+    "bandwidth" (a fraction of copy bandwidth), "error" (`_errors`)."""
     chain = make_chain(widths, device, layers)
     x = torch.randn(rows, chain.hidden, device=device, generator=torch.Generator(device).manual_seed(1)).bfloat16()
-    want = reference(chain, x)
-    runner = Runner(chain, tiles, programs, rows)
-    ways = {"launches": runner.launches}
-    if rows == 1:
-        runner.check_resident()
-        ways["persistent"] = runner.persistent
-    cuda = device.type == "cuda"
-    if cuda and torch.cuda.get_device_capability(device)[0] >= 9:
-        ways["dependent"] = lambda: runner.launches(dependent=True)
-    errors = {name: _check(step, runner, x, want) for name, step in ways.items()}
-    bumps = runner.counters.tolist()  # after the persistent check: every program bumped every product once
-    if rows == 1 and bumps != [programs] * len(bumps):
-        raise RuntimeError(f"opgen.bench chain: the persistent kernel's counters read {sorted(set(bumps))}, "
-                           f"not {programs} each")  # fmt: skip
-    if not cuda:
+    errors = _errors(chain, tiles, programs, x)
+    if device.type != "cuda":
         return [{"way": name, "us": None, "min_us": None, "max_us": None, "bandwidth": None, "error": err}
                 for name, err in errors.items()]  # fmt: skip
     from opgen.bench.decode import copy_bandwidth
 
     bandwidth = copy_bandwidth(device)
-    samples = _timed({name: _graph(step, runner, x) for name, step in ways.items()}, runner, x, repeats)
+    runner = Runner(chain, tiles, programs, rows)
+    replays = [_graph(step, runner, x) for step in _ways(runner).values()]
+    timings = interleaved(replays, repeats=repeats, target_s=TARGET_S, sync=lambda: torch.cuda.synchronize(device))
     result = []
-    for name in ways:
-        us = statistics.median(samples[name])
-        result.append({"way": name, "us": us, "min_us": min(samples[name]), "max_us": max(samples[name]),
-                     "bandwidth": chain.weight_bytes / (us * 1e-6) / bandwidth, "error": errors[name]})  # fmt: skip
+    for (name, error), t in zip(errors.items(), timings, strict=True):
+        result.append({"way": name, "us": t.median_us, "min_us": t.min_us, "max_us": t.max_us,
+                       "bandwidth": chain.weight_bytes / (t.median_us * 1e-6) / bandwidth, "error": error})  # fmt: skip
     return result
-
-
-def _timed(
-    replays: Mapping[str, Callable[[], None]], runner: Runner, x: torch.Tensor, repeats: int
-) -> dict[str, list[float]]:
-    """Microseconds a step, `repeats` samples a way, the ways interleaved; each sample REPLAYS replays."""
-    samples: dict[str, list[float]] = {name: [] for name in replays}
-    for _ in range(repeats):
-        for name, replay in replays.items():
-            runner.load(x)
-            torch.cuda.synchronize(x.device)
-            start = time.perf_counter()
-            for _ in range(REPLAYS):
-                replay()
-            torch.cuda.synchronize(x.device)
-            samples[name].append((time.perf_counter() - start) / REPLAYS * 1e6)
-    return samples
 
 
 def _tiles(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Tiles:

@@ -8,12 +8,13 @@ import importlib.util
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 from opgen.bench.__main__ import main as bench_main
-from opgen.bench.chain import WIDTHS, make_chain, reference, resident_programs
+from opgen.bench.chain import CHECKED_LAYERS, WIDTHS, Tiles, _errors, make_chain, reference, resident_programs
 
 needs_interpreter = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
@@ -61,6 +62,17 @@ def test_the_reference_rounds_each_product_as_the_kernels_store() -> None:
     assert got.shape == (2, hidden) and chain.w_qkv.shape == (1, qkv, hidden) and chain.w_d.shape == (1, hidden, inter)
     assert torch.equal(got, got.bfloat16().float())  # every value a bf16 one
     assert chain.weight_bytes == 2 * (qkv * hidden + hidden * hidden + 3 * inter * hidden)
+
+
+def test_the_check_covers_the_first_layers_where_the_values_are_not_yet_zero() -> None:
+    """Products without norms between them square the values layer after layer: at real widths a 16-layer
+    chain ends all zeros, where any result would match. The check runs the first CHECKED_LAYERS layers."""
+    chain = make_chain("qwen", torch.device("cpu"), layers=CHECKED_LAYERS + 1)
+    x = torch.randn(1, chain.hidden, generator=torch.Generator().manual_seed(1)).bfloat16()
+    scales = [float(reference(replace(chain, layers=n), x).abs().max()) for n in range(1, CHECKED_LAYERS + 2)]
+    assert scales[CHECKED_LAYERS - 1] > 1e-3 and scales == sorted(scales, reverse=True)
+    with pytest.raises(RuntimeError, match="torch's chain is all zeros: nothing to check the kernels against"):
+        _errors(chain, Tiles(), 1, torch.zeros_like(x))
 
 
 @pytest.mark.parametrize(
