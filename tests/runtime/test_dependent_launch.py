@@ -59,12 +59,7 @@ def test_a_matrix_vector_kernel_reads_its_weights_before_it_waits(monkeypatch: p
     program = compiled.artifact  # type: ignore[attr-defined]
     facts = default_registry().facts.dependent_launch  # this machine's: on for a Hopper GPU, off for none
     assert program.fused and all((WAIT in s.source) == facts for s in program.fused)
-    helpers = (
-        gemv_triton._ROWS,
-        gemv_triton._GATED,
-        few_rows.tiles_helper(few_rows.LOADED),
-        few_rows.gated_helper_of(few_rows.LOADED),
-    )  # one row; a few rows
+    helpers = (gemv_triton._ROWS, gemv_triton._GATED, few_rows._TILES, few_rows._GATED)  # one row; a few rows
     for helper in helpers:
         source = gemv_triton.dependent_helper(helper, True)
         loads = [source.index(f"tl.load({w}") for w in ("w", "wg", "wu") if f"tl.load({w} " in source]

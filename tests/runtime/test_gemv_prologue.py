@@ -172,12 +172,11 @@ def test_a_row_also_read_after_the_products_is_stored_by_their_kernel(
 
 
 def test_what_does_not_fit_keeps_its_two_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A row longer than MAX_K; two rows of a LayerNorm (its variance reads its mean: not `blockwise`): the
-    kernels stay apart. Few rows of an RMSNorm: `test_few_rows_prologue.py`."""
+    """A row longer than MAX_K, two rows: the kernels stay apart."""
     wide = MAX_K + 16
     _, specs = compile_on_cpu(monkeypatch, Layer(d=wide, kv=wide // 2, hidden=32), inputs(wide))
     assert prologues(specs) == [] and any("matrix-vector kernel" in s.describe for s in specs)
-    _, specs = compile_on_cpu(monkeypatch, Layer(norm="layer"), inputs(rows=2))
+    _, specs = compile_on_cpu(monkeypatch, Layer(), inputs(rows=2))
     assert prologues(specs) == [] and any("few-row kernel" in s.describe for s in specs)
 
 

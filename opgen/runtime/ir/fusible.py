@@ -243,8 +243,6 @@ ROW_OPS = {
     "aten.amin.default": "dim",
 }
 EXTREMES = frozenset({"aten.amax.default", "aten.amin.default"})  # written for float32 and float64 results only
-# Those whose parts over blocks of a row combine into the whole row's (a mean's as sums over its length).
-BLOCKWISE = frozenset({"aten.sum.dim_IntList", "aten.mean.dim", *EXTREMES})
 
 
 def row_fits(target: str, ctype: str) -> bool:

@@ -13,8 +13,6 @@ the matrix-vector kernel's are (`codegen.triton.gemv`), so one launch covers eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import Config, GemvPlan
@@ -27,41 +25,19 @@ SHARED_BYTES = 160 * 1024  # a config's pipeline buffers (float32 at worst) stay
 
 def _dots(*pairs: tuple[str, str]) -> str:
     """Each `acc += xs @ tile` (float32 inputs at full precision)."""
-    return "\n".join(ieee_dot(acc, "xs", tile, "xs.dtype", 4, acc=acc) for acc, tile in pairs)
+    return "\n".join(ieee_dot(acc, "xs", tile, "x.dtype.element_ty", 4, acc=acc) for acc, tile in pairs)
 
 
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.split("\n"))
 
 
-@dataclass(frozen=True, slots=True)
-class Rows:
-    """Where a helper's input rows come from: its leading parameters, its stride parameters, lines after the
-    wait for the kernel before, and the lines that set `xs`, the rows' [BLOCK_M, BLOCK_K] block at columns
-    `ks` (`{start}`: the block's first column)."""
-
-    params: str
-    strides: str
-    first: str
-    block: str
-
-    def lines(self, start: str, indent: int) -> str:
-        return "\n".join(" " * indent + line for line in self.block.format(start=start).split("\n"))
-
-
-# The input rows loaded from `x` (its rows SXM apart, its elements SX).
-_LOAD = "xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)"
-LOADED = Rows("x", " SXM: tl.constexpr, SX: tl.constexpr,", "", _LOAD)
-
-
 # The helpers read the first tile of weights before anything else, as the matrix-vector kernel's do:
-# where kernels launch dependently, the wait for the kernel before comes after it ({signal}, {wait}).
-def tiles_helper(rows: Rows) -> str:
-    """Source of `_tiles`: one product's block of columns for every row."""
-    return f'''@triton.jit
-def _tiles({rows.params}, w, bias, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,{rows.strides}
-           SW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-           BLOCK_K: tl.constexpr):
+# where kernels launch dependently, the wait for the kernel before comes after it.
+_TILES = f'''@triton.jit
+def _tiles(x, w, bias, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SXM: tl.constexpr,
+           SX: tl.constexpr, SW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[:, cols] = x @ w[cols, :].T (+ bias[cols]) for the block's BLOCK_N columns, every row of x."""
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -71,13 +47,13 @@ def _tiles({rows.params}, w, bias, out, block, M: tl.constexpr, N: tl.constexpr,
     k_ok = ks < K
 {{signal}}    tile = tl.load(w + cols[None, :] * SW + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0,
                    eviction_policy="evict_first")
-{{wait}}{rows.first}{rows.lines("0", 4)}
+{{wait}}    xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
 {_dots(("acc", "tile"))}
     for start in range(BLOCK_K, K, BLOCK_K):
         ks = start + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-{rows.lines("start", 8)}
+        xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         tile = tl.load(w + cols[None, :] * SW + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0,
                        eviction_policy="evict_first")
 {_indent(_dots(("acc", "tile")))}
@@ -86,12 +62,10 @@ def _tiles({rows.params}, w, bias, out, block, M: tl.constexpr, N: tl.constexpr,
     tl.store(out + ms[:, None] * N + cols[None, :], acc.to(out.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
 '''
 
-
-def gated_helper_of(rows: Rows) -> str:
-    """Source of `_gated`: a gate/up pair's block of columns for every row, `activation(gate) * up` stored."""
-    return f'''@triton.jit
-def _gated({rows.params}, wg, wu, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,{rows.strides}
-           SG: tl.constexpr, SU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+_GATED = f'''@triton.jit
+def _gated(x, wg, wu, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SXM: tl.constexpr,
+           SX: tl.constexpr, SG: tl.constexpr, SU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr):
     """out[:, cols] = silu(x @ wg[cols, :].T) * (x @ wu[cols, :].T), each product and the silu rounded to
     out's dtype as the separate calls store them."""
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,7 +77,7 @@ def _gated({rows.params}, wg, wu, out, block, M: tl.constexpr, N: tl.constexpr, 
     tile_ok = k_ok[:, None] & col_ok[None, :]
 {{signal}}    g = tl.load(wg + cols[None, :] * SG + ks[:, None], mask=tile_ok, other=0.0, eviction_policy="evict_first")
     u = tl.load(wu + cols[None, :] * SU + ks[:, None], mask=tile_ok, other=0.0, eviction_policy="evict_first")
-{{wait}}{rows.first}{rows.lines("0", 4)}
+{{wait}}    xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
 {_dots(("acc_g", "g"), ("acc_u", "u"))}
@@ -111,19 +85,12 @@ def _gated({rows.params}, wg, wu, out, block, M: tl.constexpr, N: tl.constexpr, 
         ks = start + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         tile_ok = k_ok[:, None] & col_ok[None, :]
-{rows.lines("start", 8)}
+        xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         g = tl.load(wg + cols[None, :] * SG + ks[:, None], mask=tile_ok, other=0.0, eviction_policy="evict_first")
         u = tl.load(wu + cols[None, :] * SU + ks[:, None], mask=tile_ok, other=0.0, eviction_policy="evict_first")
 {_indent(_dots(("acc_g", "g"), ("acc_u", "u")))}
     tl.store(out + ms[:, None] * N + cols[None, :], _swiglu(acc_g, acc_u, out), mask=m_ok[:, None] & col_ok[None, :])
 '''
-
-
-def helpers(plan: GemvPlan, rows: Rows) -> str:
-    """The plan's helper (`_tiles`, or `_swiglu` and `_gated` for a gated pair), with the signal and the
-    wait where it launches dependently."""
-    source = gated_helper(plan.activation) + gated_helper_of(rows) if plan.gated else tiles_helper(rows)
-    return dependent_helper(source, plan.dependent)
 
 
 def block_m(plan: GemvPlan) -> int:
@@ -136,7 +103,8 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     launch for every sibling, names shared by layers), its helpers tensor-core tiles over the rows."""
     of, strides = f"{plan.m} rows of {plan.k}", [plan.x_row_stride, plan.x_stride]
     body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)])
-    return jit_module("gemm_rows", params, META, body, helpers(plan, LOADED))
+    helpers = dependent_helper(gated_helper(plan.activation) + _GATED if plan.gated else _TILES, plan.dependent)
+    return jit_module("gemm_rows", params, META, body, helpers)
 
 
 def configs(plan: GemvPlan) -> tuple[Config, ...]:

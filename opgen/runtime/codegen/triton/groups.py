@@ -154,8 +154,8 @@ class GroupBody:
         if step.target == CAT:
             self.values[outs[0].name] = _cat(self, step)
             return
-        if step.target in ROW_STEPS:
-            results = ROW_STEPS[step.target](self, values, step)
+        if step.target in _ROWS:
+            results = _ROWS[step.target](self, values, step)
             for t, value in zip(step.outputs, results, strict=False):
                 if t is not None:
                     self.values[t.name] = value
@@ -357,7 +357,7 @@ def _reduce(kind: str) -> Any:
     return emit
 
 
-ROW_STEPS = {
+_ROWS = {
     "aten._softmax.default": _softmax,
     "aten._log_softmax.default": lambda body, values, step: _softmax(body, values, step, log=True),
     "aten.native_layer_norm.default": _layer_norm,

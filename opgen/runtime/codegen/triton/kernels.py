@@ -16,7 +16,6 @@ from opgen.runtime.codegen.triton import (
     attention_grouped,
     cache_writes,
     few_rows,
-    few_rows_prologue,
     gemv,
     gemv_prologue,
     groups,
@@ -78,10 +77,8 @@ def write(plan: KernelPlan) -> Kernel:
             return Kernel(*gemv.kernel(plan), gemv.configs(plan))
         case GemvPlan(m=1):
             return Kernel(*gemv_prologue.kernel(plan), gemv_prologue.configs(plan))
-        case GemvPlan(prologue=None):
-            return Kernel(*few_rows.kernel(plan), few_rows.configs(plan))
         case GemvPlan():
-            return Kernel(*few_rows_prologue.kernel(plan), few_rows.configs(plan))
+            return Kernel(*few_rows.kernel(plan), few_rows.configs(plan))
         case AttentionPlan(grouped=True):
             return Kernel(*attention_grouped.kernel(plan), attention.configs(plan))
         case AttentionPlan():

@@ -1,64 +1,41 @@
-"""Norms as the prologue of the products that read them: a row kernel whose output only a matrix-vector
-or few-row product kernel reads becomes that kernel's first step.
+"""Norms as the prologue of the products that read them: a row kernel of one row whose output only a
+matrix-vector kernel reads becomes that kernel's first step.
 
 A decoder layer normalizes its residual stream (RMSNorm or LayerNorm, the residual add before it) and
-multiplies the result by the query/key/value weights, and again by the gate/up weights: the `fusion` pass
-makes the add and the norm one row kernel, and the `gemv` pass the products one kernel, two launches that
-follow each other twice a layer. Here the product kernel takes the row kernel in: each of its programs
-computes the rows itself (the group's inputs are a few KB a row, read from cache) once it has read its
-first weights, and the first program stores the group's other outputs (the residual sum). The norm's
-launch, and the trip of its output through memory, are gone.
+multiplies the result by the query/key/value weights, and again by the gate/up weights: at batch 1 the
+`fusion` pass makes the add and the norm one row kernel of one row, and the `gemv` pass the products
+one kernel, two launches that follow each other twice a layer. Here the matrix-vector kernel takes
+the row kernel in: each of its programs computes the row itself (the group's inputs are a few KB, read
+from cache) once it has read its weights, and the first program stores the group's other outputs
+(the residual sum). The norm's launch, and the trip of its output through memory, are gone.
 
-- One row (`codegen.triton.gemv_prologue`): any row group (`FusedGroup` of kind "row") of one row of K
-  elements, K at most `MAX_K`: each program computes the row whole, in registers.
-- A few rows (`codegen.triton.few_rows_prologue`): the kernel walks K in blocks for every row, so the group
-  is computed a block at a time (`codegen.triton.group_blocks`): its reductions summed over the rows
-  first, then each block where it would be loaded. That takes a group whose reductions are `blockwise`:
-  sums, means, maxima or minima in float32 that no other reduction feeds (an RMSNorm; not a LayerNorm,
-  whose variance reads its mean, nor a softmax).
-
-It applies where the group has an output that only views read, ending at the input of a product kernel
-without a prologue, of as many rows as the group, reading it contiguously; and where the lines between
-the two write no memory and read none of the group's outputs (the merged kernel runs where the products
-did). That output may also be read after the products (a post-norm layer, OLMo-2's, feeds its residual
-stream `h = x + norm(o)` to the MLP's products and to the next residual add): the kernel then stores it
-too. The merged kernel is one multi-kernel choice against all the ATen calls the two replaced.
+It applies where the row group (any, not only norms: `FusedGroup` of kind "row" with one row of K
+elements, K at most `MAX_K`) has an output that only views read, ending at the input of a one-row
+matrix-vector kernel without a prologue, reading it contiguously; and where the lines between the two
+write no memory and read none of the group's outputs (the merged kernel runs where the products did).
+That output may also be read after the products (a post-norm layer, OLMo-2's, feeds its residual stream
+`h = x + norm(o)` to the MLP's products and to the next residual add): the kernel then stores it too.
+The merged kernel is one multi-kernel choice against all the ATen calls the two replaced.
 
 Each program reads the group's inputs again, so the merge pays where those reads are few next to the
 weights: at most `MAX_REREAD` of the weights' bytes over the whole grid (at the largest tile the kernel
-may take). A row that is not a power of two pads a one-row kernel's tile, which then holds fewer rows,
-and a post-norm layer's group reads four rows (two norms): Gemma-2's (K = 2304, tiles of 4096) read as
-many bytes again as their weights, and their one-row products took 3-5x the time of their weights' reads
-on an H200 (the gate/up kernel 59 us a layer for 85 MB, 20 us of reads). There the norm stays a kernel of
-its own.
+may take). A row that is not a power of two pads the tile, which then holds fewer rows, and a
+post-norm layer's group reads four rows (two norms): Gemma-2's (K = 2304, tiles of 4096) read as many
+bytes again as their weights, and their products took 3-5x the time of their weights' reads on an H200
+(the gate/up kernel 59 us a layer for 85 MB, 20 us of reads). There the norm stays a kernel of its own.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from opgen.runtime.ir import (
-    ITEMSIZE,
-    FusedGroup,
-    FusedKernel,
-    GemvPlan,
-    KernelCall,
-    Line,
-    Program,
-    Ref,
-    flat_steps,
-    refs,
-    uses,
-)
-from opgen.runtime.ir.fusible import BLOCKWISE, ROW_OPS, compute_type
+from opgen.runtime.ir import ITEMSIZE, FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref, uses
 from opgen.runtime.passes.analysis import RESHAPES, defined_at, readers, writes_memory
 from opgen.runtime.passes.fusion.calls import Merge, called, merging
 from opgen.runtime.registry import KernelRegistry
 
-MAX_K = 4096  # one row: the row and a tile of weights over it live in registers
-WIDEST_FEW_ROWS = 64  # the most columns of a few-row kernel's tile (`codegen.triton.few_rows.TILES`)
+MAX_K = 4096  # the row and a tile of weights over it live in registers
 MAX_REREAD = 0.5  # the group's inputs read by every program, over the weights' bytes, at most
 
 
@@ -74,8 +51,6 @@ def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
         group = specs[body[group_at].kernel]  # type: ignore[union-attr]
         if rereads(group.plan, gemv) > MAX_REREAD:  # type: ignore[arg-type]
             return None
-        if gemv.plan.m > 1 and not blockwise(group.plan):  # type: ignore[union-attr, arg-type]
-            return None
         kernel = merged(group, gemv, returned, [body[i] for i in views], stored)
         return kernel, (group_at, *views, at), at, (group.local, gemv.local)
 
@@ -83,12 +58,12 @@ def fuse_gemv_prologue(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _gemv(line: Line, specs: Mapping[str, FusedKernel]) -> FusedKernel | None:
-    """The product kernel `line` calls, without a prologue, its rows contiguous (one row: of at most MAX_K), or None."""
+    """The one-row matrix-vector kernel `line` calls, without a prologue, its row contiguous, or None."""
     spec = called(line, specs)
     plan = spec.plan if spec is not None else None
-    if not isinstance(plan, GemvPlan) or plan.prologue is not None or plan.x_stride != 1:
+    if not isinstance(plan, GemvPlan) or plan.m != 1 or plan.prologue is not None or plan.x_stride != 1:
         return None
-    return spec if plan.m > 1 or plan.k <= MAX_K else None
+    return spec if plan.k <= MAX_K else None
 
 
 Match = tuple[int, list[int], int, bool]  # the row kernel's call, the views after it, the output the products
@@ -126,9 +101,8 @@ def _row_group(line: KernelCall, at: int, body: tuple[Line, ...], specs: Mapping
     group = spec.plan if spec is not None else None
     if not isinstance(group, FusedGroup) or group.kind != "row" or spec is None:
         return None
-    rows, k = math.prod(group.shape[:-1]), group.shape[-1]
-    plan: GemvPlan = specs[line.kernel].plan  # type: ignore[assignment]
-    if rows != plan.m or k != plan.k:
+    rows, k = group.shape[:-1], group.shape[-1]
+    if any(n != 1 for n in rows) or k != specs[line.kernel].plan.k:  # type: ignore[union-attr]
         return None
     names = [v.name for v in found.outputs if v is not None]
     returned = names.index(value)
@@ -148,7 +122,7 @@ def rereads(group: FusedGroup, gemv: FusedKernel) -> float:
     """The bytes of the group's inputs that the merged kernel's programs read (each reads them all), over
     the bytes of its weights, at the largest tile it may take (the fewest programs)."""
     plan: GemvPlan = gemv.plan  # type: ignore[assignment]
-    programs = plan.blocks(max(plan.whole_row_tiles()) if plan.m == 1 else WIDEST_FEW_ROWS)
+    programs = plan.blocks(max(plan.whole_row_tiles()))
     row_bytes = sum(
         (t.meta.numel if t.meta.is_static else plan.k) * ITEMSIZE.get(t.meta.dtype, 4) for t in group.inputs
     )
@@ -176,23 +150,3 @@ def merged(
         describe=f"{gemv.describe}, its row computed first ({group.describe})",
         lines=lines,  # type: ignore[arg-type]
     )
-
-
-def blockwise(group: FusedGroup) -> bool:
-    """Whether a row group can be computed a block of columns at a time (`codegen.triton.group_blocks`):
-    it has reductions, each a sum, mean, maximum or minimum computed in float32, and none of them reads
-    another's result (one pass over the row finds them all)."""
-    after: set[str] = set()  # the values computed from a reduction's result
-    found = False
-    for step in flat_steps(group.steps):
-        read = set(refs(tuple(v for _, v in step.values)))
-        outs = {t.name for t in step.outputs if t is not None}
-        if step.target in ROW_OPS:
-            out = next(t for t in step.outputs if t is not None)
-            if step.target not in BLOCKWISE or read & after or compute_type(out.meta.dtype) != "float32":
-                return False
-            found = True
-            after |= outs
-        elif read & after:
-            after |= outs
-    return found
