@@ -50,6 +50,25 @@ macro(opgen_find_torch)
   find_library(OPGEN_TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED NO_DEFAULT_PATH)
 endmacro()
 
+# One C++ runtime in the process. Some toolchains link libstdc++ statically by default (the GPU machine's
+# /opt/gcc g++ does: its extension carried about 3,000 of libstdc++'s symbols and no libstdc++.so.6 among
+# its needed libraries). The extension then holds a second copy of the runtime beside the shared one torch
+# loads, the process resolves some of its symbols to each, and formatting a number into an error message
+# (an ostream inside TORCH_CHECK) crashed the process with a segmentation fault. Naming the shared library
+# torch loads, ahead of the driver's own libstdc++, resolves every symbol there; where it is the one the
+# toolchain links anyway, nothing changes. The library is the libstdc++ in the interpreter's maps once torch
+# is imported (Linux; elsewhere none is found and the toolchain's choice stands).
+function(_opgen_one_cxx_runtime target)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+            "import torch; print(next((l.split()[-1] for l in open('/proc/self/maps') if '/libstdc++.so' in l), ''))"
+    OUTPUT_VARIABLE libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(libstdcxx AND EXISTS "${libstdcxx}")
+    target_link_libraries(${target} PRIVATE "${libstdcxx}")
+    message(STATUS "opgen: ${target} links the C++ runtime torch loads, ${libstdcxx}")
+  endif()
+endfunction()
+
 # Defines OPGEN_THUNK_ABI for <target>: "thunk.h:<first 16 hex digits of the SHA-256 of
 # csrc/opgen/exec/thunk.h>,torch:<torch's CMake version>". A module's executor calls another module's
 # thunks (its THUNKS capsule, exec::ThunkExport) only where the two are equal: thunk.h lays out all a
@@ -128,6 +147,7 @@ function(opgen_add_extension target)
                         CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)
   target_include_directories(${target} PRIVATE "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS} ${ARG_INCLUDE_DIRS})
   target_link_libraries(${target} PRIVATE ${TORCH_LIBRARIES} "${OPGEN_TORCH_PYTHON_LIBRARY}" ${ARG_LIBRARIES})
+  _opgen_one_cxx_runtime(${target})
   if(OPGEN_TORCH_CUDA)
     target_compile_definitions(${target} PRIVATE OPGEN_WITH_CUDA)
   endif()

@@ -426,8 +426,9 @@ class Variants {
 
 // The pybind11 entry points below raise as the rest of opgen does (python_errors.h: a C++ exception as the
 // Python one, its message without c10's backtrace) instead of leaving C++ exceptions to pybind11's
-// translators; pybind11's own exceptions pass as they are. A c10 error thrown from jit_launch_strict took
-// the process down (a segmentation fault) on an H200 with torch 2.11; whether this is the cause was not found.
+// translators; pybind11's own exceptions pass as they are. (A c10 error thrown from jit_launch_strict once took
+// the process down on the GPU machine: its toolchain had linked a second libstdc++ into the extension, and
+// formatting the message crashed. opgen.cmake's _opgen_one_cxx_runtime links the one torch loads.)
 template <class Body>
 decltype(auto) python_errors(Body&& body) {
   try {
