@@ -24,7 +24,8 @@ tensor cores (a block of the rows, padded to 16, times a tile of the weight, as 
 Each row of the output gives microseconds a step (median of `--repeats` interleaved samples of replays,
 `opgen.bench.timing.interleaved`), the weights' bytes over that time as a % of copy bandwidth, and the result
 against torch's products of the same weights (over the first two layers: `_errors` says why). `--device cpu`
-runs the tiny widths in Triton's interpreter (one program, nothing timed): a check of the kernels. Measured
+runs the tiny widths in Triton's interpreter (one program, nothing timed): a check of the kernels (not `--dot`'s:
+the interpreter's bfloat16 dots are wrong). Measured
 figures: docs/jit-and-fusion.md (A persistent chain).
 """
 
@@ -350,6 +351,9 @@ def _arguments(argv: list[str]) -> tuple[argparse.Namespace, Tiles]:
         parser.error("--device cuda: no CUDA device here")
     if args.device == "cpu" and args.widths != "tiny":
         parser.error(f"--device cpu runs Triton's interpreter: --widths tiny, not {args.widths}")
+    if args.device == "cpu" and args.dot:
+        parser.error("--dot runs on CUDA only: Triton's interpreter computes bfloat16 tl.dot wrongly, so the "
+                     "chain's check against torch would fail there")  # fmt: skip
     return args, tiles
 
 

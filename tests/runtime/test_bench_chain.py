@@ -97,6 +97,7 @@ def test_programs_an_sm_holds(registers: int, shared: int, warps: int, resident:
         (["--device", "cpu", "--tiles", "3,4,4,4,4,4,4"], "--tiles 3,4,4,4,4,4,4: seven powers of two"),
         (["--device", "cpu", "--tiles", "4,4"], "--tiles 4,4: seven powers of two"),
         (["--device", "cpu", "--dot", "--tiles", "4,4,2,4,64,64,4"], "tensor-core tiles take at least 16 rows"),
+        (["--device", "cpu", "--dot", "--tiles", "16,16,16,16,64,64,4"], "--dot runs on CUDA only"),
         (["--device", "cpu", "--rows", "65"], "--rows 65: 1 to 64"),
         (["--device", "cpu", "--per-sm", "0"], "--per-sm, --repeats, --stages and --layers take a positive count"),
         (["--device", "cpu", "--layers", "0"], "--per-sm, --repeats, --stages and --layers take a positive count"),
