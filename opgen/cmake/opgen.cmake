@@ -199,5 +199,6 @@ function(opgen_add_runtime target)
                         POSITION_INDEPENDENT_CODE ON)
   target_include_directories(${target} PUBLIC "${_OPGEN_CSRC}" ${TORCH_INCLUDE_DIRS})
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
+  _opgen_one_cxx_runtime(${target})                       # passed on to the program that links it
   _opgen_define_thunk_abi(${target})
 endfunction()
