@@ -24,9 +24,9 @@ tensor cores (a block of the rows, padded to 16, times a tile of the weight, as 
 Each row of the output gives microseconds a step (median of `--repeats` interleaved samples of replays,
 `opgen.bench.timing.interleaved`), the weights' bytes over that time as a % of copy bandwidth, and the result
 against torch's products of the same weights (over the first two layers: `_errors` says why). `--device cpu`
-runs the tiny widths in Triton's interpreter (one program, nothing timed): a check of the kernels (not `--dot`'s:
-the interpreter's bfloat16 dots are wrong). Measured
-figures: docs/jit-and-fusion.md (A persistent chain).
+runs the tiny widths in Triton's interpreter (one program, nothing timed): a check of the kernels (not
+`--dot`'s: the interpreter's bfloat16 dots are wrong). Measured figures: docs/jit-and-fusion.md (A persistent
+chain).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dataclasses import astuple, dataclass, replace
 import torch
 
 from opgen.bench.timing import interleaved
+from opgen.runtime.codegen.triton.module import next_power_of_2
 
 # (hidden, q/k/v rows, MLP width, layers) of real checkpoints: Llama-3.2-1B, Qwen2.5-0.5B, Llama-3.1-8B
 WIDTHS = {
@@ -174,7 +175,7 @@ class Runner:
         least 16 on tensor cores), their row stride and the pipeline's stages."""
         t, m, k = self.tiles, self.rows, self.kernels
         options = {"num_warps": t.warps, **({"launch_pdl": True} if dependent else {})}
-        block_m = max(16 if t.dot else 1, 1 << (m - 1).bit_length())
+        block_m = max(16 if t.dot else 1, next_power_of_2(m))
         for layer in range(self.chain.layers):
             for p in self.products(layer):
                 grid = (_cdiv(p.n, p.block_n),)
@@ -284,10 +285,11 @@ def _errors(chain: Chain, tiles: Tiles, programs: int, x: torch.Tensor) -> dict[
         runner.load(x)
         step()
         errors[name] = float((runner.h.float() - want).abs().max()) / scale
-    bumps = runner.counters.tolist()  # after the persistent run: every program bumped every product once
-    if "persistent" in errors and bumps != [programs] * len(bumps):
-        raise RuntimeError(f"opgen.bench chain: the persistent kernel's counters read {sorted(set(bumps))}, "
-                           f"not {programs} each")  # fmt: skip
+    if "persistent" in errors:  # after its run: every program bumped every product's counter once
+        bumps = runner.counters.tolist()
+        if bumps != [programs] * len(bumps):
+            raise RuntimeError(f"opgen.bench chain: the persistent kernel's counters read {sorted(set(bumps))}, "
+                               f"not {programs} each")  # fmt: skip
     return errors
 
 

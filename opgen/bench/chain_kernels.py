@@ -46,6 +46,17 @@ def _product(w, x, y, t, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _swiglu(gate, up, y):
+    """silu(gate) * up in y's dtype from float32 sums, each product and the silu rounded to it as opgen's
+    gated kernels store them."""
+    dtype = y.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)
+    up = up.to(dtype).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (silu * up).to(dtype)
+
+
+@triton.jit
 def _gated(wg, wu, x, y, t, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            WAIT: tl.constexpr, counters, stage, P: tl.constexpr, first):  # fmt: skip
     """y[rows] = silu(wg[rows] @ x) * (wu[rows] @ x), each product and the silu rounded to y's dtype."""
@@ -67,10 +78,7 @@ def _gated(wg, wu, x, y, t, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.conste
         xs = tl.load(x + ks, mask=ks < K, other=0.0, cache_modifier=".cg").to(tl.float32)
         acc_g += tl.sum(g.to(tl.float32) * xs[None, :], axis=1)
         acc_u += tl.sum(u.to(tl.float32) * xs[None, :], axis=1)
-    gate = acc_g.to(y.dtype.element_ty).to(tl.float32)
-    up = acc_u.to(y.dtype.element_ty).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(y.dtype.element_ty).to(tl.float32)
-    tl.store(y + rows, (silu * up).to(y.dtype.element_ty), mask=row_ok)
+    tl.store(y + rows, _swiglu(acc_g, acc_u, y), mask=row_ok)
 
 
 @triton.jit
@@ -215,13 +223,7 @@ def rows_gated_kernel(wg, wu, x, y, M: tl.constexpr, N: tl.constexpr, K: tl.cons
         acc_g = _rows_acc(acc_g, wg, x, cols, ms, ks, M, N, K, SX, DOT, False)
         acc_u = _rows_acc(acc_u, wu, x, cols, ms, ks, M, N, K, SX, DOT, False)
     if DOT:
-        gate = acc_g
-        up = acc_u
+        gated = _swiglu(acc_g, acc_u, y)
     else:
-        gate = tl.sum(acc_g, axis=2)
-        up = tl.sum(acc_u, axis=2)
-    gate = gate.to(y.dtype.element_ty).to(tl.float32)
-    up = up.to(y.dtype.element_ty).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(y.dtype.element_ty).to(tl.float32)
-    tl.store(y + ms[:, None] * N + cols[None, :], (silu * up).to(y.dtype.element_ty),
-             mask=(ms < M)[:, None] & (cols < N)[None, :])  # fmt: skip
+        gated = _swiglu(tl.sum(acc_g, axis=2), tl.sum(acc_u, axis=2), y)
+    tl.store(y + ms[:, None] * N + cols[None, :], gated, mask=(ms < M)[:, None] & (cols < N)[None, :])
