@@ -395,7 +395,7 @@ def test_the_few_row_tile_that_crashed_the_launcher_is_skipped():
     spec = importlib.util.spec_from_file_location("few_rows_kernel", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    configs = [Config({"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1}, num_warps=4, num_stages=s) for s in (6, 3)]
+    configs = [Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=s) for s in (6, 3)]
     kernel = JitKernel(getattr(module, name), (plan.blocks(32),), configs)
     x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for n in widths]

@@ -278,7 +278,7 @@ def test_few_rows_take_tensor_core_tiles_and_the_aten_side_matches_eager(
     for spec in specs:
         helper = "_gated" if "silu(gate) * up" in spec.describe else "_tiles"
         assert "def gemm_rows_" in spec.source and f"{helper}(x, w0, " in spec.source and "tl.dot(xs, " in spec.source
-        assert f", {block_m}, BLOCK_N, BLOCK_K" in spec.source  # the tile's rows: a power of two, at least 16
+        assert f", {block_m}, BLOCK_N, BLOCK_K)" in spec.source  # the tile's rows: a power of two, at least 16
         assert 'input_precision="ieee"' in spec.source  # float32 inputs at full precision, not TF32
         n = int(spec.describe.split(": ")[1].split(" ")[0])
         for meta, _, stages, grid in spec.configs:

@@ -119,28 +119,11 @@ class GemvPlan:
     prologue_x: int = 0  # computed by the kernel first (`passes.fusion.gemv_prologue`)
     prologue_stored: bool = False  # the input row is also stored (lines after the kernel read it)
     activation: str = "silu"  # a gated pair's: "silu" (SwiGLU), "gelu" or "gelu_tanh" (GeGLU)
-    split_k: int = 1  # few rows: pieces of K a config may give a program each (`passes.fusion.split_k`)
 
     def blocks(self, block_n: int) -> int:
         """Programs of `block_n` rows covering every product (a gated pair's once: a program does both)."""
         products = self.products[:1] if self.gated else self.products
         return sum(-(-p.n // block_n) for p in products)
-
-    @property
-    def columns(self) -> int:
-        """Every product's output columns (a gated pair's once)."""
-        products = self.products[:1] if self.gated else self.products
-        return sum(p.n for p in products)
-
-    @property
-    def partial_elements(self) -> int:
-        """With `split_k`: the float32 partial products of every piece, [split_k, m, columns]."""
-        return self.split_k * self.m * self.columns
-
-    @property
-    def counters(self) -> int:
-        """With `split_k`: a ticket counter per block of columns at the narrowest tile (`SPLIT_BLOCK_N`)."""
-        return self.blocks(SPLIT_BLOCK_N)
 
     def whole_row_k(self) -> int:
         """BLOCK_K where one step covers the row (a kernel computing its row first): K rounded up to a power
@@ -155,7 +138,6 @@ class GemvPlan:
         return tuple(fits) or WHOLE_ROW_BLOCKS[:1]
 
 
-SPLIT_BLOCK_N = 16  # the narrowest few-row tile (a dot's smallest side): the most blocks, one counter each
 WHOLE_ROW_TILE = 16384  # BLOCK_N * BLOCK_K at most where a tile spans the row: it lives in registers, in float32
 WHOLE_ROW_BLOCKS = (2, 4, 8, 16)  # BLOCK_N candidates of such a kernel
 

@@ -8,16 +8,13 @@ rows contiguous along K, streamed once: evict first) and the rows' [BLOCK_M, BLO
 input (read by every program: it stays in cache), and accumulates their `tl.dot` in float32 (tensor
 cores; float32 inputs at full precision, as torch's matmul without TF32). BLOCK_M is the rows rounded
 up to a power of two, at least 16 (the smallest dot). Programs are laid out product after product, as
-the matrix-vector kernel's are (`codegen.triton.gemv`), so one launch covers every sibling. A product
-kernel (not a gated pair) whose plan has `split_k` pieces also has configs that give each piece of K a
-program (the grid's second axis), finished by `codegen.triton.split_k`.
+the matrix-vector kernel's are (`codegen.triton.gemv`), so one launch covers every sibling.
 """
 
 from __future__ import annotations
 
 from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
-from opgen.runtime.codegen.triton.split_k import FINISH
 from opgen.runtime.ir import Config, GemvPlan
 
 # (BLOCK_N, BLOCK_K, warps, stages): the first call's autotuning keeps the fastest. Small BLOCK_N: more
@@ -38,40 +35,31 @@ def _indent(text: str) -> str:
 # The helpers read the first tile of weights before anything else, as the matrix-vector kernel's do:
 # where kernels launch dependently, the wait for the kernel before comes after it.
 _TILES = f'''@triton.jit
-def _tiles(x, w, bias, out, block, part, count, ticket, col_at, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-           SXM: tl.constexpr, SX: tl.constexpr, SW: tl.constexpr, HAS_BIAS: tl.constexpr, NT: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
-    """out[:, cols] = x @ w[cols, :].T (+ bias[cols]) for the block's BLOCK_N columns, every row of x. With SPLIT
-    pieces, this program's piece of K (the grid's second axis), finished by `_finish`."""
+def _tiles(x, w, bias, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SXM: tl.constexpr,
+           SX: tl.constexpr, SW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[:, cols] = x @ w[cols, :].T (+ bias[cols]) for the block's BLOCK_N columns, every row of x."""
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ms = tl.arange(0, BLOCK_M)
     m_ok = ms < M
-    if SPLIT == 1:
-        k0 = 0
-    else:
-        k0 = tl.program_id(1) * (K // SPLIT)
-    ks = k0 + tl.arange(0, BLOCK_K)
+    ks = tl.arange(0, BLOCK_K)
     k_ok = ks < K
 {{signal}}    tile = tl.load(w + cols[None, :] * SW + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0,
                    eviction_policy="evict_first")
 {{wait}}    xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
 {_dots(("acc", "tile"))}
-    for step in range(1, (K // SPLIT + BLOCK_K - 1) // BLOCK_K):
-        ks = k0 + step * BLOCK_K + tl.arange(0, BLOCK_K)
+    for start in range(BLOCK_K, K, BLOCK_K):
+        ks = start + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         xs = tl.load(x + ms[:, None] * SXM + ks[None, :] * SX, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         tile = tl.load(w + cols[None, :] * SW + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0,
                        eviction_policy="evict_first")
 {_indent(_dots(("acc", "tile")))}
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        ok = m_ok[:, None] & col_ok[None, :]
-        tl.store(out + ms[:, None] * N + cols[None, :], acc.to(out.dtype.element_ty), mask=ok)
-    else:
-        _finish(acc, bias, out, part, count, ticket, col_at, cols, ms, M, N, NT, HAS_BIAS, SPLIT)
+    if HAS_BIAS:
+        acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out + ms[:, None] * N + cols[None, :], acc.to(out.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
 '''
 
 _GATED = f'''@triton.jit
@@ -114,20 +102,14 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     """(name, source) of the plan's kernel: as the matrix-vector kernel's (`gemv.kernel`: parameters, one
     launch for every sibling, names shared by layers), its helpers tensor-core tiles over the rows."""
     of, strides = f"{plan.m} rows of {plan.k}", [plan.x_row_stride, plan.x_stride]
-    if plan.gated:
-        body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)])
-        helpers = dependent_helper(gated_helper(plan.activation) + _GATED, plan.dependent)
-        return jit_module("gemm_rows", params, META, body, helpers)
-    tail = [plan.columns, block_m(plan)]
-    body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, tail, pieces=True)
-    helpers = FINISH + "\n\n" + dependent_helper(_TILES, plan.dependent)
-    return jit_module("gemm_rows", params, f"{META}, SPLIT: tl.constexpr", body, helpers)
+    body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)])
+    helpers = dependent_helper(gated_helper(plan.activation) + _GATED if plan.gated else _TILES, plan.dependent)
+    return jit_module("gemm_rows", params, META, body, helpers)
 
 
 def configs(plan: GemvPlan) -> tuple[Config, ...]:
     """Per tile, the grid covers every product's columns (a gated pair's once: a program does both); a
-    tile whose pipeline would not fit in shared memory takes fewer stages, then shorter blocks of K. With
-    `plan.split_k`, each tile once whole and once in that many pieces of K (grid: blocks, pieces)."""
+    tile whose pipeline would not fit in shared memory takes fewer stages, then shorter blocks of K."""
     k_blocks = max(16, next_power_of_2(plan.k))  # the smallest power of two >= K (at least 16)
     m, weights = block_m(plan), 2 if plan.gated else 1
     found: list[Config] = []
@@ -138,24 +120,7 @@ def configs(plan: GemvPlan) -> tuple[Config, ...]:
                 stages -= 1
             else:
                 block_k //= 2
-        for config in _with_pieces(plan, block_n, block_k, warps, stages):
-            if config not in found:
-                found.append(config)
+        config: Config = ((("BLOCK_N", block_n), ("BLOCK_K", block_k)), warps, stages, grid_blocks(plan, block_n))
+        if config not in found:
+            found.append(config)
     return tuple(found)
-
-
-def _with_pieces(plan: GemvPlan, block_n: int, block_k: int, warps: int, stages: int) -> list[Config]:
-    """A tile's configs: a gated pair's as it is; a product kernel's whole (SPLIT 1) and, with `split_k`, in
-    pieces of K that are whole numbers of its BLOCK_K (a shorter one where the piece is shorter)."""
-    meta = (("BLOCK_N", block_n), ("BLOCK_K", block_k))
-    grid = grid_blocks(plan, block_n)
-    if plan.gated:
-        return [(meta, warps, stages, grid)]
-    found: list[Config] = [((*meta, ("SPLIT", 1)), warps, stages, grid)]
-    if plan.split_k > 1:
-        piece = plan.k // plan.split_k
-        while piece % block_k:
-            block_k //= 2
-        meta = (("BLOCK_N", block_n), ("BLOCK_K", block_k), ("SPLIT", plan.split_k))
-        found.append((meta, warps, stages, (*grid, plan.split_k)))
-    return found

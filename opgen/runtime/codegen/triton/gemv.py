@@ -119,17 +119,13 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
 
 
 def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int], tail: list[int],
-                x: tuple[str, ...] = ("x",), x_outputs: tuple[str, ...] = (),
-                pieces: bool = False) -> tuple[str, list[str]]:  # fmt: skip
+                x: tuple[str, ...] = ("x",), x_outputs: tuple[str, ...] = ()) -> tuple[str, list[str]]:  # fmt: skip
     """(body, parameters) of a product kernel: each program calls `helper` (`_gated` for a gated pair) for
     its block of its product's rows, the products' blocks one after another. A helper's arguments:
     *x, *x_outputs, w, bias, out, block, *lead, N, K, *x_strides, the weight's row stride, HAS_BIAS,
     *tail, BLOCK_N, BLOCK_K (a gated pair's: *x, *x_outputs, the gate's and up's weights, out, block,
     *lead, N, K, *x_strides, both row strides, *tail, BLOCK_N, BLOCK_K). `x`: the input's parameters
-    (a prologue's inputs: `codegen.triton.gemv_prologue`), `x_outputs`: outputs before the products'.
-    `pieces` (a product helper that may split K, `codegen.triton.split_k`): after `block` come the partials'
-    buffer, the counters, the block's counter and the product's first column among all of them (with
-    `plan.split_k` 1, the output stands for both buffers), and SPLIT after BLOCK_K."""
+    (a prologue's inputs: `codegen.triton.gemv_prologue`), `x_outputs`: outputs before the products'."""
     products = plan.products
     inputs = [*x, *x_outputs]
     if plan.gated:
@@ -141,24 +137,20 @@ def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides
         return "\n".join(body), [*x, "w0", "w1", *x_outputs, "out0"]
     biases = [f"b{i}" for i, p in enumerate(products) if p.bias]
     outs = [*x_outputs, *(f"out{i}" for i in range(len(products)))]
-    scratch = ["part", "count"] if pieces and plan.split_k > 1 else []
-    params = [*x, *(f"w{i}" for i in range(len(products))), *biases, *scratch, *outs]
+    params = [*x, *(f"w{i}" for i in range(len(products))), *biases, *outs]
     rows = " + ".join(str(p.n) for p in products)
     body = [f"    # {len(products)} product(s) of {of}: {rows} rows", "    pid = tl.program_id(0)"]
     start = ""
     calls = []
-    column = 0
     for i, product in enumerate(products):
         blocks = f"({product.n} + BLOCK_N - 1) // BLOCK_N"
         end = f"{start} + {blocks}" if start else blocks
         block = f"pid - ({start})" if start else "pid"
         bias = f"b{i}" if product.bias else f"out{i}"
-        split = [*(scratch or [f"out{i}", f"out{i}"]), "pid", column] if pieces else []
-        args = [*inputs, f"w{i}", bias, f"out{i}", block, *split, *lead, product.n, plan.k, *x_strides]
-        args += [product.row_stride, product.bias, *tail, "BLOCK_N", "BLOCK_K", *(["SPLIT"] if pieces else [])]
+        args = [*inputs, f"w{i}", bias, f"out{i}", block, *lead, product.n, plan.k, *x_strides]
+        args += [product.row_stride, product.bias, *tail, "BLOCK_N", "BLOCK_K"]
         calls.append((end, f"{helper}({', '.join(map(str, args))})"))
         start = end
-        column += product.n
     if len(calls) == 1:
         body.append(f"    {calls[0][1]}")
     else:

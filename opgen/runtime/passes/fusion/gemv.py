@@ -8,10 +8,8 @@ projections; the gate and up projections) become one kernel that reads the input
 each product to its own output, and a lone product becomes a kernel of its own. One row
 (batch 1) is a matrix-vector kernel (`codegen.triton.gemv`); 2 to 64 rows (batched decode, speculative
 verification, small prefill chunks) take tensor-core tiles that read each weight once for every row
-(`codegen.triton.few_rows`), which may split a long K among programs where the columns alone make too
-few of them (`split_k`; setup then makes the kernel's partials buffer and counters). The weights must be
-constants (or computed from them in setup: `permute(W, (1, 0))`), their rows contiguous along K, as a
-linear layer's are.
+(`codegen.triton.few_rows`). The weights must be constants (or computed from them in setup:
+`permute(W, (1, 0))`), their rows contiguous along K, as a linear layer's are.
 
 Each kernel is a `FusedKernel` whose plan (`GemvPlan`) those printers print, bound like the fusion
 pass's kernels: a multi-kernel choice
@@ -25,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from opgen.runtime.ir import (
-    Alloc,
     FusedKernel,
     GemvPlan,
     GemvRows,
@@ -41,8 +38,6 @@ from opgen.runtime.passes.analysis import fresh_namer, readers, view_roots, writ
 from opgen.runtime.passes.dead_code import eliminate_dead_code
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.gemv_gated import Gated, gated
-from opgen.runtime.passes.fusion.split_buffers import split_buffers, written
-from opgen.runtime.passes.fusion.split_k import split_k
 from opgen.runtime.registry import KernelRegistry
 
 PRODUCTS = ("aten.mm.default", "aten.addmm.default")
@@ -77,32 +72,18 @@ def fuse_gemv(program: Program, registry: KernelRegistry) -> Program:
     found = list(find_siblings(program))
     if not found:
         return program
-    locals_, buffers = fresh_namer(program, "gemv"), fresh_namer(program, "gemv_split")
-    placed, setup = [], list(program.setup)
+    locals_ = fresh_namer(program, "gemv")
+    placed = []
     dependent, read_by = registry.facts.dependent_launch, readers(program.body)
     for group in found:
         at = [p.index for p in group.products]
         elements = group.products[0].n * int(group.x_meta.shape[0])  # type: ignore[arg-type]  # static
         gate = gated([p.line for p in group.products], at, elements, program.body, read_by)
         if gate is not None and not any(p.bias for p in group.products):
-            kernel, members, where = fused_kernel(group, next(locals_), gate, dependent), [*at, *gate.members], gate.at
+            placed.append((fused_kernel(group, next(locals_), gate, dependent), [*at, *gate.members], gate.at))
         else:
-            kernel, members, where = fused_kernel(group, next(locals_), dependent=dependent), at, at[0]
-        plan = kernel.plan
-        assert isinstance(plan, GemvPlan)
-        if plan.split_k > 1:  # the pieces' partials and the blocks' counters, made once in setup
-            made = split_buffers(next(buffers), plan.partial_elements, plan.counters, kernel.device, kernel.nodes[0])
-            setup += made
-            kernel = with_scratch(kernel, made)
-        placed.append((kernel, members, where))
-    return eliminate_dead_code(place(replace(program, setup=tuple(setup)), placed), registry)
-
-
-def with_scratch(kernel: FusedKernel, buffers: tuple[Alloc, KernelCall]) -> FusedKernel:
-    """`kernel` taking the split's buffers after its other inputs (its parameters' order), and writing them."""
-    scratch = written(buffers)
-    inputs, dtypes = (*kernel.inputs, *(v.name for v in scratch)), (*kernel.input_dtypes, "float32", "int32")
-    return replace(kernel, inputs=inputs, input_dtypes=dtypes, writes=(*kernel.writes, *scratch))
+            placed.append((fused_kernel(group, next(locals_), dependent=dependent), at, at[0]))
+    return eliminate_dead_code(place(program, placed), registry)
 
 
 def find_siblings(program: Program) -> Iterator[Siblings]:
@@ -176,7 +157,6 @@ def fused_kernel(group: Siblings, local: str, gate: Gated | None = None, depende
     rows, (row_stride, x_stride) = int(group.x_meta.shape[0]), group.x_meta.stride  # type: ignore[arg-type, misc]
     plan = GemvPlan(group.k, int(x_stride), weights, gated=gate is not None, dependent=dependent, m=rows,
                     x_row_stride=int(row_stride), activation=gate.activation if gate else "silu")  # type: ignore[arg-type]  # fmt: skip
-    plan = replace(plan, split_k=split_k(plan))
     kind, of = ("matrix-vector kernel", "one row") if rows == 1 else ("few-row kernel", f"{rows} rows")
     inputs = (group.x, *(p.w for p in products), *(p.bias for p in products if p.bias))  # the kernel's order
     same_x = {p.x: Ref(group.x) for p in products if p.x != group.x}
