@@ -119,6 +119,8 @@ class GemvPlan:
     prologue_x: int = 0  # computed by the kernel first (`passes.fusion.gemv_prologue`)
     prologue_stored: bool = False  # the input row is also stored (lines after the kernel read it)
     activation: str = "silu"  # a gated pair's: "silu" (SwiGLU), "gelu" or "gelu_tanh" (GeGLU)
+    epilogue: FusedGroup | None = None  # a pointwise group of one output whose input `epilogue_y` is the one
+    epilogue_y: int = 0  # product: the kernel stores the group's output instead (`passes.fusion.gemv_epilogue`)
 
     def blocks(self, block_n: int) -> int:
         """Programs of `block_n` rows covering every product (a gated pair's once: a program does both)."""

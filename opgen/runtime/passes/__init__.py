@@ -45,14 +45,16 @@ moves a permute or reshape above the pointwise node it reads, so that the nodes 
 iteration space, and `fusion` turns groups of pointwise nodes and row reductions into generated Triton
 kernels once the graph is simplified, before memo and memory planning see the calls; `gemv_prologue` (CUDA)
 makes a row kernel of one row (a norm) the first step of the matrix-vector kernel that alone reads its
-output; `horizontal` (CUDA) runs neighbouring pointwise kernels that read nothing of each other in
-one launch; `attention_writes` (CUDA) has the decode-attention kernel store the step's key and value rows
-that the cache-write kernel just before it stored, and `attention_prologue` has it compute its query and
-those key rows (a rotation) where the pointwise kernel before it did; `dependent_launch`
-then lets each generated kernel start while the one before it finishes (Hopper and newer). The passes
-that make Triton kernels only decide: each kernel is a `FusedKernel` holding its plan
-(`opgen.runtime.ir.plans`), whose source `opgen.runtime.codegen.triton` prints after the last pass;
-no pass imports a printer. `sizes` binds the size arithmetic of dynamic shapes once per call, after
+output; `gemv_epilogue` (CUDA) makes a pointwise kernel (an activation) the last step of the product
+kernel whose output it alone reads; `horizontal` (CUDA) runs neighbouring pointwise kernels that read
+nothing of each other in one launch; `attention_writes` (CUDA) has the decode-attention kernel store
+the step's key and value rows that the cache-write kernel just before it stored, and
+`attention_prologue` has it compute its query and those key rows (a rotation) where the pointwise
+kernel before it did; `dependent_launch` then lets each generated kernel start while the one before it
+finishes (Hopper and newer). The passes that make Triton kernels only decide: each kernel is a
+`FusedKernel` holding its plan (`opgen.runtime.ir.plans`), whose source `opgen.runtime.codegen.triton`
+prints after the last pass; no pass imports a printer.
+`sizes` binds the size arithmetic of dynamic shapes once per call, after
 every pass that rewrites calls; `insert_frees` comes last because it needs the final body. `prepack` and `onednn` need
 oneDNN, `mkl_linear` MKL, `cudnn` cuDNN and `fusion` opgen's JIT (a CUDA build, a GPU and triton) at run time,
 so `opgen.runtime.pipeline.default_pipeline()` leaves each out where it is missing. `kernel_choice`
@@ -80,6 +82,7 @@ from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
 from opgen.runtime.passes.fusion.casts import move_casts
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
+from opgen.runtime.passes.fusion.gemv_epilogue import fuse_gemv_epilogue
 from opgen.runtime.passes.fusion.gemv_prologue import fuse_gemv_prologue
 from opgen.runtime.passes.fusion.horizontal import fuse_horizontal
 from opgen.runtime.passes.fusion.lift_views import lift_views
@@ -137,6 +140,7 @@ PASSES: dict[str, Pass] = {
     "fusion": fuse,
     "spatial_mean": spatial_means,
     "gemv_prologue": fuse_gemv_prologue,
+    "gemv_epilogue": fuse_gemv_epilogue,
     "horizontal": fuse_horizontal,
     "attention_writes": fuse_attention_writes,
     "attention_prologue": fuse_attention_prologue,
@@ -181,6 +185,7 @@ DEFAULT_PIPELINE = (
     "fusion",
     "spatial_mean",
     "gemv_prologue",
+    "gemv_epilogue",
     "horizontal",
     "attention_writes",
     "attention_prologue",
@@ -198,7 +203,8 @@ DEFAULT_PIPELINE = (
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
     ("decode_attention", "sink_updates", "cache_writes", "transpose_weights", "split_products", "gemv", "split_bias",
-     "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "horizontal", "attention_writes",
+     "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "gemv_epilogue",
+     "horizontal", "attention_writes",
      "attention_prologue", "dependent_launch")
 )  # fmt: skip
 

@@ -13,6 +13,7 @@ the matrix-vector kernel's are (`codegen.triton.gemv`), so one launch covers eve
 
 from __future__ import annotations
 
+from opgen.runtime.codegen.triton import gemv_epilogue
 from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, grid_blocks, kernel_body
 from opgen.runtime.codegen.triton.module import ieee_dot, jit_module, next_power_of_2
 from opgen.runtime.ir import Config, GemvPlan
@@ -35,7 +36,7 @@ def _indent(text: str) -> str:
 # The helpers read the first tile of weights before anything else, as the matrix-vector kernel's do:
 # where kernels launch dependently, the wait for the kernel before comes after it.
 _TILES = f'''@triton.jit
-def _tiles(x, w, bias, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SXM: tl.constexpr,
+def _tiles(x@E@, w, bias, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SXM: tl.constexpr,
            SX: tl.constexpr, SW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[:, cols] = x @ w[cols, :].T (+ bias[cols]) for the block's BLOCK_N columns, every row of x."""
@@ -59,7 +60,7 @@ def _tiles(x, w, bias, out, block, M: tl.constexpr, N: tl.constexpr, K: tl.const
 {_indent(_dots(("acc", "tile")))}
     if HAS_BIAS:
         acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out + ms[:, None] * N + cols[None, :], acc.to(out.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
+    tl.store(out + ms[:, None] * N + cols[None, :], @STORE@, mask=m_ok[:, None] & col_ok[None, :])
 '''
 
 _GATED = f'''@triton.jit
@@ -102,8 +103,13 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     """(name, source) of the plan's kernel: as the matrix-vector kernel's (`gemv.kernel`: parameters, one
     launch for every sibling, names shared by layers), its helpers tensor-core tiles over the rows."""
     of, strides = f"{plan.m} rows of {plan.k}", [plan.x_row_stride, plan.x_stride]
-    body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)])
-    helpers = dependent_helper(gated_helper(plan.activation) + _GATED if plan.gated else _TILES, plan.dependent)
+    x = ("x", *gemv_epilogue.parameters(plan))
+    body, params = kernel_body(plan, of, "_tiles", [plan.m], strides, [block_m(plan)], x=x)
+    if plan.gated:
+        helpers = dependent_helper(gated_helper(plan.activation) + _GATED, plan.dependent)
+        return jit_module("gemm_rows", params, META, body, helpers)
+    flat, mask = "ms[:, None] * N + cols[None, :]", "m_ok[:, None] & col_ok[None, :]"
+    helpers = gemv_epilogue.finish(dependent_helper(_TILES, plan.dependent), plan, "acc", flat, mask)
     return jit_module("gemm_rows", params, META, body, helpers)
 
 

@@ -10,6 +10,7 @@ the input, read by every program, stays in cache. Sizes and strides are literals
 
 from __future__ import annotations
 
+from opgen.runtime.codegen.triton import gemv_epilogue
 from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
 from opgen.runtime.codegen.triton.ops import gelu, silu
 from opgen.runtime.ir import Config, GemvPlan
@@ -26,7 +27,7 @@ META = "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
 # (`passes.dependent_launch`), the wait for the kernel before comes after it, so the weights (which
 # no kernel writes) stream in while that kernel finishes. {signal} and {wait} are those two calls.
 _ROWS = '''@triton.jit
-def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.constexpr, SW: tl.constexpr,
+def _rows(x@E@, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.constexpr, SW: tl.constexpr,
           HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[rows] = w[rows, :] @ x (+ bias[rows]) for the block's BLOCK_N rows; w's rows are SW apart."""
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -47,7 +48,7 @@ def _rows(x, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SX: tl.const
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
+    tl.store(out + rows, @STORE@, mask=row_ok)
 '''
 
 _GATED = '''@triton.jit
@@ -113,9 +114,13 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`.
     `plan.gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
     `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`dependent_helper`)."""
-    body, params = kernel_body(plan, f"one row of {plan.k}", "_rows", [], [plan.x_stride], [])
-    helper = gated_helper(plan.activation) + _GATED if plan.gated else _ROWS
-    return jit_module("gemv", params, META, body, dependent_helper(helper, plan.dependent))
+    x = ("x", *gemv_epilogue.parameters(plan))
+    body, params = kernel_body(plan, f"one row of {plan.k}", "_rows", [], [plan.x_stride], [], x=x)
+    if plan.gated:
+        helper = dependent_helper(gated_helper(plan.activation) + _GATED, plan.dependent)
+        return jit_module("gemv", params, META, body, helper)
+    helper = gemv_epilogue.finish(dependent_helper(_ROWS, plan.dependent), plan, "y", "rows", "row_ok")
+    return jit_module("gemv", params, META, body, helper)
 
 
 def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int], tail: list[int],

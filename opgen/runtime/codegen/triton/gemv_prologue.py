@@ -13,6 +13,7 @@ launch for every sibling; names shared by a model's layers).
 
 from __future__ import annotations
 
+from opgen.runtime.codegen.triton import gemv_epilogue
 from opgen.runtime.codegen.triton.gemv import META, dependent_helper, gated_helper, kernel_body
 from opgen.runtime.codegen.triton.group_parts import row_prologue
 from opgen.runtime.codegen.triton.module import jit_module
@@ -33,7 +34,7 @@ def _rows({x}, w, bias, out, block, N: tl.constexpr, K: tl.constexpr, SW: tl.con
     y = tl.sum(tile.to(tl.float32) * xs[None, :], axis=1)
     if HAS_BIAS:
         y += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
+    tl.store(out + rows, @STORE@, mask=row_ok)
 """
 
 _GATED = """@triton.jit
@@ -56,16 +57,20 @@ def _gated({x}, wg, wu, out, block, N: tl.constexpr, K: tl.constexpr, SG: tl.con
 
 
 def kernel(plan: GemvPlan) -> tuple[str, str]:
-    """(name, source). Parameters: the prologue's inputs (`p_in0..`), the weights, the biases, the
-    prologue's other outputs (`p_out<i>`), the products' outputs (`out0..`)."""
+    """(name, source). Parameters: the prologue's inputs (`p_in0..`), the epilogue's (`e_in<i>`, where there
+    is one), the weights, the biases, the prologue's other outputs (`p_out<i>`), the products' outputs
+    (`out0..`; an epilogue's output in place of its product)."""
     assert plan.prologue is not None and plan.m == 1
     prologue, params = row_prologue(plan.prologue, plan.prologue_x, plan.prologue_stored)
-    inputs = tuple(f"p_{p}" for p in params if p.startswith("in"))
+    given = gemv_epilogue.parameters(plan)  # the epilogue's inputs, after the prologue's
+    inputs = (*(f"p_{p}" for p in params if p.startswith("in")), *given)
     outputs = tuple(f"p_{p}" for p in params if p.startswith("out"))
     of = f"one row of {plan.k}, computed first ({plan.prologue.describe()})"
     body, kernel_params = kernel_body(plan, of, "_rows", [], [], [], x=inputs, x_outputs=outputs)
+    signature = [*(p for p in params if p.startswith("in")), *given, *(p for p in params if p.startswith("out"))]
     template = gated_helper(plan.activation) + _GATED if plan.gated else _ROWS
-    helper = dependent_helper(template.replace("{x}", ", ".join(params)), plan.dependent)
+    helper = dependent_helper(template.replace("{x}", ", ".join(signature)), plan.dependent)
+    helper = gemv_epilogue.finish(helper, plan, "y", "rows", "row_ok")
     return jit_module("gemv", kernel_params, META, body, f"{prologue}\n\n{helper}")
 
 

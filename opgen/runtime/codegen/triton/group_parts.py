@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from opgen.runtime.codegen.triton.groups import group_body, group_params, program_elements
+from opgen.runtime.codegen.triton.groups import GroupBody, group_body, group_params, program_elements
+from opgen.runtime.codegen.triton.ops import TL, compute_type
 from opgen.runtime.codegen.triton.order import in_memory_order
 from opgen.runtime.ir import FusedGroup
 
@@ -85,11 +86,30 @@ def pointwise_value(group: FusedGroup, name: str) -> str:
     assert group.kind == "pointwise" and len(group.outputs) == 1, group.describe()
     body = group_body(group, stored=())
     params = [p for p in group_params(group) if p.startswith("in")]
-    lines = [
-        "@triton.jit",
-        f"def {name}({', '.join(params)}, offs, mask):",
-        f'    """{group.describe()}: its output at `offs`."""',
-        *(f"    {line}" for line in body.lines),
-        f"    return {body.stored(group.outputs[0])}",
-    ]
-    return "\n".join(lines) + "\n"
+    return _returning(f"{name}({', '.join(params)}, offs, mask)", f"{group.describe()}: its output at `offs`.", body)
+
+
+def pointwise_epilogue(group: FusedGroup, given: int) -> tuple[str, list[str]]:
+    """(source, parameters) of `@triton.jit def _epilogue(in0.., y, offs, mask)`: the pointwise group's one
+    output at the flat indices `offs` of its iteration space, as it would be stored, where its input `given`
+    is `y` (float32, in registers: a product the calling kernel computed) rather than loaded. `y` is first
+    rounded to that input's dtype, as the product's own store would. Parameters: `in<i>` for the group's
+    other inputs (numbered as in its own kernel), for a matrix-vector kernel that ends with the group
+    (`codegen.triton.gemv_epilogue`)."""
+    assert group.kind == "pointwise" and len(group.outputs) == 1, group.describe()
+    body = GroupBody(group)
+    tensor = group.inputs[given]
+    ctype = compute_type(tensor.meta.dtype)
+    rounded = "y" if tensor.meta.dtype == "float32" else f"y.to({TL[tensor.meta.dtype]}).to({TL[ctype]})"
+    body.values[tensor.name] = body.let(rounded, ctype)
+    for step in group.steps:
+        body.step(step)
+    params = [f"in{i}" for i in range(len(group.inputs)) if i != given]
+    doc = f"{group.describe()}: its output at `offs`, its input {given} the product `y`."
+    return _returning(f"_epilogue({', '.join([*params, 'y', 'offs', 'mask'])})", doc, body), params
+
+
+def _returning(signature: str, doc: str, body: GroupBody) -> str:
+    """`@triton.jit def <signature>:` running the group's code and returning its one output as stored."""
+    lines = ["@triton.jit", f"def {signature}:", f'    """{doc}"""', *(f"    {line}" for line in body.lines)]
+    return "\n".join([*lines, f"    return {body.stored(body.group.outputs[0])}"]) + "\n"

@@ -37,8 +37,10 @@ def ieee_dot(out: str, a: str, b: str, dtype: str, indent: int, acc: str = "") -
 
 
 def jit_module(prefix: str, params: Sequence[str], meta: str, body: str, helpers: str = "") -> tuple[str, str]:
-    """(name, source): `def <name>(<params>, <meta>):` with `body` (indented lines, no trailing newline)."""
-    name = f"{prefix}_" + hashlib.sha256(f"{meta}\n{body}".encode()).hexdigest()[:12]
+    """(name, source): `def <name>(<params>, <meta>):` with `body` (indented lines, no trailing newline). The
+    name hashes the helpers too: two kernels whose bodies call them alike may differ there (a product kernel
+    with and without an epilogue)."""
+    name = f"{prefix}_" + hashlib.sha256(f"{meta}\n{body}\n{helpers}".encode()).hexdigest()[:12]
     lines = ["import triton", "import triton.language as tl", "", ""]
     if helpers:
         lines += [helpers, ""]
