@@ -25,14 +25,15 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    """A norm (optional), fc, an activation, proj and the residual add (of half of it: two ops, one group; a lone
-    pointwise op stays ATen's call, which this pass does not take)."""
+    """A norm (optional), fc, an activation (a group of ops or a lone op), proj and the residual add (of half of
+    it: two ops, one group)."""
 
     def __init__(self, d: int = 64, hidden: int = 96, norm: bool = True, act: str = "gelu_new") -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d) if norm else nn.Identity()
         self.fc, self.proj = nn.Linear(d, hidden), nn.Linear(hidden, d)
-        self.act = {"gelu_new": gelu_new, "relu2": lambda x: torch.relu(x) ** 2, "silu": nn.functional.silu}[act]
+        self.act = {"gelu_new": gelu_new, "relu2": lambda x: torch.relu(x) ** 2, "relu": torch.relu,
+                    "gelu": nn.functional.gelu}[act]  # fmt: skip
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         h = residual + x
@@ -58,7 +59,7 @@ def ending(specs: list[FusedKernel]) -> list[FusedKernel]:
     return [s for s in specs if ", ending with its pointwise kernel" in s.describe]
 
 
-@pytest.mark.parametrize("act", ["gelu_new", "relu2"])
+@pytest.mark.parametrize("act", ["gelu_new", "relu2", "relu", "gelu"])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_activation_is_the_products_last_step(monkeypatch: pytest.MonkeyPatch, act: str, norm: bool,
@@ -91,13 +92,13 @@ def test_a_residual_add_reads_its_other_input_where_the_product_is(monkeypatch: 
 
 
 class ReadTwice(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, lone: bool = False) -> None:
         super().__init__()
-        self.fc = nn.Linear(64, 96)
+        self.fc, self.lone = nn.Linear(64, 96), lone
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.fc(x)
-        return h, torch.relu(h) ** 2
+        return h, torch.relu(h) if self.lone else torch.relu(h) ** 2
 
 
 class Broadcast(nn.Module):
@@ -108,17 +109,20 @@ class Broadcast(nn.Module):
         self.fc = nn.Linear(64, 32)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.fc(x))[:, None, :] ** 2 * y
+        return self.fc(x)[:, None, :] * y + 1.0
 
 
 @pytest.mark.parametrize(
     ("model", "example"),
-    [(ReadTwice(), (torch.randn(1, 64),)), (Broadcast(), (torch.randn(1, 64), torch.randn(1, 4, 32)))],
-)
+    [(ReadTwice(), (torch.randn(1, 64),)), (ReadTwice(lone=True), (torch.randn(1, 64),)),
+     (Broadcast(), (torch.randn(1, 64), torch.randn(1, 4, 32)))],
+)  # fmt: skip
 def test_products_read_elsewhere_or_broadcast_keep_their_kernels(monkeypatch: pytest.MonkeyPatch,
                                                                  model: nn.Module, example: tuple) -> None:  # fmt: skip
     compiled, specs = compile_on_cpu(monkeypatch, model, example)
     assert ending(specs) == [], [s.describe for s in specs]
+    lone = [s for s in specs if s.describe.startswith("pointwise kernel") and len(s.nodes) == 1]
+    assert lone == [], [s.describe for s in lone]  # a lone op that stays apart stays ATen's call
     with torch.no_grad():
         torch.testing.assert_close(compiled(*example), model(*example))  # type: ignore[operator]
 

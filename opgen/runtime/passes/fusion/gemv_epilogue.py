@@ -7,7 +7,8 @@ launch of its own, whose input makes a trip through memory. Here the product ker
 the product's elements in registers (`codegen.triton.gemv_epilogue`) and stores the group's output alone.
 Any pointwise group of one output fits (an activation, a bias, a scale, a residual add: its other inputs
 are read at the same elements), after any product kernel of one product that is not a gated pair's (one
-row, with or without a norm as its prologue, or a few rows).
+row, with or without a norm as its prologue, or a few rows). A lone pointwise op (`relu`, `gelu`: `fusion`
+leaves one op to ATen) that would fit is made a group's kernel first (`lone_activations`), so it fits too.
 
 It applies where the product's output reaches the group only through views and nothing else reads it or
 them, the group reads it contiguously at the group's own elements (the same shape, row-major) and stores
@@ -22,12 +23,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from opgen.runtime.ir import FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref
-from opgen.runtime.passes.analysis import RESHAPES, defined_at, readers, writes_memory
-from opgen.runtime.passes.fusion.calls import Merge, called, merging, writes_in_place
+from opgen.runtime.passes.analysis import RESHAPES, defined_at, fresh_namer, readers, writes_memory
+from opgen.runtime.passes.fusion.calls import Merge, called, merging, place, writes_in_place
+from opgen.runtime.passes.fusion.expressible import unwritable
+from opgen.runtime.passes.fusion.groups import find_groups
+from opgen.runtime.passes.fusion.rewrite import group_kernel
 from opgen.runtime.registry import KernelRegistry
 
 
 def fuse_gemv_epilogue(program: Program, registry: KernelRegistry) -> Program:
+    program = lone_activations(program, registry)
     body = program.body
     producers, read_by = defined_at(body), readers(body)
 
@@ -51,6 +56,27 @@ def fuse_gemv_epilogue(program: Program, registry: KernelRegistry) -> Program:
         return None
 
     return merging(program, find)
+
+
+def lone_activations(program: Program, registry: KernelRegistry) -> Program:
+    """`program` with each lone pointwise call (`relu(fc(x))`: one op, which `fusion` leaves to ATen) that
+    would be a product kernel's epilogue made a kernel of its own, for the merge to take."""
+    body, specs = program.body, {spec.local: spec for spec in program.fused}
+    producers, read_by = defined_at(body), readers(body)
+    locals_, placed = fresh_namer(program, "fused"), []
+    for found in find_groups(program, registry, singles=True):
+        group, at = found.group, found.members[-1]
+        if not found.alone or group.kind != "pointwise" or len(group.outputs) != 1 or unwritable(group) is not None:
+            continue
+        spec = group_kernel(next(locals_), group, found.lines)
+        for given, name in enumerate(spec.inputs):
+            match = _product(name, at, body, specs, producers, read_by)
+            if match is not None:
+                gemv = specs[body[match[0]].kernel]  # type: ignore[union-attr]
+                if _fits(group, given, gemv, spec, match[0], at, match[1], body, specs, producers):
+                    placed.append((spec, found.members, at))
+                break
+    return place(program, placed)
 
 
 def _product(name: str, at: int, body: tuple[Line, ...], specs: Mapping[str, FusedKernel],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Comment, FusedKernel, KernelCall, Line, Program, Value
+from opgen.runtime.ir import Comment, FusedGroup, FusedKernel, KernelCall, Line, Program, Value
 from opgen.runtime.passes.analysis import fresh_namer
 from opgen.runtime.passes.fusion.calls import place
 from opgen.runtime.passes.fusion.expressible import unwritable
@@ -41,17 +41,21 @@ def fuse(program: Program, registry: KernelRegistry) -> Program:
         if problem is not None:
             unfused.append((item.lines[0], f"not fused ({', '.join(group.nodes)}): {problem}"))
             continue
-        spec = FusedKernel.make(
-            local,
-            group,
-            inputs=((t.name, t.meta.dtype) for t in group.inputs),
-            outputs=(Value(t.name, t.meta) for t in group.outputs),
-            nodes=group.nodes,
-            describe=group.describe(),
-            lines=item.lines,
-        )
-        placed.append((spec, item.members, item.members[-1]))
+        placed.append((group_kernel(local, group, item.lines), item.members, item.members[-1]))
     return _noted(place(program, placed), unfused)
+
+
+def group_kernel(local: str, group: FusedGroup, lines: tuple[KernelCall, ...]) -> FusedKernel:
+    """The kernel of a group found in the body (its calls `lines`), named `local`."""
+    return FusedKernel.make(
+        local,
+        group,
+        inputs=((t.name, t.meta.dtype) for t in group.inputs),
+        outputs=(Value(t.name, t.meta) for t in group.outputs),
+        nodes=group.nodes,
+        describe=group.describe(),
+        lines=lines,
+    )
 
 
 def _noted(program: Program, unfused: list[tuple[KernelCall, str]]) -> Program:
