@@ -32,6 +32,8 @@ from opgen.runtime.registry import KernelRegistry
 
 
 def fuse_gemv_epilogue(program: Program, registry: KernelRegistry) -> Program:
+    if not any(isinstance(spec.plan, GemvPlan) for spec in program.fused):
+        return program  # no product kernel: nothing to end with a group
     program = lone_activations(program, registry)
     body = program.body
     producers, read_by = defined_at(body), readers(body)
