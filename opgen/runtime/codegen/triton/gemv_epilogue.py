@@ -8,7 +8,7 @@ group's other inputs, `e_in<i>`), and `@STORE@` for the value stored. `finish` f
 
 from __future__ import annotations
 
-from opgen.runtime.codegen.triton.group_parts import pointwise_epilogue
+from opgen.runtime.codegen.triton.group_parts import epilogue_params, pointwise_epilogue
 from opgen.runtime.ir import GemvPlan
 
 
@@ -16,7 +16,7 @@ def parameters(plan: GemvPlan) -> list[str]:
     """The kernel's parameters for the group's other inputs (after the products' input): `e_in<i>`."""
     if plan.epilogue is None:
         return []
-    return [f"e_{p}" for p in pointwise_epilogue(plan.epilogue, plan.epilogue_y)[1]]
+    return [f"e_{p}" for p in epilogue_params(plan.epilogue, plan.epilogue_y)]
 
 
 def finish(helper: str, plan: GemvPlan, value: str, offs: str, mask: str) -> str:
@@ -25,7 +25,7 @@ def finish(helper: str, plan: GemvPlan, value: str, offs: str, mask: str) -> str
     there."""
     if plan.epilogue is None:
         return helper.replace("@E@", "").replace("@STORE@", f"{value}.to(out.dtype.element_ty)")
-    source, _ = pointwise_epilogue(plan.epilogue, plan.epilogue_y)
+    source = pointwise_epilogue(plan.epilogue, plan.epilogue_y)
     given = parameters(plan)
     stored = f"_epilogue({', '.join([*given, value, offs, mask])})"
     return source + "\n\n" + helper.replace("@E@", "".join(f", {p}" for p in given)).replace("@STORE@", stored)

@@ -89,13 +89,18 @@ def pointwise_value(group: FusedGroup, name: str) -> str:
     return _returning(f"{name}({', '.join(params)}, offs, mask)", f"{group.describe()}: its output at `offs`.", body)
 
 
-def pointwise_epilogue(group: FusedGroup, given: int) -> tuple[str, list[str]]:
-    """(source, parameters) of `@triton.jit def _epilogue(in0.., y, offs, mask)`: the pointwise group's one
+def epilogue_params(group: FusedGroup, given: int) -> list[str]:
+    """`pointwise_epilogue`'s parameters before `y`: `in<i>` for the group's inputs but `given`."""
+    return [f"in{i}" for i in range(len(group.inputs)) if i != given]
+
+
+def pointwise_epilogue(group: FusedGroup, given: int) -> str:
+    """Source of `@triton.jit def _epilogue(in0.., y, offs, mask)`: the pointwise group's one
     output at the flat indices `offs` of its iteration space, as it would be stored, where its input `given`
     is `y` (float32, in registers: a product the calling kernel computed) rather than loaded. `y` is first
     rounded to that input's dtype, as the product's own store would. Parameters: `in<i>` for the group's
-    other inputs (numbered as in its own kernel), for a matrix-vector kernel that ends with the group
-    (`codegen.triton.gemv_epilogue`)."""
+    other inputs (numbered as in its own kernel: `epilogue_params`), for a matrix-vector kernel that ends
+    with the group (`codegen.triton.gemv_epilogue`)."""
     assert group.kind == "pointwise" and len(group.outputs) == 1, group.describe()
     body = GroupBody(group)
     tensor = group.inputs[given]
@@ -104,9 +109,9 @@ def pointwise_epilogue(group: FusedGroup, given: int) -> tuple[str, list[str]]:
     body.values[tensor.name] = body.let(rounded, ctype)
     for step in group.steps:
         body.step(step)
-    params = [f"in{i}" for i in range(len(group.inputs)) if i != given]
+    params = ", ".join([*epilogue_params(group, given), "y", "offs", "mask"])
     doc = f"{group.describe()}: its output at `offs`, its input {given} the product `y`."
-    return _returning(f"_epilogue({', '.join([*params, 'y', 'offs', 'mask'])})", doc, body), params
+    return _returning(f"_epilogue({params})", doc, body)
 
 
 def _returning(signature: str, doc: str, body: GroupBody) -> str:

@@ -39,23 +39,12 @@ def fuse_gemv_epilogue(program: Program, registry: KernelRegistry) -> Program:
     producers, read_by = defined_at(body), readers(body)
 
     def find(at: int, spec: FusedKernel, specs: Mapping[str, FusedKernel]) -> Merge | None:
-        group = spec.plan
-        if not isinstance(group, FusedGroup) or group.kind != "pointwise" or len(group.outputs) != 1:
+        if (taken := _taker(spec, at, body, specs, producers, read_by)) is None:
             return None
-        out = group.outputs[0]
-        if out.placement is not None or out.meta is None or not out.meta.is_contiguous():
-            return None  # the kernel stores it row-major at the product's elements
-        for given, name in enumerate(spec.inputs):
-            match = _product(name, at, body, specs, producers, read_by)
-            if match is None:
-                continue
-            gemv_at, views = match
-            gemv = specs[body[gemv_at].kernel]  # type: ignore[union-attr]
-            if not _fits(group, given, gemv, spec, gemv_at, at, views, body, specs, producers):
-                return None
-            kernel = merged(gemv, spec, given, [body[i] for i in views])
-            return kernel, (gemv_at, *views, at), gemv_at, (gemv.local, spec.local)
-        return None
+        given, gemv_at, views = taken
+        gemv = specs[body[gemv_at].kernel]  # type: ignore[union-attr]
+        kernel = merged(gemv, spec, given, [body[i] for i in views])
+        return kernel, (gemv_at, *views, at), gemv_at, (gemv.local, spec.local)
 
     return merging(program, find)
 
@@ -67,18 +56,34 @@ def lone_activations(program: Program, registry: KernelRegistry) -> Program:
     producers, read_by = defined_at(body), readers(body)
     locals_, placed = fresh_namer(program, "fused"), []
     for found in find_groups(program, registry, singles=True):
-        group, at = found.group, found.members[-1]
-        if not found.alone or group.kind != "pointwise" or len(group.outputs) != 1 or unwritable(group) is not None:
+        at = found.members[-1]
+        if not found.alone or unwritable(found.group) is not None:
             continue
-        spec = group_kernel(next(locals_), group, found.lines)
-        for given, name in enumerate(spec.inputs):
-            match = _product(name, at, body, specs, producers, read_by)
-            if match is not None:
-                gemv = specs[body[match[0]].kernel]  # type: ignore[union-attr]
-                if _fits(group, given, gemv, spec, match[0], at, match[1], body, specs, producers):
-                    placed.append((spec, found.members, at))
-                break
+        spec = group_kernel("", found.group, found.lines)
+        if _taker(spec, at, body, specs, producers, read_by) is not None:
+            placed.append((replace(spec, local=next(locals_)), found.members, at))
     return place(program, placed)
+
+
+def _taker(spec: FusedKernel, at: int, body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
+           producers: dict[str, int], read_by: dict[str, set[int]]) -> tuple[int, int, list[int]] | None:  # fmt: skip
+    """(the group's input that is the product, body index of the product kernel's call, of the views between)
+    where the group kernel `spec`, called at `at`, can be that product kernel's epilogue, as the module says;
+    else None. The first input that is a product kernel's product decides."""
+    group = spec.plan
+    if not isinstance(group, FusedGroup) or group.kind != "pointwise" or len(group.outputs) != 1:
+        return None
+    out = group.outputs[0]
+    if out.placement is not None or out.meta is None or not out.meta.is_contiguous():
+        return None  # the kernel stores it row-major at the product's elements
+    for given, name in enumerate(spec.inputs):
+        match = _product(name, at, body, specs, producers, read_by)
+        if match is not None:
+            gemv_at, views = match
+            gemv = specs[body[gemv_at].kernel]  # type: ignore[union-attr]
+            fits = _fits(group, given, gemv, spec, gemv_at, at, views, body, specs, producers)
+            return (given, gemv_at, views) if fits else None
+    return None
 
 
 def _product(name: str, at: int, body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
