@@ -51,6 +51,8 @@ def test_every_kernel_of_a_step_matches_in_the_interpreter(monkeypatch: pytest.M
         assert attention and all("storing the step's keys and values first" in a for a in attention), attention
         rotates = family != "gpt2"  # GPT-2 adds learned positions to its embeddings: no rotation in its layers
         assert all("its query and keys computed first" in a for a in attention) == rotates, attention
+        normed = family == "olmo2"  # its q/k norms over the whole width: computed by the attention (`attention_rows`)
+        assert all("the rows they read too" in a for a in attention) == normed, attention
         for pos in range(6):
             ids = torch.randint(1, 100, (batch, 1))
             want = eager(ids, torch.tensor([pos]))

@@ -510,6 +510,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "horizontal",
         "attention_writes",
         "attention_prologue",
+        "attention_rows",
         "dependent_launch",
         "memory",
         "hoist_views",

@@ -243,6 +243,9 @@ ROW_OPS = {
     "aten.amin.default": "dim",
 }
 EXTREMES = frozenset({"aten.amax.default", "aten.amin.default"})  # written for float32 and float64 results only
+# The row ops whose result is one value a row (not one an element, as a softmax's): a row group of these alone
+# can be computed at any element once its row's reductions are (`passes.fusion.attention_rows`).
+REDUCTIONS = frozenset({"aten.sum.dim_IntList", "aten.mean.dim", *EXTREMES})
 
 
 def row_fits(target: str, ctype: str) -> bool:

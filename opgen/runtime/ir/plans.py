@@ -151,7 +151,31 @@ class Computed:
     shared ones (`pi<j>`)."""
 
     group: FusedGroup
+    args: tuple[int, ...]  # -1 for an input computed from `rows`
+    rows: tuple[RowSource, ...] = ()  # row groups the kernel computes too (`passes.fusion.attention_rows`)
+    reads: tuple[RowRead, ...] = ()  # the group's inputs that are views of their outputs
+
+
+@dataclass(frozen=True, slots=True)
+class RowSource:
+    """A row group of a value a decode-attention kernel computes (a norm before the rotation: OLMo-2's q/k
+    norms), computed by the kernel too (`passes.fusion.attention_rows`): its rows are the attention's batch
+    rows, and its reductions (a sum, a mean, a max or a min over the row) are computed once a call of the
+    value's function, over the batch row's whole row; its outputs at the elements the value reads.
+    `args`: per input of the group, its parameter among the kernel's shared ones."""
+
+    group: FusedGroup
     args: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RowRead:
+    """Input `input` of a `Computed` group is a view of output `output` of row source `source`: the
+    group's element at the view's offset plus its strides' address is the row group's at that flat index."""
+
+    input: int
+    source: int
+    output: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,8 @@ kernel whose output it alone reads; `horizontal` (CUDA) runs neighbouring pointw
 nothing of each other in one launch; `attention_writes` (CUDA) has the decode-attention kernel store
 the step's key and value rows that the cache-write kernel just before it stored, and
 `attention_prologue` has it compute its query and those key rows (a rotation) where the pointwise
-kernel before it did; `dependent_launch` then lets each generated kernel start while the one before it
+kernel before it did, and `attention_rows` the row kernel (a norm: OLMo-2's q/k norms) whose outputs
+that rotation reads; `dependent_launch` then lets each generated kernel start while the one before it
 finishes (Hopper and newer). The passes that make Triton kernels only decide: each kernel is a
 `FusedKernel` holding its plan (`opgen.runtime.ir.plans`), whose source `opgen.runtime.codegen.triton`
 prints after the last pass; no pass imports a printer.
@@ -77,6 +78,7 @@ from opgen.runtime.passes.dependent_launch import launch_dependently
 from opgen.runtime.passes.empty_cat import drop_empty_cat_operands
 from opgen.runtime.passes.fusion.attention import fuse_decode_attention
 from opgen.runtime.passes.fusion.attention_prologue import fuse_attention_prologue
+from opgen.runtime.passes.fusion.attention_rows import fuse_attention_rows
 from opgen.runtime.passes.fusion.attention_writes import fuse_attention_writes
 from opgen.runtime.passes.fusion.bias import split_bias
 from opgen.runtime.passes.fusion.cache_writes import fuse_cache_writes
@@ -144,6 +146,7 @@ PASSES: dict[str, Pass] = {
     "horizontal": fuse_horizontal,
     "attention_writes": fuse_attention_writes,
     "attention_prologue": fuse_attention_prologue,
+    "attention_rows": fuse_attention_rows,
     "dependent_launch": launch_dependently,
     "memory": plan_memory,
     "hoist_views": hoist_views,
@@ -189,6 +192,7 @@ DEFAULT_PIPELINE = (
     "horizontal",
     "attention_writes",
     "attention_prologue",
+    "attention_rows",
     "dependent_launch",
     "memo",
     "memory",
@@ -205,7 +209,7 @@ JIT_PASSES = frozenset(
     ("decode_attention", "sink_updates", "cache_writes", "transpose_weights", "split_products", "gemv", "split_bias",
      "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "gemv_epilogue",
      "horizontal", "attention_writes",
-     "attention_prologue", "dependent_launch")
+     "attention_prologue", "attention_rows", "dependent_launch")
 )  # fmt: skip
 
 

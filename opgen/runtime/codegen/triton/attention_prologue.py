@@ -25,13 +25,22 @@ def key_part(plan: AttentionPlan) -> Computed | None:
 
 
 def helpers(plan: AttentionPlan) -> str:
-    """The groups' functions (`_query`, `_key`), for the kernel's module."""
+    """The groups' functions (`_query`, `_key`, with the functions of the row groups they read), for the
+    kernel's module."""
     parts = [(plan.query_part, "_query"), (key_part(plan), "_key")]
-    return "\n\n".join(pointwise_value(part.group, name) for part, name in parts if part is not None)
+    return "\n\n".join(
+        pointwise_value(part.group, name, part.reads, [source.group for source in part.rows])
+        for part, name in parts
+        if part is not None
+    )
 
 
 def _call(name: str, part: Computed, offs: str, mask: str) -> str:
-    return f"{name}({', '.join([*(f'pi{j}' for j in part.args), offs, mask])})"
+    """The group's function called at `offs`: its loaded inputs, its row groups' inputs, and the batch row `b`
+    (a row group's rows are the attention's batch rows: `passes.fusion.attention_rows`)."""
+    args = [f"pi{j}" for j in part.args if j >= 0]
+    args += [f"pi{j}" for source in part.rows for j in source.args]
+    return f"{name}({', '.join([*args, *(['b'] if part.rows else []), offs, mask])})"
 
 
 def query(plan: AttentionPlan, rows: str, ok: str | None) -> str | None:
