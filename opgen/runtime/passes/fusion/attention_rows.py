@@ -84,7 +84,7 @@ def fuse_attention_rows(program: Program, registry: KernelRegistry) -> Program:
         batch = int(plan.query.shape[0])  # type: ignore[arg-type]
         if not all(_fits(g, batch) for g in groups) or not reads:
             return None
-        if not _alone(source, chain, at, read_by, body) or set(reads) & set(attention.inputs[plan.shared_inputs :]):
+        if not _alone(source, chain, at, read_by, body, attention.inputs[plan.shared_inputs :]):
             return None
         for part in parts:
             for t in part.group.inputs:
@@ -127,12 +127,13 @@ def _fits(group: FusedGroup, batch: int) -> bool:
     )  # fmt: skip
 
 
-def _alone(source: FusedKernel, chain: Sequence[int], at: int, read_by: dict[str, set[int]],
-           body: Sequence[Line]) -> bool:  # fmt: skip
-    """The row kernel's outputs, and the views of them, read by those views and the attention alone."""
+def _alone(source: FusedKernel, chain: Sequence[int], at: int, read_by: dict[str, set[int]], body: Sequence[Line],
+           rest: Sequence[str]) -> bool:  # fmt: skip
+    """The row kernel's outputs, and the views of them, read by those views and the attention alone, and by the
+    attention only as inputs of the values it computes (not among its `rest`, its own inputs)."""
     allowed = {*chain, at}
     names = [v.name for v in source.outputs] + [v.name for i in chain for v in body[i].outputs]  # type: ignore[union-attr]
-    return all(read_by.get(name, set()) <= allowed for name in names)
+    return all(read_by.get(name, set()) <= allowed for name in names) and not set(names) & set(rest)
 
 
 def _within_row(view: Tensor, group: FusedGroup, space: FusedGroup) -> bool:
