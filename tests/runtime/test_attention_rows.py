@@ -26,7 +26,8 @@ MERGED = "the rows they read too"
 class NormedRotaryAttention(nn.Module):
     """A decode step's attention after its projections, as OLMo-2's: q and k normalized over their whole
     width (RMSNorm, OLMo-2's form), viewed as heads, rotated, the step's key and value written into a static
-    cache at `pos`, then SDPA. `norm`: "rms"; "layer" (a LayerNorm: its rows' results are per element);
+    cache at `pos`, then SDPA. `norm`: "rms"; "written_layer" (a LayerNorm written out as means); "layer" (a
+    LayerNorm's op: its rows' results are per element);
     "head" (an RMSNorm per head, as Qwen3's: rows of a head, not of the batch row). `returned`: the normed
     query is also returned (read after the attention)."""
 
@@ -46,6 +47,10 @@ class NormedRotaryAttention(nn.Module):
         b = x.shape[0]
         if self.norm == "layer":
             return F.layer_norm(x, (x.shape[-1],), weight)
+        if self.norm == "written_layer":  # a LayerNorm written out: two reductions, the second of the first's result
+            mean = x.mean(-1, keepdim=True)
+            var = (x - mean).pow(2).mean(-1, keepdim=True)
+            return (x - mean) * torch.rsqrt(var + 1e-5) * weight
         if self.norm == "head":
             x = x.view(b, 1, heads, self.dim)
         held = x.float()
@@ -111,13 +116,13 @@ def _pair(batch: int = 1, **kw: object) -> tuple[NormedRotaryAttention, NormedRo
     return model, eager
 
 
-@pytest.mark.parametrize("kernel", ["row", "group"])
+@pytest.mark.parametrize(("kernel", "norm"), [("row", "rms"), ("group", "rms"), ("group", "written_layer")])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_norms_are_the_attentions_and_the_aten_side_matches(monkeypatch: pytest.MonkeyPatch, kernel: str,
-                                                               batch: int) -> None:  # fmt: skip
+                                                               norm: str, batch: int) -> None:  # fmt: skip
     if kernel == "row":
         one_row_kernels(monkeypatch)
-    model, eager = _pair(batch)
+    model, eager = _pair(batch, norm=norm)
     compiled = _compiled(monkeypatch, model, _inputs(model, 0, batch))
     jit = compiled.report().jit  # type: ignore[attr-defined]
     (attention,) = [line for line in jit if "decode attention" in line]
@@ -155,11 +160,12 @@ def test_the_pass_is_in_the_default_pipeline_after_the_rotations() -> None:
 
 @interpreter
 @pytest.mark.parametrize(
-    ("kernel", "batch", "dtype"),
-    [("row", 1, "float32"), ("group", 3, "float32"), ("group", 1, "float16"), ("row", 2, "float16")],
-)
+    ("kernel", "batch", "dtype", "norm"),
+    [("row", 1, "float32", "rms"), ("group", 3, "float32", "rms"), ("group", 1, "float16", "rms"),
+     ("row", 2, "float16", "rms"), ("group", 2, "float32", "written_layer")],
+)  # fmt: skip
 def test_every_config_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
-                                         kernel: str, batch: int, dtype: str) -> None:  # fmt: skip
+                                         kernel: str, batch: int, dtype: str, norm: str) -> None:  # fmt: skip
     """Each config of the merged kernel against its ATen side, the caches it wrote read at later positions."""
     if ran_in_fresh_interpreter(request):
         return
@@ -171,7 +177,7 @@ def test_every_config_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, reques
     bind = lambda found: {  # noqa: E731
         s.local: InterpretedBinding(s, checks, {"atol": tolerance, "rtol": tolerance}) for s in found
     }
-    model, eager = _pair(batch, dtype=getattr(torch, dtype))
+    model, eager = _pair(batch, norm=norm, dtype=getattr(torch, dtype))
     compiled = _compiled(monkeypatch, model, _inputs(model, 0, batch), bind)
     assert any(MERGED in line for line in compiled.report().jit)  # type: ignore[attr-defined]
     _steps(compiled, model, eager, batch, (0, 1, 17), tolerance)

@@ -113,7 +113,8 @@ def pointwise_value(group: FusedGroup, name: str, reads: Sequence[RowRead] = (),
     params += [f"r{k}_{j}" for k, g in enumerate(rows) for j in range(len(g.inputs))]
     params += ["row"] if rows else []
     doc = f"{group.describe()}: its output at `offs`."
-    return "\n".join(dict.fromkeys(helpers)) + _returning(f"{name}({', '.join([*params, 'offs', 'mask'])})", doc, body)
+    value = _returning(f"{name}({', '.join([*params, 'offs', 'mask'])})", doc, body)
+    return "\n".join([*dict.fromkeys(helpers), value])
 
 
 def reductions(group: FusedGroup) -> list[Step]:
