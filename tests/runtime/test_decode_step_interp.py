@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
     ("family", "batch", "dtype"),
     [("llama", 1, "float32"), ("llama", 3, "float32"), ("qwen2", 1, "float32"), ("phi3", 3, "float32"),
      ("gemma2", 1, "float32"), ("gemma2", 3, "float32"), ("olmo2", 3, "float32"), ("qwen3", 1, "float32"),
-     ("qwen3", 3, "float16"),  # q/k norms per head, computed by the attention
+     ("qwen3", 3, "float16"),  # q/k norms per head: a row kernel of their own (`attention_rows` takes whole rows)
      ("olmo2", 1, "float16"),  # a half type: the casts pass moves its rotation's casts into the cat's operands
      ("gpt2", 1, "float32"), ("gpt2", 3, "float32")],  # gelu_new as c_fc's epilogue
 )  # fmt: skip
@@ -52,7 +52,7 @@ def test_every_kernel_of_a_step_matches_in_the_interpreter(monkeypatch: pytest.M
         assert attention and all("storing the step's keys and values first" in a for a in attention), attention
         rotates = family != "gpt2"  # GPT-2 adds learned positions to its embeddings: no rotation in its layers
         assert all("its query and keys computed first" in a for a in attention) == rotates, attention
-        normed = family in ("olmo2", "qwen3")  # q/k norms (whole width, per head): the attention's (`attention_rows`)
+        normed = family == "olmo2"  # its q/k norms over the whole width: computed by the attention (`attention_rows`)
         assert all("the rows they read too" in a for a in attention) == normed, attention
         for pos in range(6):
             ids = torch.randint(1, 100, (batch, 1))

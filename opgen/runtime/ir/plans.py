@@ -159,15 +159,13 @@ class Computed:
 @dataclass(frozen=True, slots=True)
 class RowSource:
     """A row group of a value a decode-attention kernel computes (a norm before the rotation: OLMo-2's q/k
-    norms over the whole width, Qwen3's per head), computed by the kernel too (`passes.fusion.attention_rows`):
-    its rows are the attention's batch rows, or with `per_head` the value's (batch, head) rows; its reductions
-    (a sum, a mean, a max or a min over the row) are computed once a call of the value's function, over the
-    rows that call reads; its outputs at the elements the value reads. `args`: per input of the group, its
-    parameter among the kernel's shared ones."""
+    norms), computed by the kernel too (`passes.fusion.attention_rows`): its rows are the attention's batch
+    rows, and its reductions (a sum, a mean, a max or a min over the row) are computed once a call of the
+    value's function, over the batch row's whole row; its outputs at the elements the value reads.
+    `args`: per input of the group, its parameter among the kernel's shared ones."""
 
     group: FusedGroup
     args: tuple[int, ...]
-    per_head: bool = False
 
 
 @dataclass(frozen=True, slots=True)

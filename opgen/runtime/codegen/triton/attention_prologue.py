@@ -27,25 +27,20 @@ def key_part(plan: AttentionPlan) -> Computed | None:
 def helpers(plan: AttentionPlan) -> str:
     """The groups' functions (`_query`, `_key`, with the functions of the row groups they read), for the
     kernel's module."""
-    parts = [(plan.query_part, "_query", plan.grouped), (key_part(plan), "_key", False)]
-    values = []
-    for part, name, tile in parts:
-        if part is not None:
-            rows = [source.group for source in part.rows]
-            values.append(pointwise_value(part.group, name, part.reads, rows, rows_tile=tile and _per_head(part)))
-    return "\n\n".join(values)
+    parts = [(plan.query_part, "_query"), (key_part(plan), "_key")]
+    return "\n\n".join(
+        pointwise_value(part.group, name, part.reads, [source.group for source in part.rows])
+        for part, name in parts
+        if part is not None
+    )
 
 
-def _per_head(part: Computed) -> bool:
-    return any(source.per_head for source in part.rows)
-
-
-def _call(name: str, part: Computed, offs: str, mask: str, row: str) -> str:
-    """The group's function called at `offs`: its loaded inputs, its row groups' inputs, and their row (`row`:
-    the batch row `b`, or the (batch, head) rows where they are per head: `passes.fusion.attention_rows`)."""
+def _call(name: str, part: Computed, offs: str, mask: str) -> str:
+    """The group's function called at `offs`: its loaded inputs, its row groups' inputs, and the batch row `b`
+    (a row group's rows are the attention's batch rows: `passes.fusion.attention_rows`)."""
     args = [f"pi{j}" for j in part.args if j >= 0]
     args += [f"pi{j}" for source in part.rows for j in source.args]
-    return f"{name}({', '.join([*args, *([row] if part.rows else []), offs, mask])})"
+    return f"{name}({', '.join([*args, *(['b'] if part.rows else []), offs, mask])})"
 
 
 def query(plan: AttentionPlan, rows: str, ok: str | None) -> str | None:
@@ -57,7 +52,7 @@ def query(plan: AttentionPlan, rows: str, ok: str | None) -> str | None:
     heads, dim = int(plan.query.shape[1]), int(plan.query.shape[3])  # type: ignore[arg-type]
     offs = f"b * {heads * dim} + {rows} * {dim} + {'d[None, :]' if ok else 'd'}"
     mask = f"{ok} & (d[None, :] < {dim})" if ok else f"d < {dim}"
-    value = _call("_query", part, offs, mask, f"b * {heads} + {rows}" if _per_head(part) else "b")
+    value = _call("_query", part, offs, mask)
     return f"tl.where({ok}, {value}, 0.0)" if ok else value
 
 
@@ -67,5 +62,4 @@ def key(plan: AttentionPlan) -> str | None:
     if part is None:
         return None
     kv_heads, dim = int(plan.key.shape[1]), int(plan.key.shape[3])  # type: ignore[arg-type]
-    row = f"b * {kv_heads} + g" if _per_head(part) else "b"
-    return _call("_key", part, f"b * {kv_heads * dim} + g * {dim} + d", f"d < {dim}", row)
+    return _call("_key", part, f"b * {kv_heads * dim} + g * {dim} + d", f"d < {dim}")

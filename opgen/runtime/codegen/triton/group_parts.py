@@ -83,7 +83,7 @@ def row_part(group: FusedGroup, name: str) -> str:
 
 
 def pointwise_value(group: FusedGroup, name: str, reads: Sequence[RowRead] = (),
-                    rows: Sequence[FusedGroup] = (), rows_tile: bool = False) -> str:  # fmt: skip
+                    rows: Sequence[FusedGroup] = ()) -> str:  # fmt: skip
     """Source of `@triton.jit def <name>(in0.., offs, mask)`: the pointwise group's one output at the
     flat indices `offs` of its iteration space (row-major over its shape; any shape of tensor), as it
     would be stored (in the output's dtype), for a kernel that computes a value where it would load it
@@ -91,16 +91,15 @@ def pointwise_value(group: FusedGroup, name: str, reads: Sequence[RowRead] = (),
 
     With `reads`, those inputs are views of the row groups `rows` (a norm), computed too: the parameters are
     `in<i>` for the other inputs, `r<k>_<j>` for row group k's, then `row` (the row groups' row that every
-    valid element of a call reads; with `rows_tile`, a [R, 1] tensor of them, one a row of the call's tile)
-    before `offs, mask`; each row group's reductions are computed once at the start (`row_stats`), its value
-    at each element read (`row_value`)."""
+    valid element of a call reads) before `offs, mask`; each row group's reductions are computed once at the
+    start (`row_stats`), its value at each element read (`row_value`)."""
     assert group.kind == "pointwise" and len(group.outputs) == 1, group.describe()
     body = _CallingBody(group)
     computed = {read.input for read in reads}
     helpers = []
     for k, row_group in enumerate(rows):
         stats = len(reductions(row_group))
-        helpers.append(row_stats(row_group, f"{name}_stats{k}", rows_tile))
+        helpers.append(row_stats(row_group, f"{name}_stats{k}"))
         inputs = ", ".join(f"r{k}_{j}" for j in range(len(row_group.inputs)))
         names = [f"s{k}_{i}" for i in range(stats)]
         body.lines.append(f"{', '.join(names)} = {name}_stats{k}({inputs}, row)")
@@ -123,11 +122,10 @@ def reductions(group: FusedGroup) -> list[Step]:
     return [step for step in group.steps if step.target in ROW_OPS]
 
 
-def row_stats(group: FusedGroup, name: str, rows_tile: bool = False) -> str:
+def row_stats(group: FusedGroup, name: str) -> str:
     """Source of `@triton.jit def <name>(in0.., row)`: the row group's reductions (`REDUCTIONS` alone) over
     its row `row`, whole, one scalar each (float32 or the reduction's type), in order; the steps after the
-    last one are left to `row_value`. With `rows_tile`, `row` is a [R, 1] tensor of rows and each reduction
-    a [R, 1] tensor, a value a row."""
+    last one are left to `row_value`."""
     steps = reductions(group)
     assert group.kind == "row" and steps and all(s.target in REDUCTIONS for s in steps), group.describe()
     body = GroupBody(group)
@@ -143,7 +141,7 @@ def row_stats(group: FusedGroup, name: str, rows_tile: bool = False) -> str:
         f"def {name}({', '.join([*(f'in{i}' for i in range(len(group.inputs))), 'row'])}):",
         f'    """{group.describe()}: its reductions over row `row`."""',
         *(f"    {line}" for line in (*one_row, *body.lines)),
-        f"    return {', '.join(v if rows_tile else f'tl.sum({v}, axis=None)' for v in values)}",
+        f"    return {', '.join(f'tl.sum({v}, axis=None)' for v in values)}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -81,25 +81,19 @@ def fuse_attention_rows(program: Program, registry: KernelRegistry) -> Program:
         outputs = {out.name: (k, o) for k, g in enumerate(groups) for o, out in enumerate(g.outputs)}
         reads = {name: outputs[base] for name, (_, k, base) in traced.items() if k == source_at and base in outputs}
         chain = sorted({i for name in reads for i in traced[name][0]})
-        if not reads or not all(_fits(g) for g in groups):
+        batch = int(plan.query.shape[0])  # type: ignore[arg-type]
+        if not all(_fits(g, batch) for g in groups) or not reads:
             return None
         if not _alone(source, chain, at, read_by, body, attention.inputs[plan.shared_inputs :]):
             return None
-        lead: dict[int, int] = {}  # row group -> the leading dims of the computed values that number its rows
         for part in parts:
-            kinds = set()
-            for t in (t for t in part.group.inputs if t.name in reads):
-                k = reads[t.name][0]
-                dims = _lead(groups[k], part.group)
-                if dims is None or lead.setdefault(k, dims) != dims or not _within_row(t, groups[k], part.group, dims):
+            for t in part.group.inputs:
+                if t.name in reads and not _within_row(t, groups[reads[t.name][0]], part.group):
                     return None
-                kinds.add(dims)
-            if len(kinds) > 1:
-                return None  # a call of the value's function computes one kind of rows
         if any(writes_in_place(line, specs) for i, line in enumerate(body[source_at + 1 : at], source_at + 1)
                if i not in chain):  # fmt: skip
             return None
-        kernel = _merged(source, attention, reads, [body[i] for i in chain], lead)  # type: ignore[misc]
+        kernel = _merged(source, attention, reads, [body[i] for i in chain])  # type: ignore[misc]
         if kernel is None:
             return None
         return kernel, (source_at, *chain, at), at, (source.local, attention.local)
@@ -119,12 +113,12 @@ def _row_groups(spec: FusedKernel | None) -> tuple[FusedGroup, ...]:
     return groups if groups and all(g.kind == "row" for g in groups) else ()
 
 
-def _fits(group: FusedGroup) -> bool:
-    """Reductions over the row alone, rows of at most MAX_ROW, and outputs stored whole and row-major."""
+def _fits(group: FusedGroup, batch: int) -> bool:
+    """Reductions over the row alone, the attention's batch rows, and outputs stored whole and row-major."""
     steps = [s for s in group.steps if s.target in ROW_OPS]
     if not steps or any(s.target not in REDUCTIONS for s in steps) or any(s.branches for s in group.steps):
         return False
-    if group.shape[-1] > MAX_ROW:
+    if math.prod(group.shape[:-1]) != batch or group.shape[-1] > MAX_ROW:
         return False
     return all(
         out.placement is None and tuple(out.meta.shape) == tuple(group.shape) and out.meta.offset == 0
@@ -142,34 +136,21 @@ def _alone(source: FusedKernel, chain: Sequence[int], at: int, read_by: dict[str
     return all(read_by.get(name, set()) <= allowed for name in names) and not set(names) & set(rest)
 
 
-def _lead(group: FusedGroup, space: FusedGroup) -> int | None:
-    """How many leading dims of the computed value's group (`space`: [B, H, 1, D]) number the row group's rows:
-    1 where its rows are the batch rows (a norm over the whole width: OLMo-2's), 2 where they are the (batch,
-    head) rows of a row as long as a head (a norm per head: Qwen3's); None for any other rows."""
-    rows = math.prod(group.shape[:-1])
-    if rows == space.shape[0]:
-        return 1
-    if rows == space.shape[0] * space.shape[1] and group.shape[-1] == space.shape[-1]:
-        return 2
-    return None
-
-
-def _within_row(view: Tensor, group: FusedGroup, space: FusedGroup, lead: int) -> bool:
-    """Every element of the computed value's group (`space`) reads the norm's row that its `lead` leading
-    indices number, row-major: those dims' strides step whole rows, and the others stay within one row."""
+def _within_row(view: Tensor, group: FusedGroup, space: FusedGroup) -> bool:
+    """Every element of batch row b of the computed value's group (`space`, [B, ...]) reads row b of the norm:
+    the view's batch stride is the row's length, and its other dimensions stay within one row."""
     meta, n = view.meta, group.shape[-1]
     if len(meta.shape) != len(space.shape) or any(s < 0 for s in meta.stride):
         return False
-    for d in range(lead):
-        step = n * math.prod(space.shape[d + 1 : lead])  # rows a step along dim d, times the row's length
-        if space.shape[d] > 1 and (meta.shape[d] != space.shape[d] or meta.stride[d] != step):
-            return False
-    reach = sum((int(size) - 1) * stride for size, stride in zip(meta.shape[lead:], meta.stride[lead:], strict=True))
+    batch = int(space.shape[0])
+    if batch > 1 and (int(meta.shape[0]) != batch or meta.stride[0] != n):
+        return False
+    reach = sum((int(size) - 1) * stride for size, stride in zip(meta.shape[1:], meta.stride[1:], strict=True))
     return meta.offset + reach < n
 
 
 def _merged(source: FusedKernel, attention: FusedKernel, reads: Mapping[str, tuple[int, int]],
-            views: Sequence[KernelCall], lead: Mapping[int, int]) -> FusedKernel | None:  # fmt: skip
+            views: Sequence[KernelCall]) -> FusedKernel | None:  # fmt: skip
     """The attention computing the row groups' outputs its computed values read: their inputs join its
     shared ones (each graph value once); None where one of them is among its other inputs."""
     plan: AttentionPlan = attention.plan  # type: ignore[assignment]
@@ -183,8 +164,7 @@ def _merged(source: FusedKernel, attention: FusedKernel, reads: Mapping[str, tup
 
     def computed(part: Computed) -> Computed:
         used = list(dict.fromkeys(reads[t.name][0] for t in part.group.inputs if t.name in reads))
-        rows = tuple(RowSource(groups[k], tuple(shared.index(t.name) for t in groups[k].inputs), lead[k] == 2)
-                     for k in used)  # fmt: skip
+        rows = tuple(RowSource(groups[k], tuple(shared.index(t.name) for t in groups[k].inputs)) for k in used)
         row_reads = tuple(
             RowRead(i, used.index(reads[t.name][0]), reads[t.name][1])
             for i, t in enumerate(part.group.inputs)
