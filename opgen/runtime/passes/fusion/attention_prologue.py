@@ -23,14 +23,12 @@ from dataclasses import replace
 from opgen.runtime.ir import (
     AttentionPlan,
     Computed,
-    FusedGroup,
     FusedKernel,
-    HorizontalPlan,
     Line,
     Program,
 )
 from opgen.runtime.passes.analysis import defined_at, readers
-from opgen.runtime.passes.fusion.calls import Merge, called, merging, writes_in_place
+from opgen.runtime.passes.fusion.calls import Merge, called, launched_groups, merging, writes_in_place
 from opgen.runtime.registry import KernelRegistry
 
 
@@ -61,13 +59,6 @@ def _computed(attention: FusedKernel) -> dict[str, tuple[int, ...]]:
     return values  # type: ignore[return-value]
 
 
-def _groups(spec: FusedKernel) -> tuple[FusedGroup, ...]:
-    plan = spec.plan
-    if isinstance(plan, HorizontalPlan):
-        return plan.parts
-    return (plan,) if isinstance(plan, FusedGroup) else ()
-
-
 def _producer(at: int, attention: FusedKernel, body: Sequence[Line], specs: Mapping[str, FusedKernel],
               producers: dict[str, int], read_by: dict[str, set[int]]) -> tuple[int, FusedKernel] | None:  # fmt: skip
     """(body index, kernel) of the pointwise kernel whose outputs are all values the attention could
@@ -75,7 +66,7 @@ def _producer(at: int, attention: FusedKernel, body: Sequence[Line], specs: Mapp
     computed = _computed(attention)
     source_at = producers.get(attention.inputs[0])
     source = called(body[source_at], specs) if source_at is not None else None
-    groups = _groups(source) if source is not None else ()
+    groups = launched_groups(source) if source is not None else ()
     if source is None or not groups:
         return None
     for group in groups:
@@ -97,9 +88,9 @@ def merged(source: FusedKernel, attention: FusedKernel) -> FusedKernel | None:
     attention's other inputs (the kernel takes each graph value once)."""
     plan: AttentionPlan = attention.plan  # type: ignore[assignment]
     computed = _computed(attention)
-    shared = list(dict.fromkeys(t.name for g in _groups(source) for t in g.inputs))
+    shared = list(dict.fromkeys(t.name for g in launched_groups(source) for t in g.inputs))
     parts = {}
-    for group in _groups(source):
+    for group in launched_groups(source):
         parts[group.outputs[0].name] = Computed(group, tuple(shared.index(t.name) for t in group.inputs))
     rest = [name for name in attention.inputs if name not in parts]  # the parameters' order: codegen's
     if set(shared) & set(rest):

@@ -33,7 +33,6 @@ from opgen.runtime.ir import (
     Computed,
     FusedGroup,
     FusedKernel,
-    HorizontalPlan,
     KernelCall,
     Line,
     Program,
@@ -45,7 +44,7 @@ from opgen.runtime.ir import (
 )
 from opgen.runtime.ir.fusible import REDUCTIONS, ROW_OPS
 from opgen.runtime.passes.analysis import defined_at, is_view_call, readers
-from opgen.runtime.passes.fusion.calls import Merge, called, merging, writes_in_place
+from opgen.runtime.passes.fusion.calls import Merge, called, launched_groups, merging, writes_in_place
 from opgen.runtime.registry import KernelRegistry
 
 MAX_ROW = 4096  # a row reduced whole in registers by every program of the attention, for each row group
@@ -108,8 +107,7 @@ def _parts(plan: AttentionPlan) -> list[Computed]:
 
 def _row_groups(spec: FusedKernel | None) -> tuple[FusedGroup, ...]:
     """The row groups `spec` launches (one, or `horizontal`'s several); () for any other kernel."""
-    plan = spec.plan if spec is not None else None
-    groups = plan.parts if isinstance(plan, HorizontalPlan) else (plan,) if isinstance(plan, FusedGroup) else ()
+    groups = launched_groups(spec) if spec is not None else ()
     return groups if groups and all(g.kind == "row" for g in groups) else ()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
-from opgen.runtime.ir import FusedKernel, KernelCall, Line, Program, Ref
+from opgen.runtime.ir import FusedGroup, FusedKernel, HorizontalPlan, KernelCall, Line, Program, Ref
 from opgen.runtime.passes.analysis import writes_memory
 
 
@@ -54,6 +54,14 @@ def called(line: Line, specs: Mapping[str, FusedKernel]) -> FusedKernel | None:
     if isinstance(line, KernelCall) and line.jit:
         return specs.get(line.kernel)
     return None
+
+
+def launched_groups(spec: FusedKernel) -> tuple[FusedGroup, ...]:
+    """The fusion groups a generated kernel runs: its one, or `horizontal`'s several; () for any other kernel."""
+    plan = spec.plan
+    if isinstance(plan, HorizontalPlan):
+        return plan.parts
+    return (plan,) if isinstance(plan, FusedGroup) else ()
 
 
 def writes_in_place(line: Line, specs: Mapping[str, FusedKernel]) -> bool:
