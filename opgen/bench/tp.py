@@ -124,7 +124,7 @@ def table(rows: list[Row], shape: str, device: str, copy_bw: float) -> str:
             r.note,
         ])  # fmt: skip
     head = (f"tensor-parallel decode, {shape} shape, {device}, batch 1; copy bandwidth {copy_bw / 1e9:.0f} GB/s; "
-            "x TP=1: the same candidate's N=1 time over this one (opgen (NCCL) against opgen)")  # fmt: skip
+            "x TP=1: the same candidate's N=1 time over this one (opgen's variants against opgen)")  # fmt: skip
     return head + "\n" + format_table(headers, lines)
 
 

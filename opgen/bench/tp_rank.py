@@ -64,13 +64,21 @@ class Row:
     note: str = ""
 
 
+# opgen's variants on N > 1 ranks: name -> (the passes left out, the route of its all-reduces alone).
+VARIANTS = {
+    "opgen": ((), "peer_sum"),
+    "opgen (torch one-shot)": (("peer_sum",), "one_shot"),
+    "opgen (NCCL all-reduce)": (("peer_sum", "one_shot_all_reduce"), "nccl"),
+}
+
+
 def candidates(cuda: bool, world: int) -> dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Any]]:
-    """Name -> builder. opgen's "nccl" variant leaves the one-shot pass out (every all-reduce on NCCL)."""
+    """Name -> builder. On CUDA with N > 1, opgen again with torch's one-shot kernel for its small all-reduces
+    (the `peer_sum` pass left out), and with every all-reduce on NCCL (both one-shot passes left out)."""
     import opgen
     from opgen.runtime.pipeline import default_pipeline
 
     graphs = {"cuda_graphs": True} if cuda else {}
-    nccl = tuple(p for p in default_pipeline() if p != "one_shot_all_reduce")
     built: dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Any]] = {
         "eager": lambda m, _: m,
         "reduce-overhead" if cuda else "inductor": lambda m, _: torch.compile(
@@ -79,7 +87,9 @@ def candidates(cuda: bool, world: int) -> dict[str, Callable[[torch.nn.Module, t
         "opgen": lambda m, x: opgen.compile(m, x, cache=False, **graphs),
     }
     if cuda and world > 1:
-        built["opgen (NCCL all-reduce)"] = lambda m, x: opgen.compile(m, x, passes=nccl, cache=False, **graphs)
+        for name, (left_out, _) in list(VARIANTS.items())[1:]:
+            passes = tuple(p for p in default_pipeline() if p not in left_out)
+            built[name] = lambda m, x, passes=passes: opgen.compile(m, x, passes=passes, cache=False, **graphs)
     return built
 
 
@@ -126,12 +136,13 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
         shares: dict[str, float] = {}
         if cuda and world > 1:
             try:
-                alone = {route: _reduces_alone(shape, route, world, device) for route in ("nccl", "one_shot")}
+                alone = {route: _reduces_alone(shape, route, world, device) for _, route in VARIANTS.values()}
             except Exception as exc:  # the table goes on without the share
                 say(f"all-reduces alone: {decode.reason(exc)}")
             else:
-                say(f"all-reduces alone: NCCL {alone['nccl']:.1f} us, one-shot {alone['one_shot']:.1f} us a step")
-                shares = {name: alone["one_shot" if name == "opgen" else "nccl"] / times[name][0] for name in steps}
+                say("all-reduces alone, us a step: " + ", ".join(f"{r} {us:.1f}" for r, us in alone.items()))
+                routes = {name: route for name, (_, route) in VARIANTS.items()}
+                shares = {name: alone[routes.get(name, "nccl")] / times[name][0] for name in steps}
     if rank != 0:
         return []
     return _rows(plan, world, times, results, failed, shares, per_step, copy_bw)
@@ -150,10 +161,10 @@ def _reduces_alone(shape: dm.Shape, route: str, world: int, device: torch.device
 
     group = dist.group.WORLD
     x = torch.zeros(1, 1, shape.hidden, dtype=shape.dtype, device=device)
-    if route == "one_shot":
+    if route in ("one_shot", "peer_sum"):
         dtype = str(shape.dtype).removeprefix("torch.")
-        spec = Collective("bench_one_shot", "one_shot_all_reduce", group.group_name, world, "sum", dtype=dtype,
-                          numel=shape.hidden)  # fmt: skip
+        kind = "one_shot_all_reduce" if route == "one_shot" else "peer_sum"
+        spec = Collective(f"bench_{route}", kind, group.group_name, world, "sum", dtype=dtype, numel=shape.hidden)
         reduce = issuer(spec, group)
     else:
         reduce = dist.all_reduce

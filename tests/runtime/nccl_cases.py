@@ -3,8 +3,9 @@
 Each case takes (rank, world), builds the whole model from one seed in every rank and this rank's
 shard of it, runs both on this rank's GPU and returns plain data: the errors of the compiled shard
 against the whole model, and which path each all-reduce took (from the compiled function's report).
-Every case runs twice: with opgen's default passes (small all-reduces one-shot over peer memory) and
-with the one-shot pass left out (every all-reduce on NCCL).
+Every case runs three times: with opgen's default passes (small all-reduces one-shot over peer memory,
+through opgen's own kernel: route "peer_sum"), with the `peer_sum` pass left out (torch's one-shot
+kernel: "one_shot"), and with both one-shot passes left out (every all-reduce on NCCL: "nccl").
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ ONE_SHOT_NOTE = "one-shot over peer memory"
 def _passes(route: str) -> tuple[str, ...]:
     from opgen.runtime.pipeline import default_pipeline
 
-    passes = default_pipeline()
-    return passes if route == "one_shot" else tuple(p for p in passes if p != "one_shot_all_reduce")
+    left_out = {"peer_sum": (), "one_shot": ("peer_sum",), "nccl": ("peer_sum", "one_shot_all_reduce")}[route]
+    return tuple(p for p in default_pipeline() if p not in left_out)
 
 
 def _routes(fn: Any) -> dict[str, int]:
-    """How many all-reduces of a compiled function take each path, from its report's notes."""
-    notes = [n for n in fn.report().notes if n.startswith("all-reduce of node")]
-    one_shot = sum(ONE_SHOT_NOTE in n for n in notes)
-    return {"one_shot": one_shot, "process group": len(notes) - one_shot}
+    """How many all-reduces of a compiled function take each path, and how many one-shot records run
+    opgen's kernel, from its report's notes."""
+    notes = fn.report().notes
+    reduces = [n for n in notes if n.startswith("all-reduce of node")]
+    one_shot = sum(ONE_SHOT_NOTE in n for n in reduces)
+    return {"one_shot": one_shot, "process group": len(reduces) - one_shot,
+            "peer_sum records": sum("(`peer_sum`)" in n for n in notes)}  # fmt: skip
 
 
 def tp_block(route: str) -> Callable[[int, int], dict[str, Any]]:
@@ -91,5 +95,5 @@ def tp_decoder(route: str) -> Callable[[int, int], dict[str, Any]]:
 CASES: dict[str, Callable[[int, int], Any]] = {
     f"{name}_{route}": make(route)
     for name, make in (("tp_block", tp_block), ("tp_decoder", tp_decoder))
-    for route in ("one_shot", "nccl")
+    for route in ("peer_sum", "one_shot", "nccl")
 }

@@ -31,18 +31,23 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     yield from started(WORLD, str(tmp_path_factory.mktemp("opgen-cache-nccl")), "nccl", "nccl_cases")
 
 
-@pytest.mark.parametrize("route", ["one_shot", "nccl"])
+ROUTES = ["peer_sum", "one_shot", "nccl"]  # opgen's one-shot kernel, torch's, NCCL (`nccl_cases._passes`)
+
+
+@pytest.mark.parametrize("route", ROUTES)
 def test_tensor_parallel_block_matches_the_whole_model(ranks: Any, route: str) -> None:
     for result in ranks.run(f"tp_block_{route}", TIMEOUT):
         assert all(e <= 1e-4 for e in result["errors"].values()), result
-        expected = {"one_shot": 2, "process group": 0} if route == "one_shot" else {"one_shot": 0, "process group": 0}
+        one_shot = 0 if route == "nccl" else 2
+        expected = {"one_shot": one_shot, "process group": 0, "peer_sum records": int(route == "peer_sum")}
         assert result["routes"] == expected, result
 
 
-@pytest.mark.parametrize("route", ["one_shot", "nccl"])
+@pytest.mark.parametrize("route", ROUTES)
 def test_tensor_parallel_decoder_matches_the_whole_model(ranks: Any, route: str) -> None:
     for result in ranks.run(f"tp_decoder_{route}", TIMEOUT):
         assert all(e <= 1e-4 for e in result["errors"].values()), result
         assert result["tokens"] == result["expected tokens"], result
         layers = 2  # two all-reduces a layer, on the one-shot path where chosen
-        assert result["routes"]["one_shot"] == (2 * layers if route == "one_shot" else 0), result
+        assert result["routes"]["one_shot"] == (0 if route == "nccl" else 2 * layers), result
+        assert result["routes"]["peer_sum records"] == int(route == "peer_sum"), result

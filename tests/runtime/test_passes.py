@@ -492,6 +492,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "dead_code",
         "collectives",
         "one_shot_all_reduce",
+        "peer_sum",
         "decode_attention",
         "grouped_attention",
         "attention_masks",

@@ -129,6 +129,10 @@ def issuer(spec: Collective, group: Any) -> Callable[..., Any]:
             from opgen.runtime.execution.one_shot import issuer as one_shot
 
             return one_shot(spec, group, issuer(replace(spec, kind="all_reduce"), group))
+        case "peer_sum":
+            from opgen.runtime.execution.peer_sum import issuer as peer_sum
+
+            return peer_sum(spec, group, lambda: issuer(replace(spec, kind="one_shot_all_reduce"), group))
         case "broadcast":
             bopts = c10d.BroadcastOptions()
             bopts.rootRank = spec.root

@@ -74,11 +74,18 @@ def _buffer(spec: Collective, group: Any) -> torch.Tensor:
         return held
     numel = max(spec.numel, held.numel() * 2 if held is not None else 0)
     buffer = symm_mem.empty(numel, dtype=dtype, device=device)
-    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-    if enable is not None:  # needed before torch 2.9, a deprecated no-op after
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            enable(group.group_name)
+    enable_group(group.group_name)
     symm_mem.rendezvous(buffer, group.group_name)
     _BUFFERS[key] = buffer
     return buffer
+
+
+def enable_group(name: str) -> None:
+    """Symmetric memory enabled for the group `name` (needed before torch 2.9, a deprecated no-op after)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enable(name)

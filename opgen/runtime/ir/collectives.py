@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 # What the records' `kind` may be: one per functional collective of `_c10d_functional`, "wait", and
 # "one_shot_all_reduce" (a sum over peer memory, stream-ordered, no Work and no wait:
-# `passes.one_shot_all_reduce`).
+# `passes.one_shot_all_reduce`), and "peer_sum" (the same through opgen's own kernel: `passes.peer_sum`).
 KINDS = (
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced", "reduce_scatter",
     "reduce_scatter_coalesced", "all_to_all", "broadcast", "wait", "one_shot_all_reduce",
+    "peer_sum",
 )  # fmt: skip
 
 
@@ -38,8 +39,8 @@ class Collective:
     reduce_op: str = ""  # "sum", "avg", "product", "min", "max", "band", "bor", "bxor" (reductions)
     root: int = 0  # broadcast: the source rank
     node: str = ""  # the first graph node that uses it
-    dtype: str = ""  # one_shot_all_reduce: the tensors' dtype ("bfloat16")
-    numel: int = 0  # one_shot_all_reduce: elements of the largest tensor it reduces (its buffer's size)
+    dtype: str = ""  # one_shot_all_reduce, peer_sum: the tensors' dtype ("bfloat16")
+    numel: int = 0  # one_shot_all_reduce, peer_sum: elements of the largest tensor it reduces (its buffer's size)
 
 
 def issue_kinds(collectives: tuple[Collective, ...]) -> dict[str, str]:

@@ -16,7 +16,8 @@ folding (views of the buffer stay in the body) and memory planning (which must s
 `collectives` issues torch.distributed collectives early and waits for them late once the body is
 simplified, before fusion and memory planning see it (its wait lines list the tensors in flight, so
 both keep them); `one_shot_all_reduce` then sends the small CUDA all-reduces (decode's few KB) through a
-one-shot all-reduce over peer memory, leaving larger ones on the process group; constant folding and
+one-shot all-reduce over peer memory, leaving larger ones on the process group, and `peer_sum` (CUDA) the
+smallest of those through opgen's own one-barrier kernel rather than torch's; constant folding and
 memory planning decide what lives in setup; `hoist_views` then moves views of setup values out of the
 call; `memo` moves what depends only on the size symbols of dynamic shapes (views of buffers and
 constants, calls on constants) into the size memo, recomputed only when the sizes change: before memory
@@ -101,6 +102,7 @@ from opgen.runtime.passes.mkl_linear import pack_linear_mkl
 from opgen.runtime.passes.one_shot_all_reduce import one_shot_all_reduces
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.pads import fold_pads
+from opgen.runtime.passes.peer_sum import peer_sums
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.reinplace import reinplace
 from opgen.runtime.passes.shapes import fold_shapes
@@ -128,6 +130,7 @@ PASSES: dict[str, Pass] = {
     "dead_code": eliminate_dead_code,
     "collectives": overlap_collectives,
     "one_shot_all_reduce": one_shot_all_reduces,
+    "peer_sum": peer_sums,
     "decode_attention": fuse_decode_attention,
     "grouped_attention": read_grouped_heads,
     "attention_masks": additive_masks,
@@ -174,6 +177,7 @@ DEFAULT_PIPELINE = (
     "dead_code",
     "collectives",
     "one_shot_all_reduce",
+    "peer_sum",
     "decode_attention",
     "grouped_attention",
     "attention_masks",
@@ -206,8 +210,8 @@ DEFAULT_PIPELINE = (
 # The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
-    ("decode_attention", "sink_updates", "cache_writes", "transpose_weights", "split_products", "gemv", "split_bias",
-     "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "gemv_epilogue",
+    ("peer_sum", "decode_attention", "sink_updates", "cache_writes", "transpose_weights", "split_products", "gemv",
+     "split_bias", "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "gemv_epilogue",
      "horizontal", "attention_writes",
      "attention_prologue", "attention_rows", "dependent_launch")
 )  # fmt: skip

@@ -1,0 +1,147 @@
+"""Binding opgen's one-shot all-reduce (`passes.peer_sum`) to its Triton kernel over peer memory.
+
+Each (group, dtype, device) gets a state when a graph with such an all-reduce is bound: a buffer every
+rank maps (`symm_mem.empty` + `rendezvous`, collective calls: every rank binds its graphs in the same
+order), two slots of the largest tensor it sums; the ranks' flags (int32, mapped the same way), zeroed
+and then waited for by every rank (`dist.barrier`) before any rank can raise a flag in them; and this
+rank's epoch counter (device memory). Graphs bound later share the state where its slots are large
+enough; a larger tensor gets a new state (the old one stays with the graphs bound to it).
+
+A call launches one program (`execution.peer_sum_kernel`: copy into a slot, one barrier through the
+flags, the slots summed in rank order) on the current stream through opgen's launcher, captured into
+a CUDA graph like any other kernel: the epoch lives on the device, so replays need no host work.
+
+Where opgen's JIT cannot run, the buffers cannot be mapped, or the kernel does not compile, the record
+runs as torch's one-shot all-reduce instead (`execution.one_shot`, which falls back to the process
+group in turn), with a warning: slower, never wrong. Every rank takes the same path, as every rank
+binds the same graphs on the same kind of machine.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from opgen.runtime.ir import Collective
+
+MAX_BLOCK = 4096  # elements a step of the kernel's (unrolled) loops copies and sums
+
+
+@dataclass
+class _State:
+    """One (group, dtype, device)'s mapped slots and flags, as the kernel's int64 address tables."""
+
+    slot: int  # elements a slot holds
+    dtype: torch.dtype
+    buffers: torch.Tensor  # each rank's buffer address
+    flags: torch.Tensor  # each rank's flags address
+    counter: torch.Tensor  # this rank's epoch
+    held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
+    rank: int
+    world: int
+
+
+_STATES: dict[tuple[str, str, str], _State] = {}
+
+
+def issuer(spec: Collective, group: Any, fallback: Callable[[], Callable[[torch.Tensor], None]]
+           ) -> Callable[[torch.Tensor], None]:  # fmt: skip
+    """The callable of a "peer_sum" record: sums `tensor` over the group, in place, on the current stream.
+    `fallback()`: torch's one-shot issuer for the same record, where this kernel cannot run."""
+    try:
+        state = _state(spec, group)
+        launchers = _Launchers(state)
+        launchers.kernel(spec.numel).warmup(
+            *launchers.arguments(torch.empty(spec.numel, dtype=state.dtype, device=state.counter.device))
+        )
+    except Exception as exc:  # no JIT, no mapped memory, no compile: torch's one-shot works
+        warnings.warn(
+            f"opgen: graph node '{spec.node}': opgen's one-shot all-reduce kernel cannot run on group "
+            f"'{spec.group}' ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); its all-reduces "
+            "run as torch's one-shot all-reduce instead",
+            stacklevel=2,
+        )
+        return fallback()
+    return launchers
+
+
+class _Launchers:
+    """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
+    kernel's loops)."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.by_numel: dict[int, Any] = {}
+
+    def kernel(self, numel: int) -> Any:
+        """The kernel for tensors of `numel` elements (its `JitKernel`; `.launcher` launches it)."""
+        found = self.by_numel.get(numel)
+        if found is None:
+            from opgen.jit.kernels import Config, JitKernel
+            from opgen.runtime.execution.peer_sum_kernel import EPOCHS, peer_sum_kernel
+
+            s = self.state
+            block = min(MAX_BLOCK, 1 << max(0, numel - 1).bit_length())
+            meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block}
+            warps = 4 if block <= 1024 else 8
+            found = JitKernel(peer_sum_kernel, (1,), (Config(meta, warps, 1),), mutates=["x", "counter"])
+            self.by_numel[numel] = found
+        return found
+
+    def arguments(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        s = self.state
+        return (tensor, s.buffers, s.flags, s.counter)
+
+    def __call__(self, tensor: torch.Tensor) -> None:
+        if not tensor.is_contiguous() or tensor.numel() > self.state.slot:
+            raise RuntimeError(
+                f"opgen: a one-shot all-reduce got a tensor of {tensor.numel()} elements "
+                f"({'contiguous' if tensor.is_contiguous() else 'not contiguous'}); its buffer holds "
+                f"{self.state.slot} contiguous ones"
+            )
+        self.kernel(tensor.numel()).launcher(*self.arguments(tensor))
+
+
+def _state(spec: Collective, group: Any) -> _State:
+    """The state of `spec`'s (group, dtype, device), with slots of at least `spec.numel` elements."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    import opgen.jit
+    from opgen.runtime.execution.one_shot import enable_group
+
+    if not opgen.jit.available():  # before any collective call: every rank gives up alike
+        raise RuntimeError(f"opgen.jit is unavailable ({', '.join(opgen.jit.missing())})")
+    dtype = getattr(torch, spec.dtype.removeprefix("torch."))
+    device = torch.device("cuda", torch.cuda.current_device())
+    key = (str(group.group_name), spec.dtype, str(device))
+    held = _STATES.get(key)
+    if held is not None and held.slot >= spec.numel:
+        return held
+    slot = max(spec.numel, held.slot * 2 if held is not None else 0)
+    name = str(group.group_name)
+    enable_group(name)
+    buffer = symm_mem.empty(2 * slot, dtype=dtype, device=device)
+    handle = symm_mem.rendezvous(buffer, name)
+    flags = symm_mem.empty(handle.world_size, dtype=torch.int32, device=device)
+    flags_handle = symm_mem.rendezvous(flags, name)
+    flags.zero_()
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    torch.cuda.synchronize(device)
+    dist.barrier(group=group)  # every rank's flags are zero before any rank raises one
+    state = _State(
+        slot=slot,
+        dtype=dtype,
+        buffers=torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device),
+        flags=torch.tensor(list(flags_handle.buffer_ptrs), dtype=torch.int64, device=device),
+        counter=counter,
+        held=(buffer, flags),
+        rank=int(handle.rank),
+        world=int(handle.world_size),
+    )
+    _STATES[key] = state
+    return state

@@ -1,0 +1,125 @@
+"""opgen's own one-shot all-reduce (`passes.peer_sum`, `execution.peer_sum`, `execution.peer_sum_kernel`).
+
+The pass tests build programs by hand, as `test_one_shot_all_reduce.py` does. The kernel runs in Triton's
+interpreter where triton is installed and no GPU is visible: three processes, one a rank, their buffers
+and flags in shared memory, calls enough to take each slot twice and to wrap the epoch counter. On the
+GPU machine `test_distributed_nccl.py` runs it on NCCL ranks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import queue
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_one_shot_all_reduce import SMALL, SPEC, _bf16, _FakeGroup, _one, _runs_on
+
+from opgen.runtime.ir import Collective
+from opgen.runtime.passes import run_passes
+from opgen.runtime.passes.peer_sum import PEER_SUM_MAX_BYTES
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+PASSES = ["collectives", "one_shot_all_reduce", "peer_sum"]
+
+
+def test_a_small_one_shot_record_takes_opgens_kernel(registry) -> None:  # type: ignore[no-untyped-def]
+    out = run_passes(_one(SMALL), registry, PASSES)
+    [record] = out.collectives
+    assert (record.kind, record.dtype, record.numel) == ("peer_sum", "bfloat16", 2048)
+    assert out.notes[-1] == (
+        "one-shot all-reduces of group '0' (bfloat16, up to 4096 bytes): opgen's one-barrier kernel (`peer_sum`)"
+    )
+
+
+def test_past_its_limit_torchs_kernel_stays(registry) -> None:  # type: ignore[no-untyped-def]
+    at_limit = run_passes(_one(_bf16(PEER_SUM_MAX_BYTES // 2)), registry, PASSES)
+    over = run_passes(_one(_bf16(PEER_SUM_MAX_BYTES // 2 + 1)), registry, PASSES)
+    assert at_limit.collectives[0].kind == "peer_sum"
+    assert over.collectives[0].kind == "one_shot_all_reduce" and not any("peer_sum" in n for n in over.notes)
+
+
+def test_the_artifact_keeps_the_record_through_the_disk_cache_format(registry) -> None:  # type: ignore[no-untyped-def]
+    from opgen.runtime.artifact.compiled import CompiledGraph, compiled_graph
+    from opgen.runtime.codegen.python import emit
+
+    program = run_passes(_one(SMALL), registry, PASSES)
+    graph = compiled_graph("k" * 64, program, emit(program))
+    loaded = CompiledGraph.from_json(graph.to_json()).collectives
+    assert loaded == graph.collectives and loaded[0].kind == "peer_sum"
+    assert re.search(rf"^\s*{loaded[0].local}\(a\)(  #.*)?$", graph.source, re.M), graph.source
+
+
+def test_where_the_kernel_cannot_run_torchs_kernel_then_the_process_group_take_the_record() -> None:
+    from opgen.runtime.execution.collectives import issuer
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the binding would map symmetric memory")
+    group = _FakeGroup()
+    spec = Collective(SPEC.local, "peer_sum", "0", 2, "sum", node="all_reduce", dtype="bfloat16", numel=2048)
+    with pytest.warns(UserWarning) as warned:
+        call = issuer(spec, group)
+    said = [str(w.message) for w in warned]
+    assert any("opgen's one-shot all-reduce kernel cannot run" in s for s in said), said
+    assert any("no symmetric memory" in s for s in said), said
+    _runs_on(group, call)
+
+
+# --- the kernel, three ranks in Triton's interpreter ---------------------------------------------------
+
+interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton, run in its interpreter on a machine without a GPU",
+)
+WORLD, NUMEL, SLOT, CALLS = 3, 100, 103, 6
+
+
+def _rank(rank: int, buffers: list[torch.Tensor], flags: list[torch.Tensor], counter: torch.Tensor, out: queue.Queue
+          ) -> None:  # fmt: skip
+    """One rank: CALLS all-reduces of fresh values (the same stream of values in every rank), each checked
+    against the sum in rank order; puts (rank, calls that matched, its counter after)."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    from opgen.runtime.execution.peer_sum_kernel import EPOCHS, peer_sum_kernel
+
+    addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    flag_addresses = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64)
+    values = torch.Generator().manual_seed(0)
+    matched = 0
+    for _ in range(CALLS):
+        xs = [torch.randn(NUMEL, generator=values) for _ in range(WORLD)]
+        x = xs[rank].clone()
+        peer_sum_kernel[(1,)](x, addresses, flag_addresses, counter, NUMEL, rank, WORLD, SLOT, EPOCHS, 64)
+        want = xs[0].clone()
+        for other in xs[1:]:
+            want += other
+        matched += int(torch.equal(x, want))
+    out.put((rank, matched, int(counter.item())))
+
+
+@interpreter
+def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap() -> None:
+    from opgen.runtime.execution.peer_sum_kernel import EPOCHS
+
+    start = EPOCHS - 3  # the counter wraps after three calls; flags still hold an older epoch's value
+    buffers = [torch.full((2 * SLOT,), float("nan")).share_memory_() for _ in range(WORLD)]
+    flags = [torch.full((WORLD,), start, dtype=torch.int32).share_memory_() for _ in range(WORLD)]
+    counters = [torch.full((1,), start, dtype=torch.int32).share_memory_() for _ in range(WORLD)]
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    ranks = [context.Process(target=_rank, args=(r, buffers, flags, counters[r], out)) for r in range(WORLD)]
+    for process in ranks:
+        process.start()
+    try:
+        results = sorted(out.get(timeout=120) for _ in range(WORLD))
+    finally:
+        for process in ranks:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    assert results == [(r, CALLS, (start + CALLS) % EPOCHS) for r in range(WORLD)]
