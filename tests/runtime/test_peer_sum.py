@@ -94,7 +94,7 @@ def _rank(rank: int, buffers: list[torch.Tensor], flags: list[torch.Tensor], cou
     for _ in range(CALLS):
         xs = [torch.randn(NUMEL, generator=values) for _ in range(WORLD)]
         x = xs[rank].clone()
-        peer_sum_kernel[(1,)](x, addresses, flag_addresses, counter, NUMEL, rank, WORLD, SLOT, EPOCHS, 64)
+        peer_sum_kernel[(1,)](x, addresses, flag_addresses, counter, NUMEL, rank, WORLD, SLOT, EPOCHS, 64, False)
         want = xs[0].clone()
         for other in xs[1:]:
             want += other

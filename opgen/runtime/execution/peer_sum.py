@@ -9,7 +9,8 @@ enough; a larger tensor gets a new state (the old one stays with the graphs boun
 
 A call launches one program (`execution.peer_sum_kernel`: copy into a slot, one barrier through the
 flags, the slots summed in rank order) on the current stream through opgen's launcher, captured into
-a CUDA graph like any other kernel: the epoch lives on the device, so replays need no host work.
+a CUDA graph like any other kernel: the epoch lives on the device, so replays need no host work. Where
+opgen's generated kernels launch dependently (`passes.dependent_launch`), so does this one.
 
 Where opgen's JIT cannot run, the buffers cannot be mapped, or the kernel does not compile, the record
 runs as torch's one-shot all-reduce instead (`execution.one_shot`, which falls back to the process
@@ -43,6 +44,7 @@ class _State:
     held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
     rank: int
     world: int
+    dependent: bool  # launched dependently, as opgen's generated kernels are (`device_facts`)
 
 
 _STATES: dict[tuple[str, str, str], _State] = {}
@@ -86,9 +88,10 @@ class _Launchers:
 
             s = self.state
             block = min(MAX_BLOCK, 1 << max(0, numel - 1).bit_length())
-            meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block}
-            warps = 4 if block <= 1024 else 8
-            found = JitKernel(peer_sum_kernel, (1,), (Config(meta, warps, 1),), mutates=["x", "counter"])
+            meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block,
+                    "DEPENDENT": s.dependent}  # fmt: skip
+            config = Config(meta, 4 if block <= 1024 else 8, 1)
+            found = JitKernel(peer_sum_kernel, (1,), (config,), mutates=["x", "counter"], dependent_launch=s.dependent)
             self.by_numel[numel] = found
         return found
 
@@ -112,6 +115,7 @@ def _state(spec: Collective, group: Any) -> _State:
     import torch.distributed._symmetric_memory as symm_mem
 
     import opgen.jit
+    from opgen.runtime.execution.device_facts import device_facts
     from opgen.runtime.execution.one_shot import enable_group
 
     if not opgen.jit.available():  # before any collective call: every rank gives up alike
@@ -142,6 +146,7 @@ def _state(spec: Collective, group: Any) -> _State:
         held=(buffer, flags),
         rank=int(handle.rank),
         world=int(handle.world_size),
+        dependent=device_facts().dependent_launch,
     )
     _STATES[key] = state
     return state

@@ -12,6 +12,11 @@ One program sums a small tensor over the ranks of a group, in place, with one ba
 3. It sums every rank's slot, in rank order (every rank adds the same values in the same order, so all
    hold the same bits), into the tensor, and stores `epoch + 1` into its counter.
 
+Launched dependently (Hopper and newer, as opgen's generated kernels are), it lets the next kernel start
+at once, so that kernel's weight reads overlap this one's wait for its peers, and waits for the kernel
+before it first: a chain of such kernels may have started before this one ends, each waiting for the
+one before it, so nothing here (the counter included) is read before that wait.
+
 A rank writes a slot again two calls later, after the barrier of the call between, which each peer
 passes only after it has read that slot: so one barrier suffices, where a kernel with one buffer needs a
 second barrier before it returns (torch's `one_shot_all_reduce`). A peer runs at most one call ahead (it
@@ -36,10 +41,16 @@ def _flag(flags, rank):
 
 @triton.jit
 def peer_sum_kernel(x, buffers, flags, counter, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
-                    SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                    SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr,
+                    DEPENDENT: tl.constexpr):  # fmt: skip
     """x[:NUMEL] = the sum over the group's ranks of their x, in place. `buffers`, `flags`: each rank's mapped
     buffer (two slots of SLOT elements) and flags (WORLD int32), as int64 addresses; `counter`: this rank's
-    epoch (int32, device memory)."""
+    epoch (int32, device memory). DEPENDENT: launched dependently (`passes.dependent_launch`): the next
+    kernel may start at once, and reads its weights while this one waits for its peers; this one waits
+    for the kernel before it (which wrote x, and after the last call, the counter) before anything else."""
+    if DEPENDENT:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     epoch = tl.load(counter)
     want = epoch + 1
     later = want % EPOCHS + 1
