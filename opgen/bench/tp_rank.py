@@ -87,7 +87,9 @@ def candidates(cuda: bool, world: int) -> dict[str, Callable[[torch.nn.Module, t
         "opgen": lambda m, x: opgen.compile(m, x, cache=False, **graphs),
     }
     if cuda and world > 1:
-        for name, (left_out, _) in list(VARIANTS.items())[1:]:
+        for name, (left_out, _) in VARIANTS.items():
+            if not left_out:
+                continue  # "opgen" itself, built above
             passes = tuple(p for p in default_pipeline() if p not in left_out)
             built[name] = lambda m, x, passes=passes: opgen.compile(m, x, passes=passes, cache=False, **graphs)
     return built
@@ -141,8 +143,7 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
                 say(f"all-reduces alone: {decode.reason(exc)}")
             else:
                 say("all-reduces alone, us a step: " + ", ".join(f"{r} {us:.1f}" for r, us in alone.items()))
-                routes = {name: route for name, (_, route) in VARIANTS.items()}
-                shares = {name: alone[routes.get(name, "nccl")] / times[name][0] for name in steps}
+                shares = {name: alone[VARIANTS.get(name, ((), "nccl"))[1]] / times[name][0] for name in steps}
     if rank != 0:
         return []
     return _rows(plan, world, times, results, failed, shares, per_step, copy_bw)
