@@ -123,3 +123,18 @@ def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap() 
             if process.is_alive():
                 process.kill()
     assert results == [(r, CALLS, (start + CALLS) % EPOCHS) for r in range(WORLD)]
+
+
+def test_a_tensor_the_buffer_cannot_hold_is_a_clear_error() -> None:
+    """The pass gives the record contiguous tensors no larger than its slots; anything else, called by hand,
+    raises before a launch (a launch would read past the slot, or the wrong elements)."""
+    from opgen.runtime.execution.peer_sum import _Launchers, _State
+
+    none = torch.zeros(2, dtype=torch.int64)
+    state = _State(16, torch.float32, none, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
+    call = _Launchers(state)
+    too_many = "got a tensor of 17 elements (contiguous); its buffer holds 16 contiguous ones"
+    with pytest.raises(RuntimeError, match=re.escape(too_many)):
+        call(torch.zeros(17))
+    with pytest.raises(RuntimeError, match=re.escape("got a tensor of 8 elements (not contiguous)")):
+        call(torch.zeros(4, 4)[:, 0:2])
