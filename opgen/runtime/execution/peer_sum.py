@@ -1,16 +1,18 @@
 """Binding opgen's one-shot all-reduce (`passes.peer_sum`) to its Triton kernel over peer memory.
 
-Each (group, dtype, device) gets a state when a graph with such an all-reduce is bound: a buffer every
-rank maps (`symm_mem.empty` + `rendezvous`, collective calls: every rank binds its graphs in the same
-order), two slots of the largest tensor it sums; the ranks' flags (int32, mapped the same way), zeroed
-and then waited for by every rank (`dist.barrier`) before any rank can raise a flag in them; and this
-rank's epoch counter (device memory). Graphs bound later share the state where its slots are large
-enough; a larger tensor gets a new state (the old one stays with the graphs bound to it).
+Each (group, dtype, device) gets a state when a graph with such an all-reduce is bound. The state holds
+a buffer every rank maps (`symm_mem.empty` + `rendezvous`, collective calls: every rank binds its graphs
+in the same order): two slots, each a part for every rank, of a word for each element of the largest
+tensor it sums. The buffer is zeroed, and every rank waits (`dist.barrier`) before any rank can write
+to a peer's. It also holds this rank's epoch counter (device memory). Graphs bound later share the state
+where its slots are large enough; a larger tensor gets a new state (the old one stays with the graphs
+bound to it).
 
-A call launches one program (`execution.peer_sum_kernel`: copy into a slot, one barrier through the
-flags, the slots summed in rank order) on the current stream through opgen's launcher, captured into
-a CUDA graph like any other kernel: the epoch lives on the device, so replays need no host work. Where
-opgen's generated kernels launch dependently (`passes.dependent_launch`), so does this one.
+A call launches one program (`execution.peer_sum_kernel`: each value sent to every peer in a word with
+the call's epoch, the peers' words read until they carry it, the ranks' values summed in rank order) on
+the current stream through opgen's launcher. It is captured into a CUDA graph like any other kernel:
+the epoch lives on the device, so replays need no host work. Where opgen's generated kernels launch
+dependently (`passes.dependent_launch`), so does this one.
 
 Where opgen's JIT cannot run, the buffers cannot be mapped, or the kernel does not compile, the record
 runs as torch's one-shot all-reduce instead (`execution.one_shot`, which falls back to the process
@@ -34,12 +36,11 @@ MAX_BLOCK = 4096  # elements a step of the kernel's (unrolled) loops copies and 
 
 @dataclass
 class _State:
-    """One (group, dtype, device)'s mapped slots and flags, as the kernel's int64 address tables."""
+    """One (group, dtype, device)'s mapped buffers, as the kernel's int64 address table."""
 
-    slot: int  # elements a slot holds
+    slot: int  # elements (words) a rank's part of a slot holds
     dtype: torch.dtype
     buffers: torch.Tensor  # each rank's buffer address
-    flags: torch.Tensor  # each rank's flags address
     counter: torch.Tensor  # this rank's epoch
     held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
     rank: int
@@ -89,7 +90,7 @@ class _Launchers:
             s = self.state
             block = min(MAX_BLOCK, 1 << max(0, numel - 1).bit_length())
             meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block,
-                    "DEPENDENT": s.dependent}  # fmt: skip
+                    "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent}  # fmt: skip
             config = Config(meta, 4 if block <= 1024 else 8, 1)
             found = JitKernel(peer_sum_kernel, (1,), (config,), mutates=["x", "counter"], dependent_launch=s.dependent)
             self.by_numel[numel] = found
@@ -97,7 +98,7 @@ class _Launchers:
 
     def arguments(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         s = self.state
-        return (tensor, s.buffers, s.flags, s.counter)
+        return (tensor, s.buffers, s.counter)
 
     def __call__(self, tensor: torch.Tensor) -> None:
         if not tensor.is_contiguous() or tensor.numel() > self.state.slot:
@@ -129,21 +130,19 @@ def _state(spec: Collective, group: Any) -> _State:
     slot = max(spec.numel, held.slot * 2 if held is not None else 0)
     name = str(group.group_name)
     enable_group(name)
-    buffer = symm_mem.empty(2 * slot, dtype=dtype, device=device)
+    world = dist.get_world_size(group)
+    buffer = symm_mem.empty(2 * world * slot, dtype=torch.int64, device=device)  # a word (value, epoch) an element
     handle = symm_mem.rendezvous(buffer, name)
-    flags = symm_mem.empty(handle.world_size, dtype=torch.int32, device=device)
-    flags_handle = symm_mem.rendezvous(flags, name)
-    flags.zero_()
+    buffer.zero_()  # epoch 0: no call's
     counter = torch.zeros(1, dtype=torch.int32, device=device)
     torch.cuda.synchronize(device)
-    dist.barrier(group=group)  # every rank's flags are zero before any rank raises one
+    dist.barrier(group=group)  # every rank's buffer is zero before any rank writes to a peer's
     state = _State(
         slot=slot,
         dtype=dtype,
         buffers=torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device),
-        flags=torch.tensor(list(flags_handle.buffer_ptrs), dtype=torch.int64, device=device),
         counter=counter,
-        held=(buffer, flags),
+        held=(buffer,),
         rank=int(handle.rank),
         world=int(handle.world_size),
         dependent=device_facts().dependent_launch,

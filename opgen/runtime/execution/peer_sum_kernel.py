@@ -3,26 +3,36 @@
 This module imports triton at import time (a @triton.jit function needs it): only `execution.peer_sum`
 imports it, when a graph with such an all-reduce is bound.
 
-One program sums a small tensor over the ranks of a group, in place, with one barrier:
+One program sums a small tensor over the ranks of a group, in place. Each value travels with the call's
+epoch in one 8-byte word: the value's bits in the low half, the epoch in the high half. A GPU stores an
+aligned 8-byte word whole, so a word that carries this call's epoch carries this call's value. NCCL's
+low-latency protocol (LL) works the same way. There are no flags, fences or barriers: a peer's value
+can be read as soon as it lands.
 
-1. It copies the tensor into its slot of this rank's mapped buffer. Each buffer has two slots, taken in
-   turn: call `epoch` uses slot `epoch % 2`.
-2. It raises its flag in every peer's flags (`epoch + 1`, a release at system scope), then waits until
-   every peer's flag in its own flags reads `epoch + 1`, or the epoch after (an acquire at system scope).
-3. It sums every rank's slot, in rank order (every rank adds the same values in the same order, so all
-   hold the same bits), into the tensor, and stores `epoch + 1` into its counter.
+1. The program sends each of its values, as a word with this call's epoch, into its place in every
+   peer's mapped buffer.
+2. For each peer it reads that peer's words in its own buffer until every word carries this call's
+   epoch.
+3. It sums every rank's values in rank order into the tensor. Every rank adds the same values in the
+   same order, so all hold the same bits. Then it stores the epoch into its counter.
+
+Each buffer holds two slots, taken in turn: call `e` uses slot `e % 2`. Each slot has a part for each
+rank. A peer writes a slot again two calls later. It can do so only after it has read this rank's words
+of the call between, which this rank sends after it has read the slot. A word left from an older call
+carries an older epoch, and is waited past. Epochs run from 1 to `EPOCHS`, which is even so that the
+slots keep their turn; the buffers start zeroed, and no epoch is 0.
+
+One limit, not reached by any graph opgen builds today: a word is written only by calls of at least its
+position's length. If a state sums tensors of different lengths, a word past the shorter ones keeps the
+epoch of the last longer call. If exactly a multiple of `EPOCHS` (2^30) calls passed before the next
+longer one, that word would carry the current epoch, and its old value could be read. Decode's
+all-reduces in a group and dtype all have the hidden size, so every call writes every word it reads.
+Zeroing each word after reading it would close this; that costs a store a word, and is not measured.
 
 Launched dependently (Hopper and newer, as opgen's generated kernels are), it lets the next kernel start
-at once, so that kernel's weight reads overlap this one's wait for its peers, and waits for the kernel
+at once, so that kernel's weight reads overlap this one's wait for its peers. It waits for the kernel
 before it first: a chain of such kernels may have started before this one ends, each waiting for the
 one before it, so nothing here (the counter included) is read before that wait.
-
-A rank writes a slot again two calls later, after the barrier of the call between, which each peer
-passes only after it has read that slot: so one barrier suffices, where a kernel with one buffer needs a
-second barrier before it returns (torch's `one_shot_all_reduce`). A peer runs at most one call ahead (it
-waits for this rank's flag of the call before), so a flag reads either this call's value or the next.
-Epochs count modulo `EPOCHS` (even, so the slots keep their turn), and flags compare for equality: no
-overflow, however long the process runs.
 """
 
 from __future__ import annotations
@@ -30,54 +40,76 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-EPOCHS = 1 << 30  # the counter wraps here; flags hold 1..EPOCHS
+EPOCHS = 1 << 30  # the counter wraps here; words carry epochs 1..EPOCHS
 
 
 @triton.jit
-def _flag(flags, rank):
-    """The flag of `rank` in `flags`, read with an acquire at system scope."""
-    return tl.atomic_add(flags + rank, 0, sem="acquire", scope="sys")
+def _words(values, epoch, BITS: tl.constexpr):
+    """Each value's BITS bits (16 or 32) in the low half of a uint64, `epoch` (uint32) in the high half."""
+    if BITS == 16:
+        bits = values.to(tl.uint16, bitcast=True).to(tl.uint64)
+    else:
+        bits = values.to(tl.uint32, bitcast=True).to(tl.uint64)
+    return bits | (epoch.to(tl.uint64) << 32)
 
 
 @triton.jit
-def peer_sum_kernel(x, buffers, flags, counter, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
-                    SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr,
+def _values(words, dtype: tl.constexpr, BITS: tl.constexpr):
+    """The values of `_words`' words, in `dtype` (of BITS bits)."""
+    low = words.to(tl.uint32)
+    if BITS == 16:
+        values = low.to(tl.uint16).to(dtype, bitcast=True)
+    else:
+        values = low.to(dtype, bitcast=True)
+    return values
+
+
+@triton.jit
+def _arrived(at, ok, epoch):
+    """The words at `at` (where `ok`) once every one carries `epoch`: read again (volatile) until they do."""
+    words = tl.load(at, mask=ok, other=0, volatile=True)
+    pending = ok & ((words >> 32).to(tl.uint32) != epoch)
+    while tl.max(pending.to(tl.int32), axis=0) > 0:
+        words = tl.where(pending, tl.load(at, mask=pending, other=0, volatile=True), words)
+        pending = ok & ((words >> 32).to(tl.uint32) != epoch)
+    return words
+
+
+@triton.jit
+def peer_sum_kernel(x, buffers, counter, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
                     DEPENDENT: tl.constexpr):  # fmt: skip
-    """x[:NUMEL] = the sum over the group's ranks of their x, in place. `buffers`, `flags`: each rank's mapped
-    buffer (two slots of SLOT elements) and flags (WORLD int32), as int64 addresses; `counter`: this rank's
-    epoch (int32, device memory). DEPENDENT: launched dependently (`passes.dependent_launch`): the next
-    kernel may start at once, and reads its weights while this one waits for its peers; this one waits
-    for the kernel before it (which wrote x, and after the last call, the counter) before anything else."""
+    """x[:NUMEL] = the sum over the group's ranks of their x, in place.
+
+    `buffers`: each rank's mapped buffer (two slots of WORLD parts of SLOT uint64 words), as int64 addresses.
+    `counter`: this rank's last epoch (int32, device memory). BITS: the bits of x's dtype (16 or 32).
+    DEPENDENT: launched dependently (`passes.dependent_launch`): the next kernel may start at once, and reads
+    its weights while this one waits for its peers; this one waits for the kernel before it (which wrote x,
+    and after the last call, the counter) before anything else."""
     if DEPENDENT:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    epoch = tl.load(counter)
-    want = epoch + 1
-    later = want % EPOCHS + 1
-    offsets = tl.arange(0, BLOCK)
+    epoch = tl.load(counter) % EPOCHS + 1
+    sent = epoch.to(tl.uint32)
+    slot = (epoch % 2) * WORLD * SLOT
     dtype = x.dtype.element_ty
-    slot = (epoch % 2) * SLOT
-    mine = tl.load(buffers + RANK).to(tl.pointer_type(dtype))
-    for start in tl.static_range(0, NUMEL, BLOCK):  # unrolled: every block's reads in flight at once
+    offsets = tl.arange(0, BLOCK)
+    for start in tl.static_range(0, NUMEL, BLOCK):  # unrolled: every block's stores in flight at once
         at = start + offsets
-        tl.store(mine + slot + at, tl.load(x + at, mask=at < NUMEL), mask=at < NUMEL)
-    tl.debug_barrier()  # every thread's copy is in before the flags go up
-    for peer in tl.static_range(WORLD):
-        if peer != RANK:
-            raised = tl.load(flags + peer).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(raised + RANK, want, sem="release", scope="sys")
-    own = tl.load(flags + RANK).to(tl.pointer_type(tl.int32))
-    for peer in tl.static_range(WORLD):
-        if peer != RANK:
-            seen = _flag(own, peer)
-            while (seen != want) & (seen != later):
-                seen = _flag(own, peer)
-    tl.debug_barrier()  # no thread reads a peer's slot before its flag was seen
-    for start in tl.static_range(0, NUMEL, BLOCK):  # unrolled: every block's reads in flight at once
+        words = _words(tl.load(x + at, mask=at < NUMEL, other=0.0), sent, BITS)
+        for peer in tl.static_range(WORLD):
+            if peer != RANK:
+                theirs = tl.load(buffers + peer).to(tl.pointer_type(tl.uint64)) + slot + RANK * SLOT
+                tl.store(theirs + at, words, mask=at < NUMEL)
+    mine = tl.load(buffers + RANK).to(tl.pointer_type(tl.uint64)) + slot
+    for start in tl.static_range(0, NUMEL, BLOCK):
         at = start + offsets
+        ok = at < NUMEL
         total = tl.zeros((BLOCK,), tl.float32)
         for rank in tl.static_range(WORLD):
-            theirs = tl.load(buffers + rank).to(tl.pointer_type(dtype))
-            total += tl.load(theirs + slot + at, mask=at < NUMEL, other=0.0, cache_modifier=".cv").to(tl.float32)
-        tl.store(x + at, total.to(dtype), mask=at < NUMEL)
-    tl.store(counter, want % EPOCHS)
+            if rank == RANK:
+                total += tl.load(x + at, mask=ok, other=0.0).to(tl.float32)
+            else:
+                total += _values(_arrived(mine + rank * SLOT + at, ok, sent), dtype, BITS).to(tl.float32)
+        tl.store(x + at, total.to(dtype), mask=ok)
+    tl.store(counter, epoch % EPOCHS)
