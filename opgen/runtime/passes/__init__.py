@@ -17,9 +17,9 @@ folding (views of the buffer stay in the body) and memory planning (which must s
 simplified, before fusion and memory planning see it (its wait lines list the tensors in flight, so
 both keep them); `one_shot_all_reduce` then sends the small CUDA all-reduces (decode's few KB) through a
 one-shot all-reduce over peer memory, leaving larger ones on the process group, and `peer_sum` (CUDA) the
-smallest of those through opgen's own one-barrier kernel rather than torch's; constant folding and
-memory planning decide what lives in setup; `hoist_views` then moves views of setup values out of the
-call; `memo` moves what depends only on the size symbols of dynamic shapes (views of buffers and
+smallest of those through opgen's own kernel (values sent with their epoch, no barrier) rather than torch's;
+constant folding and memory planning decide what lives in setup; `hoist_views` then moves views of setup
+values out of the call; `memo` moves what depends only on the size symbols of dynamic shapes (views of buffers and
 constants, calls on constants) into the size memo, recomputed only when the sizes change: before memory
 planning (calls on constants keep their own results) and after it (views of the buffers it made);
 `decode_attention` (CUDA, static sizes) runs attention of one query row over a key/value cache as one
