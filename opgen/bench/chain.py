@@ -303,7 +303,7 @@ def run(widths: str, device: torch.device, tiles: Tiles, programs: int, layers: 
     if device.type != "cuda":
         return [{"way": name, "us": None, "min_us": None, "max_us": None, "bandwidth": None, "error": err}
                 for name, err in errors.items()]  # fmt: skip
-    from opgen.bench.decode import copy_bandwidth
+    from opgen.bench.timing import copy_bandwidth
 
     bandwidth = copy_bandwidth(device)
     runner = Runner(chain, tiles, programs, rows)

@@ -19,7 +19,6 @@ families at several batch sizes on this module's machinery instead.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import time
@@ -32,7 +31,8 @@ import torch
 
 import opgen  # also registers the "opgen" torch.compile backend
 from opgen.bench import decode_models as dm
-from opgen.bench.timing import format_table
+from opgen.bench.memory import available_memory, free_memory
+from opgen.bench.timing import copy_bandwidth, format_table
 
 CANDIDATES = ("eager", "compile", "opgen", "opgen_cpp", "opgen_graphs", "opgen_backend")
 FIRST_CALLS = {"compile": 3}  # reduce-overhead's cudagraph trees warm up, then record on a later call
@@ -118,43 +118,6 @@ class Result:
             "logits": f"{self.max_logit_err:.1e} ({'ok' if self.agrees else 'NOT ok'})"
             if self.max_logit_err is not None else "-",
         }  # fmt: skip
-
-
-WARMUP_SECONDS = 0.25  # copies before the timed ones: an idle GPU takes a while to reach its clocks
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes per second `y.copy_(x)` moves (read + write), median of 5 repeats: 1 GiB on CUDA, 64 MiB on CPU,
-    after WARMUP_SECONDS of copies; on CUDA timed by events, so a busy host (other processes compiling)
-    does not show as a slow copy. Timed by the host with one copy before, it read 2.7 and 3.6 TB/s on
-    H200s that gave 4.2 in other processes of the same runs."""
-    cuda = device.type == "cuda"
-    size = 2**30 if cuda else 2**26
-    x = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
-    y = torch.empty_like(x)
-    sync = _sync(device)
-    calls = 10 if cuda else 5
-    start = time.perf_counter()
-    while time.perf_counter() - start < WARMUP_SECONDS:
-        y.copy_(x)
-        sync()
-    samples = []
-    for _ in range(5):
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(calls):
-                y.copy_(x)
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) / 1e3 / calls)
-        else:
-            began = time.perf_counter()
-            for _ in range(calls):
-                y.copy_(x)
-            samples.append((time.perf_counter() - began) / calls)
-    del x, y
-    return 2 * size / statistics.median(samples)
 
 
 def _sync(device: torch.device) -> Callable[[], None]:
@@ -347,39 +310,11 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:120] if lines else ''}".rstrip(": ")
 
 
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def estimated_bytes(shape: dm.Shape) -> int:
-    """Bytes of the model's parameters (every table counted whole), from its shape alone."""
-    kv_dim = shape.kv_heads * shape.head_dim
-    layer = shape.hidden * (2 * shape.hidden + 2 * kv_dim) + 3 * shape.hidden * shape.intermediate + 2 * shape.hidden
-    tables = shape.vocab * shape.hidden * (1 if shape.tied else 2)
-    return (shape.layers * layer + tables + shape.hidden) * shape.dtype.itemsize
-
-
 def _check_memory(shape: dm.Shape, device: torch.device) -> None:
-    need = int(estimated_bytes(shape) * 1.5) + 2**30  # the weights, plus room for activations and copies
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = _available_host_memory()
+    need = int(dm.estimated_bytes(shape) * 1.5) + 2**30  # the weights, plus room for activations and copies
+    free = available_memory(device)
     if free is not None and free < need:
         raise Skipped(f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
-
-
-def _available_host_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def results_table(results: Sequence[Result], cuda: bool) -> str:

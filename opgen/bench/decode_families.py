@@ -30,6 +30,7 @@ import torch
 
 from opgen.bench import decode
 from opgen.bench.llm_families import FAMILIES, causal_lm, step
+from opgen.bench.memory import free_memory
 from opgen.bench.timing import format_table
 
 KERNEL_CALLS = 5  # steps profiled to count a step's GPU activities
@@ -49,7 +50,7 @@ def run_family(family: str, size: str, batch: int, dtype: torch.dtype, candidate
     """Every candidate on one family at one batch size: build, check against eager, time interleaved, count
     kernels; then free it all (as `decode.run_model`)."""
     torch._dynamo.reset()
-    decode.free_memory(device)
+    free_memory(device)
     try:
         lm = causal_lm(family, size, device=device, dtype=dtype)
         layers, vocab = int(lm.config.num_hidden_layers), int(lm.config.vocab_size)
@@ -65,7 +66,7 @@ def run_family(family: str, size: str, batch: int, dtype: torch.dtype, candidate
     finally:
         del model, lm
         torch._dynamo.reset()
-        decode.free_memory(device)
+        free_memory(device)
 
 
 def against_reduce_overhead(rows: list[Row]) -> list[Row]:

@@ -245,6 +245,14 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
+def estimated_bytes(shape: Shape) -> int:
+    """Bytes of the model's parameters (every table counted whole), from its shape alone."""
+    kv_dim = shape.kv_heads * shape.head_dim
+    layer = shape.hidden * (2 * shape.hidden + 2 * kv_dim) + 3 * shape.hidden * shape.intermediate + 2 * shape.hidden
+    tables = shape.vocab * shape.hidden * (1 if shape.tied else 2)
+    return (shape.layers * layer + tables + shape.hidden) * shape.dtype.itemsize
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one step reads: every parameter once (tied ones once), but only one row of
     an embedding table that no linear layer shares (the lookup reads one row)."""

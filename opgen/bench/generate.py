@@ -45,9 +45,9 @@ import torch
 
 import opgen  # noqa: F401  (registers the "opgen" torch.compile backend)
 from opgen.bench import graph_notes
-from opgen.bench.decode import copy_bandwidth, reason
+from opgen.bench.decode import reason
 from opgen.bench.llm_families import FAMILIES, causal_lm
-from opgen.bench.timing import format_table
+from opgen.bench.timing import copy_bandwidth, format_table
 from opgen.generate import Generator, Steps
 
 LABELS = {

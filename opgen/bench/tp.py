@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     shape = "tiny" if args.tiny else args.shape
     plan = Plan(shape, args.context if not args.tiny else 24, args.check, args.steps if not args.tiny else 8,
                 args.repeats)  # fmt: skip
-    from opgen.bench.decode import copy_bandwidth
+    from opgen.bench.timing import copy_bandwidth
 
     copy_bw = copy_bandwidth(torch.device("cuda", 0) if cuda else torch.device("cpu"))
     rows: list[Row] = []

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from opgen.bench import decode
 from opgen.bench import decode_models as dm
+from opgen.bench.memory import free_memory
 from opgen.bench.tp_models import fill_caches, shard
 
 REPLAYS = 20  # replays of the all-reduces alone
@@ -111,7 +112,7 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
         fill_caches(model, plan.context)
         reference = torch.stack([model(ids[p], pos[p]).float().cpu() for p in checked])
         model = shard(model, rank, world, dist.group.WORLD if world > 1 else None)
-        decode.free_memory(device)
+        free_memory(device)
         say("whole model's logits taken, shard kept")
         per_step = dm.weight_bytes(model) + dm.kv_bytes_per_position(model) * round(statistics.mean(timed))
         steps: dict[str, Any] = {}

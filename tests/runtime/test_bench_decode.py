@@ -34,7 +34,7 @@ def test_the_command_prints_its_table_and_opgen_matches_eager(
     hf = rows["hf_llama", "opgen"]  # either it runs and agrees, or the row carries the error: never a crash
     assert hf["agrees"] if not hf["error"] else hf["ms_per_token"] is None
     # weights, plus the KV cache's 1024 bytes per position up to the timed steps' mean position + 1 (8..10: 10)
-    assert rows["gpt_fast", "eager"]["bytes_per_token"] == decode.estimated_bytes(dm.SHAPES["tiny"]) + 1024 * 10
+    assert rows["gpt_fast", "eager"]["bytes_per_token"] == dm.estimated_bytes(dm.SHAPES["tiny"]) + 1024 * 10
 
 
 def test_generate_agrees_between_eager_and_a_compiled_step() -> None:
@@ -72,15 +72,15 @@ def test_a_failing_candidate_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatc
 
 
 def test_sizes_and_bytes() -> None:
-    assert abs(decode.estimated_bytes(dm.SHAPES["1b"]) - 2.47e9) < 0.01e9  # Llama-3.2-1B in bf16
-    assert abs(decode.estimated_bytes(dm.SHAPES["8b"]) - 16.06e9) < 0.05e9  # Llama-3.1-8B in bf16
+    assert abs(dm.estimated_bytes(dm.SHAPES["1b"]) - 2.47e9) < 0.01e9  # Llama-3.2-1B in bf16
+    assert abs(dm.estimated_bytes(dm.SHAPES["8b"]) - 16.06e9) < 0.05e9  # Llama-3.1-8B in bf16
     tiny = dm.SHAPES["tiny"]
     model = dm.gpt_fast(tiny, 8, torch.device("cpu"))
-    assert dm.weight_bytes(model) == decode.estimated_bytes(tiny)  # tied: the table is read once, by lm_head
+    assert dm.weight_bytes(model) == dm.estimated_bytes(tiny)  # tied: the table is read once, by lm_head
     assert dm.kv_bytes_per_position(model) == tiny.layers * 2 * tiny.kv_heads * tiny.head_dim * 4
     untied = dm.Shape("untied", 64, 1, 4, 2, 128, 512, False, torch.float32)
     model = dm.gpt_fast(untied, 8, torch.device("cpu"))
-    assert dm.weight_bytes(model) == decode.estimated_bytes(untied) - (512 - 1) * 64 * 4  # one embedding row
+    assert dm.weight_bytes(model) == dm.estimated_bytes(untied) - (512 - 1) * 64 * 4  # one embedding row
 
 
 def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
