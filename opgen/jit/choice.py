@@ -5,23 +5,22 @@ they write, `opgen.jit.timing`), keeps the fastest, and stores the pick in the J
 the candidates compute (`identity`), so later processes, and the same kernel in a model's other
 layers, benchmark nothing. With `reliable` (a candidate that always works, such as the ATen kernels
 a generated one replaces), a candidate that raises on its first call (a kernel that fails to
-compile) is dropped with a warning and the reliable one runs. `force` (or OPGEN_FORCE_KERNEL=<candidate
-name>) skips the benchmark, for tests. Calls go through an `opgen._C.Switch`; where sizes never change
-(compiled graphs guard them) the switch is pointed at the pick itself, so later calls pay one C-level
-indirection and no Python.
+compile) is dropped with a warning and the reliable one runs. `force`, or `OPGEN_FORCE_KERNEL`
+(`opgen.jit.forcing`: a candidate for every choice, or one for a named kernel), skips the benchmark.
+Calls go through an `opgen._C.Switch`; where sizes never change (compiled graphs guard them) the
+switch is pointed at the pick itself, so later calls pay one C-level indirection and no Python.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opgen.errors import warn
-from opgen.jit import cache, env
+from opgen.jit import cache, env, forcing
 from opgen.jit.autotune import bound, size_key
 from opgen.jit.timing import time_calls
 
@@ -39,15 +38,16 @@ class Choice:
         force: str | None = None,
         fixed_sizes: bool = False,
         reliable: str | None = None,
+        names: Sequence[str] = (),
     ) -> None:
+        """`names`: what `OPGEN_FORCE_KERNEL=<kernel>=<candidate>` may call this choice, besides `name`
+        (`opgen.jit.forcing`)."""
         if len(candidates) < 1:
             raise ValueError(f"Choice {name!r} needs at least one candidate")
-        force = force or os.environ.get("OPGEN_FORCE_KERNEL") or None
         if force is not None and force not in candidates:
-            if "OPGEN_FORCE_KERNEL" in os.environ and force == os.environ["OPGEN_FORCE_KERNEL"]:
-                force = None  # the variable names a kernel of another choice
-            else:
-                raise ValueError(f"Choice {name!r}: force={force!r} is not a candidate ({', '.join(candidates)})")
+            raise ValueError(f"Choice {name!r}: force={force!r} is not a candidate ({', '.join(candidates)})")
+        if force is None:
+            force = forcing.forced_candidate((name, *names), candidates)
         self.name = name
         self.candidates = dict(candidates)
         # What the candidates compute (the pick's cache key, with their names and the sizes): choices of

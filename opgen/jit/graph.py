@@ -81,7 +81,8 @@ def choices(specs: Sequence[Any], kernel_ops: Any) -> dict[str, Any]:
     for spec in specs:
         candidates = {name: getattr(kernel_ops, name) for name in spec.candidates}
         identity = (spec.target, getattr(kernel_ops, "BUILD_ID", ""))
-        choice = Choice(f"node '{spec.node}' ({spec.target})", candidates, identity=identity, fixed_sizes=True)
+        choice = Choice(f"node '{spec.node}' ({spec.target})", candidates, identity=identity, fixed_sizes=True,
+                        names=(spec.local, spec.node))  # fmt: skip
         call = choice.call
         if call is not choice._dispatch:
             call.choice = choice

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from opgen.jit import autotune, compiler, env, expr
+from opgen.jit import autotune, compiler, env, expr, forcing
 from opgen.jit.binary import KernelBinary
 from opgen.jit.errors import JitError
 from opgen.jit.specialize import Specialization, runtime_params, specialize
@@ -115,7 +115,10 @@ class JitKernel:
                 return
             specs = self._specialize(args)
             futures = [self._future(s, c, device) for s, c in zip(specs, self.configs, strict=True)]
-            if len(self.configs) == 1:
+            forced = forcing.forced_config(self.name, len(self.configs))
+            if forced is not None:
+                index, why = forced, "forced by OPGEN_FORCE_CONFIG"
+            elif len(self.configs) == 1:
                 index, why = 0, "the only config"
             else:
                 index, why = autotune.pick(self, args, specs, futures, device)

@@ -58,6 +58,7 @@ class FusedBinding:
             writes=self.spec.written_inputs,
             fixed_sizes=True,
             reliable="aten",
+            names=(self.spec.name, self.spec.local),
         )
         return self.choice.call  # type: ignore[no-any-return]
 
