@@ -123,12 +123,12 @@ def _state(spec: Collective, group: Any) -> _State:
         raise RuntimeError(f"opgen.jit is unavailable ({', '.join(opgen.jit.missing())})")
     dtype = getattr(torch, spec.dtype.removeprefix("torch."))
     device = torch.device("cuda", torch.cuda.current_device())
-    key = (str(group.group_name), spec.dtype, str(device))
+    name = str(group.group_name)
+    key = (name, spec.dtype, str(device))
     held = _STATES.get(key)
     if held is not None and held.slot >= spec.numel:
         return held
     slot = max(spec.numel, held.slot * 2 if held is not None else 0)
-    name = str(group.group_name)
     enable_group(name)
     world = dist.get_world_size(group)
     buffer = symm_mem.empty(2 * world * slot, dtype=torch.int64, device=device)  # a word (value, epoch) an element
@@ -144,7 +144,7 @@ def _state(spec: Collective, group: Any) -> _State:
         counter=counter,
         held=(buffer,),
         rank=int(handle.rank),
-        world=int(handle.world_size),
+        world=world,
         dependent=device_facts().dependent_launch,
     )
     _STATES[key] = state
