@@ -75,14 +75,16 @@ interpreter = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
     reason="needs triton, run in its interpreter on a machine without a GPU",
 )
-WORLD, NUMEL, SLOT, CALLS = 3, 100, 103, 6
+WORLD, SLOT, BLOCK = 3, 103, 64
+LENGTHS = (100, 40, 100, 100, 40, 100, 40)  # two programs, then one: program 1's epochs fall behind program 0's
 
 
-def _rank(rank: int, buffers: list[torch.Tensor], counter: torch.Tensor, dtype: torch.dtype, out: queue.Queue) -> None:
-    """One rank: CALLS all-reduces of fresh values (the same stream of values in every rank), each checked
-    against the float32 sum in rank order, rounded to `dtype` (within a rounding in bfloat16: Triton's
-    interpreter rounds toward zero, the GPU to nearest); puts (rank, calls that matched, its counter after,
-    the last call's result)."""
+def _rank(rank: int, buffers: list[torch.Tensor], counters: torch.Tensor, dtype: torch.dtype, out: queue.Queue
+          ) -> None:  # fmt: skip
+    """One rank: an all-reduce of fresh values for each of LENGTHS (the same stream of values in every
+    rank), each checked against the float32 sum in rank order, rounded to `dtype` (within a rounding in
+    bfloat16: Triton's interpreter rounds toward zero, the GPU to nearest); puts (rank, calls that matched,
+    its counters after, the last call's result)."""
     import os
 
     os.environ["TRITON_INTERPRET"] = "1"
@@ -91,31 +93,34 @@ def _rank(rank: int, buffers: list[torch.Tensor], counter: torch.Tensor, dtype: 
     addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     values = torch.Generator().manual_seed(0)
     matched = 0
-    for _ in range(CALLS):
-        xs = [torch.randn(NUMEL, generator=values).to(dtype) for _ in range(WORLD)]
+    for numel in LENGTHS:
+        xs = [torch.randn(numel, generator=values).to(dtype) for _ in range(WORLD)]
         x = xs[rank].clone()
-        peer_sum_kernel[(1,)](x, addresses, counter, NUMEL, rank, WORLD, SLOT, EPOCHS, 64, dtype.itemsize * 8, False)
-        want = torch.zeros(NUMEL)
+        grid = (-(-numel // BLOCK),)
+        bits = dtype.itemsize * 8
+        peer_sum_kernel[grid](x, addresses, counters, numel, rank, WORLD, SLOT, EPOCHS, BLOCK, bits, False)
+        want = torch.zeros(numel)
         for other in xs:
             want += other.float()
         if dtype == torch.float32:
             matched += int(torch.equal(x, want))
         else:
             matched += int(bool(((x.float() - want).abs() <= want.abs() * 2**-7).all()))
-    out.put((rank, matched, int(counter.item()), x.tolist()))
+    out.put((rank, matched, counters.tolist(), x.tolist()))
 
 
 @interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap(dtype: torch.dtype) -> None:
-    """Words left from an older call (here every word of both slots, as epoch `start`, the counter's value)
-    are waited past, not summed: each call's values arrive with its own epoch."""
+    """Words left from an older call (here every word of both slots, as epoch `start`, the counters' value)
+    are waited past, not summed: each call's values arrive with its own epoch. Calls of two lengths run
+    two programs, then one; each program keeps its own epochs."""
     from opgen.runtime.execution.peer_sum_kernel import EPOCHS
 
-    start = EPOCHS - 3  # the counter wraps after three calls
+    start = EPOCHS - 3  # the counters wrap after three calls
     stale = (start << 32) | 0x7FC07FC0  # a NaN's bits in either dtype, under an older epoch
     buffers = [torch.full((2 * WORLD * SLOT,), stale, dtype=torch.int64).share_memory_() for _ in range(WORLD)]
-    counters = [torch.full((1,), start, dtype=torch.int32).share_memory_() for _ in range(WORLD)]
+    counters = [torch.full((2,), start, dtype=torch.int32).share_memory_() for _ in range(WORLD)]
     context = mp.get_context("spawn")
     out = context.Queue()
     ranks = [context.Process(target=_rank, args=(r, buffers, counters[r], dtype, out)) for r in range(WORLD)]
@@ -128,7 +133,9 @@ def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap(dt
             process.join(10)
             if process.is_alive():
                 process.kill()
-    assert [result[:3] for result in results] == [(r, CALLS, (start + CALLS) % EPOCHS) for r in range(WORLD)]
+    both = sum(n > BLOCK for n in LENGTHS)
+    after = [(start + len(LENGTHS)) % EPOCHS, (start + both) % EPOCHS]
+    assert [result[:3] for result in results] == [(r, len(LENGTHS), after) for r in range(WORLD)]
     assert all(result[3] == results[0][3] for result in results)  # every rank holds the same values
 
 

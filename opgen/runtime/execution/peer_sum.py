@@ -4,15 +4,15 @@ Each (group, dtype, device) gets a state when a graph with such an all-reduce is
 a buffer every rank maps (`symm_mem.empty` + `rendezvous`, collective calls: every rank binds its graphs
 in the same order): two slots, each a part for every rank, of a word for each element of the largest
 tensor it sums. The buffer is zeroed, and every rank waits (`dist.barrier`) before any rank can write
-to a peer's. It also holds this rank's epoch counter (device memory). Graphs bound later share the state
-where its slots are large enough; a larger tensor gets a new state (the old one stays with the graphs
-bound to it).
+to a peer's. It also holds this rank's epoch counters (device memory), one for each program of a call.
+Graphs bound later share the state where its slots are large enough; a larger tensor gets a new state
+(the old one stays with the graphs bound to it).
 
-A call launches one program (`execution.peer_sum_kernel`: each value sent to every peer in a word with
-the call's epoch, the peers' words read until they carry it, the ranks' values summed in rank order) on
-the current stream through opgen's launcher. It is captured into a CUDA graph like any other kernel:
-the epoch lives on the device, so replays need no host work. Where opgen's generated kernels launch
-dependently (`passes.dependent_launch`), so does this one.
+A call launches a program for every BLOCK elements (`execution.peer_sum_kernel`: each value sent to every
+peer in a word with the call's epoch, the peers' words read until they carry it, the ranks' values summed
+in rank order) on the current stream through opgen's launcher. It is captured into a CUDA graph like any
+other kernel: the epochs live on the device, so replays need no host work. Where opgen's generated
+kernels launch dependently (`passes.dependent_launch`), so does this one.
 
 Where opgen's JIT cannot run, the buffers cannot be mapped, or the kernel does not compile, the record
 runs as torch's one-shot all-reduce instead (`execution.one_shot`, which falls back to the process
@@ -31,7 +31,7 @@ import torch
 
 from opgen.runtime.ir import Collective
 
-MAX_BLOCK = 4096  # elements a step of the kernel's (unrolled) loops copies and sums
+BLOCK = 1024  # elements a program sums (not yet measured against other sizes)
 
 
 @dataclass
@@ -41,7 +41,7 @@ class _State:
     slot: int  # elements (words) a rank's part of a slot holds
     dtype: torch.dtype
     buffers: torch.Tensor  # each rank's buffer address
-    counter: torch.Tensor  # this rank's epoch
+    counters: torch.Tensor  # this rank's epoch for each program
     held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
     rank: int
     world: int
@@ -59,7 +59,7 @@ def issuer(spec: Collective, group: Any, fallback: Callable[[], Callable[[torch.
         state = _state(spec, group)
         launchers = _Launchers(state)
         launchers.kernel(spec.numel).warmup(
-            *launchers.arguments(torch.empty(spec.numel, dtype=state.dtype, device=state.counter.device))
+            *launchers.arguments(torch.empty(spec.numel, dtype=state.dtype, device=state.counters.device))
         )
     except Exception as exc:  # no JIT, no mapped memory, no compile: torch's one-shot works
         warnings.warn(
@@ -88,17 +88,18 @@ class _Launchers:
             from opgen.runtime.execution.peer_sum_kernel import EPOCHS, peer_sum_kernel
 
             s = self.state
-            block = min(MAX_BLOCK, 1 << max(0, numel - 1).bit_length())
+            block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
             meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block,
                     "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent}  # fmt: skip
-            config = Config(meta, 4 if block <= 1024 else 8, 1)
-            found = JitKernel(peer_sum_kernel, (1,), (config,), mutates=["x", "counter"], dependent_launch=s.dependent)
+            config = Config(meta, 4, 1)
+            grid = (-(-numel // block),)
+            found = JitKernel(peer_sum_kernel, grid, (config,), mutates=["x", "counters"], dependent_launch=s.dependent)
             self.by_numel[numel] = found
         return found
 
     def arguments(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         s = self.state
-        return (tensor, s.buffers, s.counter)
+        return (tensor, s.buffers, s.counters)
 
     def __call__(self, tensor: torch.Tensor) -> None:
         if not tensor.is_contiguous() or tensor.numel() > self.state.slot:
@@ -134,14 +135,14 @@ def _state(spec: Collective, group: Any) -> _State:
     buffer = symm_mem.empty(2 * world * slot, dtype=torch.int64, device=device)  # a word (value, epoch) an element
     handle = symm_mem.rendezvous(buffer, name)
     buffer.zero_()  # epoch 0: no call's
-    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    counters = torch.zeros(-(-slot // BLOCK), dtype=torch.int32, device=device)
     torch.cuda.synchronize(device)
     dist.barrier(group=group)  # every rank's buffer is zero before any rank writes to a peer's
     state = _State(
         slot=slot,
         dtype=dtype,
         buffers=torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device),
-        counter=counter,
+        counters=counters,
         held=(buffer,),
         rank=int(handle.rank),
         world=world,

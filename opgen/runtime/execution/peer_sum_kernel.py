@@ -3,18 +3,22 @@
 This module imports triton at import time (a @triton.jit function needs it): only `execution.peer_sum`
 imports it, when a graph with such an all-reduce is bound.
 
-One program sums a small tensor over the ranks of a group, in place. Each value travels with the call's
-epoch in one 8-byte word: the value's bits in the low half, the epoch in the high half. A GPU stores an
-aligned 8-byte word whole, so a word that carries this call's epoch carries this call's value. NCCL's
-low-latency protocol (LL) works the same way. There are no flags, fences or barriers: a peer's value
-can be read as soon as it lands.
+Each program sums BLOCK elements of a small tensor over the ranks of a group, in place, on its own: the
+programs of a call share nothing (each keeps its own epoch), so a message spreads over several SMs. Each
+value travels with the call's epoch in one 8-byte word: the value's bits in the low half, the epoch in
+the high half. A GPU stores an aligned 8-byte word whole, so a word that carries this call's epoch
+carries this call's value. NCCL's low-latency protocol (LL) works the same way. There are no flags,
+fences or barriers: a peer's value can be read as soon as it lands.
 
-1. The program sends each of its values, as a word with this call's epoch, into its place in every
+1. A program sends each of its values, as a word with this call's epoch, into its place in every
    peer's mapped buffer.
 2. For each peer it reads that peer's words in its own buffer until every word carries this call's
-   epoch.
+   epoch, then zeroes them.
 3. It sums every rank's values in rank order into the tensor. Every rank adds the same values in the
    same order, so all hold the same bits. Then it stores the epoch into its counter.
+
+Everything below holds for each program index on its own: program p of a call talks only to the peers'
+programs p, about block p.
 
 Each buffer holds two slots, taken in turn: call `e` uses slot `e % 2`. Each slot has a part for each
 rank. A peer writes a slot again two calls later. It can do so only after it has read this rank's words
@@ -22,17 +26,13 @@ of the call between, which this rank sends after it has read the slot. A word le
 carries an older epoch, and is waited past. Epochs run from 1 to `EPOCHS`, which is even so that the
 slots keep their turn; the buffers start zeroed, and no epoch is 0.
 
-One limit, not reached by any graph opgen builds today: a word is written only by calls of at least its
-position's length. If a state sums tensors of different lengths, a word past the shorter ones keeps the
-epoch of the last longer call. If exactly a multiple of `EPOCHS` (2^30) calls passed before the next
-longer one, that word would carry the current epoch, and its old value could be read. Decode's
-all-reduces in a group and dtype all have the hidden size, so every call writes every word it reads.
-Zeroing each word after reading it would close this; that costs a store a word, and is not measured.
+Each word is zeroed once read, so a word never read again carries no epoch: a state that sums tensors of
+different lengths reads past the shorter ones only words of this call or zeros.
 
 Launched dependently (Hopper and newer, as opgen's generated kernels are), it lets the next kernel start
 at once, so that kernel's weight reads overlap this one's wait for its peers. It waits for the kernel
 before it first: a chain of such kernels may have started before this one ends, each waiting for the
-one before it, so nothing here (the counter included) is read before that wait.
+one before it, so nothing here (the counters included) is read before that wait.
 """
 
 from __future__ import annotations
@@ -76,40 +76,40 @@ def _arrived(at, ok, epoch):
 
 
 @triton.jit
-def peer_sum_kernel(x, buffers, counter, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+def peer_sum_kernel(x, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
                     SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
                     DEPENDENT: tl.constexpr):  # fmt: skip
-    """x[:NUMEL] = the sum over the group's ranks of their x, in place.
+    """x[:NUMEL] = the sum over the group's ranks of their x, in place, BLOCK elements a program.
 
     `buffers`: each rank's mapped buffer (two slots of WORLD parts of SLOT uint64 words), as int64 addresses.
-    `counter`: this rank's last epoch (int32, device memory). BITS: the bits of x's dtype (16 or 32).
-    DEPENDENT: launched dependently (`passes.dependent_launch`): the next kernel may start at once, and reads
-    its weights while this one waits for its peers; this one waits for the kernel before it (which wrote x,
-    and after the last call, the counter) before anything else."""
+    `counters`: this rank's last epoch for each program (int32, device memory): program p sends, reads and
+    counts only block p, so its epochs, slots and peers' programs p are its own. BITS: the bits of x's
+    dtype (16 or 32). DEPENDENT: launched dependently (`passes.dependent_launch`): the next kernel may start
+    at once, and reads its weights while this one waits for its peers; this one waits for the kernel before
+    it (which wrote x, and after the last call, the counters) before anything else."""
     if DEPENDENT:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    epoch = tl.load(counter) % EPOCHS + 1
+    block = tl.program_id(0)
+    epoch = tl.load(counters + block) % EPOCHS + 1
     sent = epoch.to(tl.uint32)
     slot = (epoch % 2) * WORLD * SLOT
     dtype = x.dtype.element_ty
-    offsets = tl.arange(0, BLOCK)
-    for start in tl.static_range(0, NUMEL, BLOCK):  # unrolled: every block's stores in flight at once
-        at = start + offsets
-        words = _words(tl.load(x + at, mask=at < NUMEL, other=0.0), sent, BITS)
-        for peer in tl.static_range(WORLD):
-            if peer != RANK:
-                theirs = tl.load(buffers + peer).to(tl.pointer_type(tl.uint64)) + slot + RANK * SLOT
-                tl.store(theirs + at, words, mask=at < NUMEL)
+    at = block * BLOCK + tl.arange(0, BLOCK)
+    ok = at < NUMEL
+    own = tl.load(x + at, mask=ok, other=0.0)
+    words = _words(own, sent, BITS)
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            theirs = tl.load(buffers + peer).to(tl.pointer_type(tl.uint64)) + slot + RANK * SLOT
+            tl.store(theirs + at, words, mask=ok)
     mine = tl.load(buffers + RANK).to(tl.pointer_type(tl.uint64)) + slot
-    for start in tl.static_range(0, NUMEL, BLOCK):
-        at = start + offsets
-        ok = at < NUMEL
-        total = tl.zeros((BLOCK,), tl.float32)
-        for rank in tl.static_range(WORLD):
-            if rank == RANK:
-                total += tl.load(x + at, mask=ok, other=0.0).to(tl.float32)
-            else:
-                total += _values(_arrived(mine + rank * SLOT + at, ok, sent), dtype, BITS).to(tl.float32)
-        tl.store(x + at, total.to(dtype), mask=ok)
-    tl.store(counter, epoch % EPOCHS)
+    total = tl.zeros((BLOCK,), tl.float32)
+    for rank in tl.static_range(WORLD):
+        if rank == RANK:
+            total += own.to(tl.float32)
+        else:
+            total += _values(_arrived(mine + rank * SLOT + at, ok, sent), dtype, BITS).to(tl.float32)
+            tl.store(mine + rank * SLOT + at, tl.zeros((BLOCK,), tl.uint64), mask=ok)  # read: no epoch's again
+    tl.store(x + at, total.to(dtype), mask=ok)
+    tl.store(counters + block, epoch % EPOCHS)
