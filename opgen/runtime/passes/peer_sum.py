@@ -4,22 +4,22 @@
 copies the tensor into a mapped buffer, waits for every rank, sums every rank's buffer and waits again
 before the buffer may be written by the next call: two barriers. opgen's kernel
 (`execution.peer_sum_kernel`) needs none. It sends each value to every peer in an 8-byte word together
-with the call's epoch, and a peer's value counts once its word carries that epoch. It runs as one
-program, which is all a message of a few KB needs. Measured on 2 H200s (`docs/distributed.md`), replayed
-in a CUDA graph of 32 all-reduces back to back, us an all-reduce, opgen's against torch's:
+with the call's epoch, and a peer's value counts once its word carries that epoch. A program handles
+1024 elements on its own (its own epochs), so a message spreads over SMs. Measured on 2 H200s
+(`docs/distributed.md`), replayed in a CUDA graph of 32 all-reduces back to back, us an all-reduce,
+opgen's against torch's:
 
 | message | opgen's | torch's |
 |---|---|---|
-| 4 KB, bfloat16 | 3.59 | 6.50 |
-| 5 KB, float32 | 3.44 | 6.70 |
-| 8 KB, bfloat16 | 5.28 | 6.66 |
-| 32 KB, bfloat16 | 11.59 | 6.66 |
+| 4 KB, bfloat16 | 2.95 | 6.43 |
+| 5 KB, float32 | 3.39 | 6.47 |
+| 8 KB, bfloat16 | 3.00 | 6.68 |
+| 32 KB, bfloat16 | 3.38 | 6.63 |
 
 A record of kind "one_shot_all_reduce" (one per group and dtype) becomes "peer_sum" where its largest
-tensor holds at most `PEER_SUM_MAX_BYTES`: past it one program's copies and sums take longer than
-torch's kernel, whose programs spread over the GPU. The report says which records changed. Leaving this
-pass out of `passes=` keeps torch's kernel; where opgen's JIT cannot run when the graph is bound, the
-record runs as torch's kernel too (`execution.peer_sum`), with a warning.
+tensor holds at most `PEER_SUM_MAX_BYTES`, the largest message measured. The report says which records
+changed. Leaving this pass out of `passes=` keeps torch's kernel; where opgen's JIT cannot run when the
+graph is bound, the record runs as torch's kernel too (`execution.peer_sum`), with a warning.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import replace
 from opgen.runtime.ir import ITEMSIZE, Program
 from opgen.runtime.registry import KernelRegistry
 
-PEER_SUM_MAX_BYTES = 16 * 1024  # 8 KB measured faster than torch's kernel, 32 KB slower
+PEER_SUM_MAX_BYTES = 32 * 1024  # the largest message measured (faster than torch's kernel at every size up to it)
 
 
 def peer_sums(program: Program, registry: KernelRegistry) -> Program:
