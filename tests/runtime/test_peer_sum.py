@@ -88,7 +88,8 @@ def _rank(rank: int, buffers: list[torch.Tensor], counters: torch.Tensor, dtype:
     import os
 
     os.environ["TRITON_INTERPRET"] = "1"
-    from opgen.runtime.execution.peer_sum_kernel import EPOCHS, peer_sum_kernel
+    from opgen.runtime.execution.epoch_words import EPOCHS
+    from opgen.runtime.execution.peer_sum_kernel import peer_sum_kernel
 
     addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     values = torch.Generator().manual_seed(0)
@@ -115,7 +116,7 @@ def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap(dt
     """Words left from an older call (here every word of both slots, as epoch `start`, the counters' value)
     are waited past, not summed: each call's values arrive with its own epoch. Calls of two lengths run
     two programs, then one; each program keeps its own epochs."""
-    from opgen.runtime.execution.peer_sum_kernel import EPOCHS
+    from opgen.runtime.execution.epoch_words import EPOCHS
 
     start = EPOCHS - 3  # the counters wrap after three calls
     stale = (start << 32) | 0x7FC07FC0  # a NaN's bits in either dtype, under an older epoch

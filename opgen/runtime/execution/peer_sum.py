@@ -1,12 +1,10 @@
 """Binding opgen's one-shot all-reduce (`passes.peer_sum`) to its Triton kernel over peer memory.
 
 Each (group, dtype, device) gets a state when a graph with such an all-reduce is bound. The state holds
-a buffer every rank maps (`symm_mem.empty` + `rendezvous`, collective calls: every rank binds its graphs
-in the same order): two slots, each a part for every rank, of a word for each element of the largest
-tensor it sums. The buffer is zeroed, and every rank waits (`dist.barrier`) before any rank can write
-to a peer's. It also holds this rank's epoch counters (device memory), one for each program of a call.
-Graphs bound later share the state where its slots are large enough; a larger tensor gets a new state
-(the old one stays with the graphs bound to it).
+a buffer every rank maps (`execution.peer_memory`: a collective call): two slots, each a part for every
+rank, of a word for each element of the largest tensor it sums. It also holds this rank's epoch counters
+(device memory), one for each program of a call. Graphs bound later share the state where its slots are
+large enough; a larger tensor gets a new state (the old one stays with the graphs bound to it).
 
 A call launches a program for every BLOCK elements (`execution.peer_sum_kernel`: each value sent to every
 peer in a word with the call's epoch, the peers' words read until they carry it, the ranks' values summed
@@ -85,7 +83,8 @@ class _Launchers:
         found = self.by_numel.get(numel)
         if found is None:
             from opgen.jit.kernels import Config, JitKernel
-            from opgen.runtime.execution.peer_sum_kernel import EPOCHS, peer_sum_kernel
+            from opgen.runtime.execution.epoch_words import EPOCHS
+            from opgen.runtime.execution.peer_sum_kernel import peer_sum_kernel
 
             s = self.state
             block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
@@ -113,39 +112,25 @@ class _Launchers:
 
 def _state(spec: Collective, group: Any) -> _State:
     """The state of `spec`'s (group, dtype, device), with slots of at least `spec.numel` elements."""
-    import torch.distributed as dist
-    import torch.distributed._symmetric_memory as symm_mem
-
-    import opgen.jit
     from opgen.runtime.execution.device_facts import device_facts
-    from opgen.runtime.execution.one_shot import enable_group
+    from opgen.runtime.execution.peer_memory import map_slots, require_jit
 
-    if not opgen.jit.available():  # before any collective call: every rank gives up alike
-        raise RuntimeError(f"opgen.jit is unavailable ({', '.join(opgen.jit.missing())})")
+    require_jit()
     dtype = getattr(torch, spec.dtype.removeprefix("torch."))
     device = torch.device("cuda", torch.cuda.current_device())
-    name = str(group.group_name)
-    key = (name, spec.dtype, str(device))
+    key = (str(group.group_name), spec.dtype, str(device))
     held = _STATES.get(key)
     if held is not None and held.slot >= spec.numel:
         return held
-    slot = max(spec.numel, held.slot * 2 if held is not None else 0)
-    enable_group(name)
-    world = dist.get_world_size(group)
-    buffer = symm_mem.empty(2 * world * slot, dtype=torch.int64, device=device)  # a word (value, epoch) an element
-    handle = symm_mem.rendezvous(buffer, name)
-    buffer.zero_()  # epoch 0: no call's
-    counters = torch.zeros(-(-slot // BLOCK), dtype=torch.int32, device=device)
-    torch.cuda.synchronize(device)
-    dist.barrier(group=group)  # every rank's buffer is zero before any rank writes to a peer's
+    mapped = map_slots(group, max(spec.numel, held.slot * 2 if held is not None else 0), device)  # a word an element
     state = _State(
-        slot=slot,
+        slot=mapped.words,
         dtype=dtype,
-        buffers=torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device),
-        counters=counters,
-        held=(buffer,),
-        rank=int(handle.rank),
-        world=world,
+        buffers=mapped.addresses,
+        counters=torch.zeros(-(-mapped.words // BLOCK), dtype=torch.int32, device=device),
+        held=(mapped.buffer,),
+        rank=mapped.rank,
+        world=mapped.world,
         dependent=device_facts().dependent_launch,
     )
     _STATES[key] = state

@@ -23,7 +23,7 @@ programs p, about block p.
 Each buffer holds two slots, taken in turn: call `e` uses slot `e % 2`. Each slot has a part for each
 rank. A peer writes a slot again two calls later. It can do so only after it has read this rank's words
 of the call between, which this rank sends after it has read the slot. A word left from an older call
-carries an older epoch, and is waited past. Epochs run from 1 to `EPOCHS`, which is even so that the
+carries an older epoch, and is waited past. Epochs run from 1 to `epoch_words.EPOCHS`, which is even so that the
 slots keep their turn; the buffers start zeroed, and no epoch is 0.
 
 Each word is zeroed once read, so a word never read again carries no epoch: a state that sums tensors of
@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-EPOCHS = 1 << 30  # the counter wraps here; words carry epochs 1..EPOCHS
+from opgen.runtime.execution.epoch_words import arrived
 
 
 @triton.jit
@@ -62,17 +62,6 @@ def _values(words, dtype: tl.constexpr, BITS: tl.constexpr):
     else:
         values = low.to(dtype, bitcast=True)
     return values
-
-
-@triton.jit
-def _arrived(at, ok, epoch):
-    """The words at `at` (where `ok`) once every one carries `epoch`: read again (volatile) until they do."""
-    words = tl.load(at, mask=ok, other=0, volatile=True)
-    pending = ok & ((words >> 32).to(tl.uint32) != epoch)
-    while tl.max(pending.to(tl.int32), axis=0) > 0:
-        words = tl.where(pending, tl.load(at, mask=pending, other=0, volatile=True), words)
-        pending = ok & ((words >> 32).to(tl.uint32) != epoch)
-    return words
 
 
 @triton.jit
@@ -109,7 +98,7 @@ def peer_sum_kernel(x, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexp
         if rank == RANK:
             total += own.to(tl.float32)
         else:
-            total += _values(_arrived(mine + rank * SLOT + at, ok, sent), dtype, BITS).to(tl.float32)
+            total += _values(arrived(mine + rank * SLOT + at, ok, sent), dtype, BITS).to(tl.float32)
             tl.store(mine + rank * SLOT + at, tl.zeros((BLOCK,), tl.uint64), mask=ok)  # read: no epoch's again
     tl.store(x + at, total.to(dtype), mask=ok)
     tl.store(counters + block, epoch % EPOCHS)
