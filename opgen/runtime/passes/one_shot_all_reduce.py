@@ -16,28 +16,18 @@ An `all_reduce` issue line (after `passes.collectives`) becomes one-shot where:
 - the reduction is a sum and the group has 2, 4, 6 or 8 ranks (the sizes the kernel is built for).
 
 The line then calls a `Collective` of kind "one_shot_all_reduce" (one per group and dtype, sized for
-its largest tensor) that reduces in place on the current stream: no Work, so the issue line loses its
-Work value and the wait line goes. It uses no NVLink multicast. Every all-reduce gets a report note
-saying which path it takes and why. Leaving this pass out of `passes=` keeps every all-reduce on the
-process group (NCCL).
+its largest tensor: `passes.stream_ordered`) that reduces in place on the current stream: no Work, so
+the issue line loses its Work value and the wait line goes. It uses no NVLink multicast. Every
+all-reduce gets a report note saying which path it takes and why. Leaving this pass out of `passes=`
+keeps every all-reduce on the process group (NCCL).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import (
-    ITEMSIZE,
-    Collective,
-    KernelCall,
-    Line,
-    Program,
-    Ref,
-    TensorMeta,
-    defs,
-    meta_table,
-    program_lines,
-)
+from opgen.runtime.ir import ITEMSIZE, Collective, KernelCall, Program, Ref, TensorMeta, meta_table
+from opgen.runtime.passes.stream_ordered import Chosen, stream_ordered
 from opgen.runtime.registry import KernelRegistry
 
 ONE_SHOT_MAX_BYTES = 512 * 1024  # vLLM's custom all-reduce stops at 512 KB on 4+ ranks of an H100 node
@@ -51,7 +41,7 @@ def one_shot_all_reduces(program: Program, registry: KernelRegistry) -> Program:
     if not reductions:
         return program
     metas = meta_table(program)
-    chosen: dict[str, tuple[Collective, TensorMeta]] = {}  # work value -> (its all-reduce's record, tensor)
+    chosen: Chosen = {}  # work value -> (its all-reduce's record, tensor)
     notes = []
     for line in program.body:
         if not (isinstance(line, KernelCall) and line.jit and line.kernel in reductions):
@@ -68,21 +58,8 @@ def one_shot_all_reduces(program: Program, registry: KernelRegistry) -> Program:
             chosen[line.outputs[0].name] = (record, meta)
     if not chosen:
         return replace(program, notes=(*program.notes, *notes))
-    one_shot = _records(program, chosen)
-    body: list[Line] = []
-    for line in program.body:
-        if isinstance(line, KernelCall) and line.jit and line.outputs and line.outputs[0] is not None:
-            work = line.outputs[0].name
-            if work in chosen:
-                record, meta = chosen[work]
-                body.append(replace(line, kernel=one_shot[(record.group, meta.dtype)].local, outputs=()))
-                continue
-        if isinstance(line, KernelCall) and line.jit and line.args and isinstance(line.args[0], Ref):
-            if line.args[0].name in chosen:  # the wait for a one-shot all-reduce: nothing is in flight
-                continue
-        body.append(line)
-    kept = _kept_records(program, body)
-    return replace(program, body=tuple(body), collectives=(*kept, *one_shot.values()), notes=(*program.notes, *notes))
+    body, collectives = stream_ordered(program, chosen, "one_shot_all_reduce")
+    return replace(program, body=body, collectives=collectives, notes=(*program.notes, *notes))
 
 
 def _refusal(record: Collective, meta: TensorMeta | None) -> str | None:
@@ -112,26 +89,3 @@ def _size(meta: TensorMeta | None) -> str:
     if meta is None or not meta.is_static:
         return "a tensor of symbolic size"
     return f"{_bytes(meta)} bytes" if meta.dtype in ITEMSIZE else f"{meta.numel} elements of {meta.dtype}"
-
-
-def _records(program: Program, chosen: dict[str, tuple[Collective, TensorMeta]]) -> dict[tuple[str, str], Collective]:
-    """One one-shot record per (group, dtype), sized for the largest tensor it reduces."""
-    taken = {c.local for c in program.collectives} | {v.name for line in program_lines(program) for v in defs(line)}
-    records: dict[tuple[str, str], Collective] = {}
-    for record, meta in chosen.values():
-        key = (record.group, meta.dtype)
-        if key in records:
-            records[key] = replace(records[key], numel=max(records[key].numel, meta.numel))
-            continue
-        local = f"c10d_one_shot_all_reduce_{len(records)}"
-        while local in taken:
-            local += "_"
-        records[key] = Collective(local, "one_shot_all_reduce", record.group, record.group_size, "sum",
-                                  node=record.node, dtype=meta.dtype, numel=meta.numel)  # fmt: skip
-    return records
-
-
-def _kept_records(program: Program, body: list[Line]) -> tuple[Collective, ...]:
-    """The program's records that some line still calls."""
-    called = {line.kernel for line in body if isinstance(line, KernelCall) and line.jit}
-    return tuple(c for c in program.collectives if c.local in called)
