@@ -14,7 +14,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -131,3 +131,21 @@ class _Lazy:
 
     def run(self, case: str, timeout: float = CASE_SECONDS) -> list[Any]:
         return self._get().run(case, timeout)
+
+
+def spawned(target: Callable[..., None], arguments: list[tuple[Any, ...]], seconds: float) -> list[Any]:
+    """`target(*args, out)` in a spawned process for each `args` (no process group: kernels in Triton's
+    interpreter, ranks sharing memory); what each put on the queue `out`, sorted. A process still alive
+    after `seconds` is killed, and the test fails on the queue's `Empty`."""
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    processes = [context.Process(target=target, args=(*args, out)) for args in arguments]
+    for process in processes:
+        process.start()
+    try:
+        return sorted(out.get(timeout=seconds) for _ in processes)
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()

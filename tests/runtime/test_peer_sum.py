@@ -9,13 +9,13 @@ GPU machine `test_distributed_nccl.py` runs it on NCCL ranks.
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing as mp
 import queue
 import re
 
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import spawned
 from test_one_shot_all_reduce import SMALL, SPEC, _bf16, _FakeGroup, _one, _runs_on
 
 from opgen.runtime.ir import Collective
@@ -122,18 +122,7 @@ def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap(dt
     stale = (start << 32) | 0x7FC07FC0  # a NaN's bits in either dtype, under an older epoch
     buffers = [torch.full((2 * WORLD * SLOT,), stale, dtype=torch.int64).share_memory_() for _ in range(WORLD)]
     counters = [torch.full((2,), start, dtype=torch.int32).share_memory_() for _ in range(WORLD)]
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, buffers, counters[r], dtype, out)) for r in range(WORLD)]
-    for process in ranks:
-        process.start()
-    try:
-        results = sorted(out.get(timeout=120) for _ in range(WORLD))
-    finally:
-        for process in ranks:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
+    results = spawned(_rank, [(r, buffers, counters[r], dtype) for r in range(WORLD)], 120)
     both = sum(n > BLOCK for n in LENGTHS)
     after = [(start + len(LENGTHS)) % EPOCHS, (start + both) % EPOCHS]
     assert [result[:3] for result in results] == [(r, len(LENGTHS), after) for r in range(WORLD)]

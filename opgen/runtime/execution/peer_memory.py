@@ -9,10 +9,13 @@ buffer address (int64, on the device).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from opgen.runtime.ir import Collective
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,16 @@ def require_jit() -> None:
 
     if not opgen.jit.available():
         raise RuntimeError(f"opgen.jit is unavailable ({', '.join(opgen.jit.missing())})")
+
+
+def cannot_run(spec: Collective, kernel: str, exc: Exception, instead: str) -> None:
+    """Warn that opgen's `kernel` cannot run `spec`'s calls, why (`exc`), and what runs them `instead`."""
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    warnings.warn(
+        f"opgen: graph node '{spec.node}': opgen's {kernel} kernel cannot run on group '{spec.group}' ({why}); "
+        f"{instead}",
+        stacklevel=3,
+    )
 
 
 def map_slots(group: Any, words: int, device: torch.device) -> PeerSlots:

@@ -20,13 +20,14 @@ binds the same graphs on the same kind of machine.
 
 from __future__ import annotations
 
-import warnings
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from opgen.runtime.execution.peer_memory import cannot_run, map_slots, require_jit
 from opgen.runtime.ir import Collective
 
 BLOCK = 1024  # elements a program sums (not yet measured against other sizes)
@@ -60,12 +61,7 @@ def issuer(spec: Collective, group: Any, fallback: Callable[[], Callable[[torch.
             *launchers.arguments(torch.empty(spec.numel, dtype=state.dtype, device=state.counters.device))
         )
     except Exception as exc:  # no JIT, no mapped memory, no compile: torch's one-shot works
-        warnings.warn(
-            f"opgen: graph node '{spec.node}': opgen's one-shot all-reduce kernel cannot run on group "
-            f"'{spec.group}' ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); its all-reduces "
-            "run as torch's one-shot all-reduce instead",
-            stacklevel=2,
-        )
+        cannot_run(spec, "one-shot all-reduce", exc, "its all-reduces run as torch's one-shot all-reduce instead")
         return fallback()
     return launchers
 
@@ -76,25 +72,21 @@ class _Launchers:
 
     def __init__(self, state: _State) -> None:
         self.state = state
-        self.by_numel: dict[int, Any] = {}
+        self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
 
-    def kernel(self, numel: int) -> Any:
+    def _kernel(self, numel: int) -> Any:
         """The kernel for tensors of `numel` elements (its `JitKernel`; `.launcher` launches it)."""
-        found = self.by_numel.get(numel)
-        if found is None:
-            from opgen.jit.kernels import Config, JitKernel
-            from opgen.runtime.execution.epoch_words import EPOCHS
-            from opgen.runtime.execution.peer_sum_kernel import peer_sum_kernel
+        from opgen.jit.kernels import Config, JitKernel
+        from opgen.runtime.execution.epoch_words import EPOCHS
+        from opgen.runtime.execution.peer_sum_kernel import peer_sum_kernel
 
-            s = self.state
-            block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
-            meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block,
-                    "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent}  # fmt: skip
-            config = Config(meta, 4, 1)
-            grid = (-(-numel // block),)
-            found = JitKernel(peer_sum_kernel, grid, (config,), mutates=["x", "counters"], dependent_launch=s.dependent)
-            self.by_numel[numel] = found
-        return found
+        s = self.state
+        block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
+        meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block,
+                "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent}  # fmt: skip
+        grid = (-(-numel // block),)
+        return JitKernel(peer_sum_kernel, grid, (Config(meta, 4, 1),), mutates=["x", "counters"],
+                         dependent_launch=s.dependent)  # fmt: skip
 
     def arguments(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         s = self.state
@@ -113,7 +105,6 @@ class _Launchers:
 def _state(spec: Collective, group: Any) -> _State:
     """The state of `spec`'s (group, dtype, device), with slots of at least `spec.numel` elements."""
     from opgen.runtime.execution.device_facts import device_facts
-    from opgen.runtime.execution.peer_memory import map_slots, require_jit
 
     require_jit()
     dtype = getattr(torch, spec.dtype.removeprefix("torch."))
