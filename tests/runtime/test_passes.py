@@ -493,6 +493,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "collectives",
         "one_shot_all_reduce",
         "peer_sum",
+        "peer_gather",
         "decode_attention",
         "grouped_attention",
         "attention_masks",

@@ -133,6 +133,10 @@ def issuer(spec: Collective, group: Any) -> Callable[..., Any]:
             from opgen.runtime.execution.peer_sum import issuer as peer_sum
 
             return peer_sum(spec, group, lambda: issuer(replace(spec, kind="one_shot_all_reduce"), group))
+        case "peer_gather":
+            from opgen.runtime.execution.peer_gather import issuer as peer_gather
+
+            return peer_gather(spec, group, issuer(replace(spec, kind="all_gather"), group))
         case "broadcast":
             bopts = c10d.BroadcastOptions()
             bopts.rootRank = spec.root

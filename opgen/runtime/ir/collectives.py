@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 # What the records' `kind` may be: one per functional collective of `_c10d_functional`, "wait", and
 # "one_shot_all_reduce" (a sum over peer memory, stream-ordered, no Work and no wait:
-# `passes.one_shot_all_reduce`), and "peer_sum" (the same through opgen's own kernel: `passes.peer_sum`).
+# `passes.one_shot_all_reduce`), "peer_sum" (the same through opgen's own kernel: `passes.peer_sum`) and
+# "peer_gather" (an all-gather through opgen's own kernel, stream-ordered too: `passes.peer_gather`).
 KINDS = (
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced", "reduce_scatter",
     "reduce_scatter_coalesced", "all_to_all", "broadcast", "wait", "one_shot_all_reduce",
-    "peer_sum",
+    "peer_sum", "peer_gather",
 )  # fmt: skip
 
 
@@ -39,8 +40,8 @@ class Collective:
     reduce_op: str = ""  # "sum", "avg", "product", "min", "max", "band", "bor", "bxor" (reductions)
     root: int = 0  # broadcast: the source rank
     node: str = ""  # the first graph node that uses it
-    dtype: str = ""  # one_shot_all_reduce, peer_sum: the tensors' dtype ("bfloat16")
-    numel: int = 0  # one_shot_all_reduce, peer_sum: elements of the largest tensor it reduces (its buffer's size)
+    dtype: str = ""  # one_shot_all_reduce, peer_sum, peer_gather: the tensors' dtype ("bfloat16")
+    numel: int = 0  # those kinds: elements of the largest tensor it reduces or sends (its buffer's size)
 
 
 def issue_kinds(collectives: tuple[Collective, ...]) -> dict[str, str]:

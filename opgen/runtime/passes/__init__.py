@@ -17,7 +17,8 @@ folding (views of the buffer stay in the body) and memory planning (which must s
 simplified, before fusion and memory planning see it (its wait lines list the tensors in flight, so
 both keep them); `one_shot_all_reduce` then sends the small CUDA all-reduces (decode's few KB) through a
 one-shot all-reduce over peer memory, leaving larger ones on the process group, and `peer_sum` (CUDA) the
-smallest of those through opgen's own kernel (values sent with their epoch, no barrier) rather than torch's;
+smallest of those through opgen's own kernel (values sent with their epoch, no barrier) rather than torch's,
+and `peer_gather` (CUDA) the small all-gathers (decode's logits) through opgen's kernel of the same kind;
 constant folding and memory planning decide what lives in setup; `hoist_views` then moves views of setup
 values out of the call; `memo` moves what depends only on the size symbols of dynamic shapes (views of buffers and
 constants, calls on constants) into the size memo, recomputed only when the sizes change: before memory
@@ -102,6 +103,7 @@ from opgen.runtime.passes.mkl_linear import pack_linear_mkl
 from opgen.runtime.passes.one_shot_all_reduce import one_shot_all_reduces
 from opgen.runtime.passes.onednn import fuse_onednn
 from opgen.runtime.passes.pads import fold_pads
+from opgen.runtime.passes.peer_gather import peer_gathers
 from opgen.runtime.passes.peer_sum import peer_sums
 from opgen.runtime.passes.prepack import prepack_linear
 from opgen.runtime.passes.reinplace import reinplace
@@ -131,6 +133,7 @@ PASSES: dict[str, Pass] = {
     "collectives": overlap_collectives,
     "one_shot_all_reduce": one_shot_all_reduces,
     "peer_sum": peer_sums,
+    "peer_gather": peer_gathers,
     "decode_attention": fuse_decode_attention,
     "grouped_attention": read_grouped_heads,
     "attention_masks": additive_masks,
@@ -178,6 +181,7 @@ DEFAULT_PIPELINE = (
     "collectives",
     "one_shot_all_reduce",
     "peer_sum",
+    "peer_gather",
     "decode_attention",
     "grouped_attention",
     "attention_masks",
@@ -210,10 +214,9 @@ DEFAULT_PIPELINE = (
 # The passes that make or launch Triton kernels: left out where opgen's JIT cannot run
 # (`opgen.runtime.pipeline.default_pipeline`).
 JIT_PASSES = frozenset(
-    ("peer_sum", "decode_attention", "sink_updates", "cache_writes", "transpose_weights", "split_products", "gemv",
-     "split_bias", "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue", "gemv_epilogue",
-     "horizontal", "attention_writes",
-     "attention_prologue", "attention_rows", "dependent_launch")
+    ("peer_sum", "peer_gather", "decode_attention", "sink_updates", "cache_writes", "transpose_weights",
+     "split_products", "gemv", "split_bias", "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue",
+     "gemv_epilogue", "horizontal", "attention_writes", "attention_prologue", "attention_rows", "dependent_launch")
 )  # fmt: skip
 
 
