@@ -4,8 +4,10 @@ Each case takes (rank, world), builds the whole model from one seed in every ran
 shard of it, runs both on this rank's GPU and returns plain data: the errors of the compiled shard
 against the whole model, and which path each all-reduce took (from the compiled function's report).
 Every case runs three times: with opgen's default passes (small all-reduces one-shot over peer memory,
-through opgen's own kernel: route "peer_sum"), with the `peer_sum` pass left out (torch's one-shot
-kernel: "one_shot"), and with both one-shot passes left out (every all-reduce on NCCL: "nccl").
+through opgen's own kernel, and small all-gathers through opgen's `peer_gather`: route "peer_sum"), with
+`peer_sum` and `peer_gather` left out (torch's one-shot kernel, all-gathers on NCCL: "one_shot"), and with
+the one-shot passes and `peer_gather` left out (every collective on NCCL: "nccl"). `peer_gather_calls`
+calls opgen's all-gather kernel directly, eager and graph-replayed, against NCCL's.
 """
 
 from __future__ import annotations
@@ -26,18 +28,20 @@ ONE_SHOT_NOTE = "one-shot over peer memory"
 def _passes(route: str) -> tuple[str, ...]:
     from opgen.runtime.pipeline import default_pipeline
 
-    left_out = {"peer_sum": (), "one_shot": ("peer_sum",), "nccl": ("peer_sum", "one_shot_all_reduce")}[route]
+    left_out = {"peer_sum": (), "one_shot": ("peer_sum", "peer_gather"),
+                "nccl": ("peer_sum", "one_shot_all_reduce", "peer_gather")}[route]  # fmt: skip
     return tuple(p for p in default_pipeline() if p not in left_out)
 
 
 def _routes(fn: Any) -> dict[str, int]:
-    """How many all-reduces of a compiled function take each path, and how many one-shot records run
-    opgen's kernel, from its report's notes."""
+    """How many all-reduces of a compiled function take each path, and how many records run opgen's
+    one-shot all-reduce and all-gather kernels, from its report's notes."""
     notes = fn.report().notes
     reduces = [n for n in notes if n.startswith("all-reduce of node")]
     one_shot = sum(ONE_SHOT_NOTE in n for n in reduces)
     return {"one_shot": one_shot, "process group": len(reduces) - one_shot,
-            "peer_sum records": sum("(`peer_sum`)" in n for n in notes)}  # fmt: skip
+            "peer_sum records": sum("(`peer_sum`)" in n for n in notes),
+            "peer_gather records": sum("(`peer_gather`)" in n for n in notes)}  # fmt: skip
 
 
 def tp_block(route: str) -> Callable[[int, int], dict[str, Any]]:
@@ -92,8 +96,56 @@ def tp_decoder(route: str) -> Callable[[int, int], dict[str, Any]]:
     return case
 
 
+def peer_gather_calls(rank: int, world: int) -> dict[str, Any]:
+    """opgen's all-gather kernel (`execution.peer_gather`) against NCCL's, bit for bit: per dtype and size
+    (odd ones, and the bench's logits at TP=2), calls of fresh values eager, then captured in a CUDA graph
+    and replayed (the epochs on the device). Returns the mismatches and any warning (a fallback)."""
+    import warnings
+
+    from opgen.runtime.execution.collectives import issuer
+    from opgen.runtime.ir import Collective
+
+    group = dist.group.WORLD
+    device = torch.device("cuda", rank)
+    mismatches: list[str] = []
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for dtype in (torch.bfloat16, torch.float32, torch.float16):
+            for numel in (1, 4097, 64128):
+                name = str(dtype).removeprefix("torch.")
+                spec = Collective(f"t_{name}_{numel}", "peer_gather", group.group_name, world, dtype=name, numel=numel)
+                gather = issuer(spec, group)
+                x = torch.empty(numel, dtype=dtype, device=device)
+                out = torch.empty(world * numel, dtype=dtype, device=device)
+                want = torch.empty_like(out)
+
+                def fresh(call: int, x: torch.Tensor = x) -> None:
+                    x.copy_(torch.randn(x.numel(), generator=torch.Generator().manual_seed(97 * call + rank)))
+
+                for call in range(5):  # each slot twice, and one more
+                    fresh(call)
+                    gather(out, x)
+                    dist.all_gather_into_tensor(want, x, group=group)
+                    if not torch.equal(out, want):
+                        mismatches.append(f"{name} {numel}: eager call {call}")
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    gather(out, x)
+                for call in range(5, 10):
+                    fresh(call)
+                    graph.replay()
+                    dist.all_gather_into_tensor(want, x, group=group)
+                    if not torch.equal(out, want):
+                        mismatches.append(f"{name} {numel}: replay {call}")
+        torch.cuda.synchronize(device)
+    return {"mismatches": mismatches, "warnings": [str(w.message) for w in warned]}
+
+
 CASES: dict[str, Callable[[int, int], Any]] = {
-    f"{name}_{route}": make(route)
-    for name, make in (("tp_block", tp_block), ("tp_decoder", tp_decoder))
-    for route in ("peer_sum", "one_shot", "nccl")
+    **{
+        f"{name}_{route}": make(route)
+        for name, make in (("tp_block", tp_block), ("tp_decoder", tp_decoder))
+        for route in ("peer_sum", "one_shot", "nccl")
+    },
+    "peer_gather_calls": peer_gather_calls,
 }

@@ -1,4 +1,5 @@
-"""Tensor-parallel graphs on NCCL, one GPU per rank: the one-shot all-reduce and NCCL's, each forced once.
+"""Tensor-parallel graphs on NCCL, one GPU per rank: the one-shot all-reduces, opgen's all-gather and NCCL's,
+each forced once; opgen's all-gather kernel called alone against NCCL's.
 
 Runs where this machine has two GPUs and NCCL (the GPU machine's multi-GPU kinds), skips elsewhere;
 the gloo tests (`test_distributed.py`) cover the same lowering on the CPU. Cases: `nccl_cases.py`.
@@ -31,7 +32,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     yield from started(WORLD, str(tmp_path_factory.mktemp("opgen-cache-nccl")), "nccl", "nccl_cases")
 
 
-ROUTES = ["peer_sum", "one_shot", "nccl"]  # opgen's one-shot kernel, torch's, NCCL (`nccl_cases._passes`)
+ROUTES = ["peer_sum", "one_shot", "nccl"]  # opgen's kernels, torch's one-shot, NCCL (`nccl_cases._passes`)
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -39,7 +40,8 @@ def test_tensor_parallel_block_matches_the_whole_model(ranks: Any, route: str) -
     for result in ranks.run(f"tp_block_{route}", TIMEOUT):
         assert all(e <= 1e-4 for e in result["errors"].values()), result
         one_shot = 0 if route == "nccl" else 2
-        expected = {"one_shot": one_shot, "process group": 0, "peer_sum records": int(route == "peer_sum")}
+        expected = {"one_shot": one_shot, "process group": 0, "peer_sum records": int(route == "peer_sum"),
+                    "peer_gather records": 0}  # fmt: skip
         assert result["routes"] == expected, result
 
 
@@ -51,3 +53,9 @@ def test_tensor_parallel_decoder_matches_the_whole_model(ranks: Any, route: str)
         layers = 2  # two all-reduces a layer, on the one-shot path where chosen
         assert result["routes"]["one_shot"] == (0 if route == "nccl" else 2 * layers), result
         assert result["routes"]["peer_sum records"] == int(route == "peer_sum"), result
+        assert result["routes"]["peer_gather records"] == int(route == "peer_sum"), result  # the logits' all-gather
+
+
+def test_opgens_all_gather_kernel_matches_nccls_bit_for_bit_eager_and_replayed(ranks: Any) -> None:
+    for result in ranks.run("peer_gather_calls", TIMEOUT):
+        assert result == {"mismatches": [], "warnings": []}, result
