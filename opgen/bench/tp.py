@@ -8,11 +8,12 @@ over the vocabulary with an all-gather). `--tiny` is a small float32 version for
 
 Each N of `--tp` (default 1,2,4 on CUDA) starts N processes, one GPU each, NCCL (gloo on the CPU),
 and runs `tp_rank.run` in them: candidates eager, reduce-overhead (Inductor's default on the CPU) and
-opgen in CUDA-graph mode, and on N > 1 opgen with every all-reduce left on NCCL (its one-shot pass
-out). Per row: us per token (median [min, max]), speed-up over N=1, time / reduce-overhead's at the
-same N, % of copy bandwidth per rank (the bytes a rank reads: its weights and its part of the cache),
-the all-reduces' share of the step (`tp_rank`), and agreement with the whole model's logits
-(`tp_rank`). This workplace keeps NVLink multicast off (`NCCL_NVLS_ENABLE=0`,
+opgen in CUDA-graph mode, and on N > 1 opgen's variants with some collectives left on NCCL
+(`tp_rank.VARIANTS`: torch's one-shot all-reduce, every all-reduce, the logits' all-gather). Per
+row: us per token (median [min, max]), speed-up over N=1, time / reduce-overhead's at the same N, %
+of copy bandwidth per rank (the bytes a rank reads: its weights and its part of the cache), the
+all-reduces' share of the step (`tp_rank`), and agreement with the whole model's logits (`tp_rank`).
+This workplace keeps NVLink multicast off (`NCCL_NVLS_ENABLE=0`,
 `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`); the bench sets them where unset.
 """
 

@@ -65,17 +65,20 @@ class Row:
     note: str = ""
 
 
-# opgen's variants on N > 1 ranks: name -> (the passes left out, the route of its all-reduces alone).
+# opgen's variants on N > 1 ranks: name -> (the passes left out, the route of its all-reduces alone). The
+# all-reduce variants leave the logits' all-gather on NCCL too, as before `peer_gather` was built.
 VARIANTS = {
     "opgen": ((), "peer_sum"),
-    "opgen (torch one-shot)": (("peer_sum",), "one_shot"),
-    "opgen (NCCL all-reduce)": (("peer_sum", "one_shot_all_reduce"), "nccl"),
+    "opgen (torch one-shot)": (("peer_sum", "peer_gather"), "one_shot"),
+    "opgen (NCCL all-reduce)": (("peer_sum", "one_shot_all_reduce", "peer_gather"), "nccl"),
+    "opgen (NCCL all-gather)": (("peer_gather",), "peer_sum"),
 }
 
 
 def candidates(cuda: bool, world: int) -> dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Any]]:
     """Name -> builder. On CUDA with N > 1, opgen again with torch's one-shot kernel for its small all-reduces
-    (the `peer_sum` pass left out), and with every all-reduce on NCCL (both one-shot passes left out)."""
+    (the `peer_sum` pass left out), with every all-reduce on NCCL (both one-shot passes left out), both with
+    the logits' all-gather on NCCL (`peer_gather` left out), and with only that all-gather on NCCL."""
     import opgen
     from opgen.runtime.pipeline import default_pipeline
 
@@ -139,7 +142,8 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
         shares: dict[str, float] = {}
         if cuda and world > 1:
             try:
-                alone = {route: _reduces_alone(shape, route, world, device) for _, route in VARIANTS.values()}
+                routes = dict.fromkeys(route for _, route in VARIANTS.values())  # each timed once
+                alone = {route: _reduces_alone(shape, route, world, device) for route in routes}
             except Exception as exc:  # the table goes on without the share
                 say(f"all-reduces alone: {decode.reason(exc)}")
             else:
