@@ -5,7 +5,9 @@ vocabulary's shard: 128 KB a rank for Llama 3 at TP=2). NCCL's general path pays
 as for decode's small all-reduces. opgen's kernel (`execution.peer_gather_kernel`) sends each rank's
 part straight into every peer's mapped buffer in 8-byte words carrying the call's epoch (32 bits of
 values each), and every rank copies the parts out as they land, as `peer_sum` does for an all-reduce.
-It has not been measured on a GPU yet.
+Measured on 2 H200s (`docs/distributed.md`), replayed in a CUDA graph: 4.24 us a call for the
+logits of Llama 3 at TP=2 (64128 bfloat16 a rank) against NCCL's 11.46, and 6.34 against 14.80 at 1 MiB
+gathered.
 
 An `all_gather` issue line (after `passes.collectives`) is chosen where its tensor is on CUDA, static,
 contiguous, float32, bfloat16 or float16, the group has 2, 4, 6 or 8 ranks (as `one_shot_all_reduce`
@@ -26,7 +28,7 @@ from opgen.runtime.passes.one_shot_all_reduce import WORLD_SIZES
 from opgen.runtime.passes.stream_ordered import Chosen, stream_ordered
 from opgen.runtime.registry import KernelRegistry
 
-PEER_GATHER_MAX_BYTES = 1024 * 1024  # the gathered output; a first limit, not measured
+PEER_GATHER_MAX_BYTES = 1024 * 1024  # the gathered output; the largest measured (0.43x NCCL's time)
 DTYPES = ("float32", "bfloat16", "float16")  # 32 bits of values a word: one float32, two of the others
 
 
