@@ -194,10 +194,11 @@ def test_where_the_kernel_cannot_run_the_process_group_takes_the_record() -> Non
 def test_a_tensor_the_buffer_cannot_hold_is_a_clear_error() -> None:
     """The pass gives the record contiguous tensors no larger than its parts, and outputs of the group's
     size; anything else, called by hand, raises before a launch."""
-    from opgen.runtime.execution.peer_gather import _Launchers, _State
+    from opgen.runtime.execution.peer_gather import _Launchers
+    from opgen.runtime.execution.peer_memory import PeerState
 
     none = torch.zeros(2, dtype=torch.int64)
-    state = _State(16, torch.bfloat16, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
+    state = PeerState(16, torch.bfloat16, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
     call = _Launchers(state)
     out = torch.zeros(66, dtype=torch.bfloat16)
     too_many = "got a tensor of 33 elements of torch.bfloat16 (contiguous); its buffer holds 32 contiguous ones"

@@ -132,10 +132,11 @@ def test_three_ranks_sum_in_rank_order_call_after_call_across_the_epochs_wrap(dt
 def test_a_tensor_the_buffer_cannot_hold_is_a_clear_error() -> None:
     """The pass gives the record contiguous tensors no larger than its slots; anything else, called by hand,
     raises before a launch (a launch would read past the slot, or the wrong elements)."""
-    from opgen.runtime.execution.peer_sum import _Launchers, _State
+    from opgen.runtime.execution.peer_memory import PeerState
+    from opgen.runtime.execution.peer_sum import _Launchers
 
     none = torch.zeros(2, dtype=torch.int64)
-    state = _State(16, torch.float32, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
+    state = PeerState(16, torch.float32, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
     call = _Launchers(state)
     too_many = "got a tensor of 17 elements (contiguous); its buffer holds 16 contiguous ones"
     with pytest.raises(RuntimeError, match=re.escape(too_many)):

@@ -27,3 +27,12 @@ def arrived(at, ok, epoch):
         words = tl.where(pending, tl.load(at, mask=pending, other=0, volatile=True), words)
         pending = ok & ((words >> 32).to(tl.uint32) != epoch)
     return words
+
+
+@triton.jit
+def this_call(counters, program, EPOCHS: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr):
+    """`program`'s epoch for this call (its counter's last plus one, wrapping after EPOCHS), that epoch as
+    the words carry it (uint32), and the offset of this call's slot in a buffer (words: slots of WORLD
+    parts of SLOT words, taken in turn)."""
+    epoch = tl.load(counters + program) % EPOCHS + 1
+    return epoch, epoch.to(tl.uint32), (epoch % 2) * WORLD * SLOT

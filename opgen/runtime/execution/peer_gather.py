@@ -22,37 +22,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from opgen.runtime.execution.peer_memory import cannot_run, map_slots, require_jit
+from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state
 from opgen.runtime.ir import Collective
 
 WORDS = 1024  # words a program sends each peer: 2048 values of a 16-bit dtype, or 1024 float32
 
 
-@dataclass
-class _State:
-    """One (group, dtype, device)'s mapped buffers, as the kernel's int64 address table."""
-
-    words: int  # words a rank's part of a slot holds, a multiple of WORDS
-    dtype: torch.dtype
-    buffers: torch.Tensor  # each rank's buffer address
-    counters: torch.Tensor  # this rank's epoch of each program
-    held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
-    rank: int
-    world: int
-    dependent: bool  # launched dependently, as opgen's generated kernels are (`device_facts`)
-
-    @property
-    def pack(self) -> int:
-        """Values a word carries: 32 bits of them."""
-        return 4 // self.dtype.itemsize
-
-
-_STATES: dict[tuple[str, str, str], _State] = {}
+_STATES: dict[tuple[str, str, str], PeerState] = {}
 
 
 def issuer(spec: Collective, group: Any, on_group: Callable[[torch.Tensor, torch.Tensor], Any]
@@ -79,7 +59,7 @@ class _Launchers:
     """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
     kernel, and sets its grid)."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: PeerState) -> None:
         self.state = state
         self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
 
@@ -90,9 +70,9 @@ class _Launchers:
         from opgen.runtime.execution.peer_gather_kernel import peer_gather_kernel
 
         s = self.state
-        block = WORDS * s.pack
+        block = WORDS * _pack(s.dtype)
         meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS,
-                "BLOCK": block, "PACK": s.pack, "DEPENDENT": s.dependent}  # fmt: skip
+                "BLOCK": block, "PACK": _pack(s.dtype), "DEPENDENT": s.dependent}  # fmt: skip
         grid = (max(1, -(-numel // block)),)
         return JitKernel(peer_gather_kernel, grid, (Config(meta, 4, 1),), mutates=["out", "counters"],
                          dependent_launch=s.dependent)  # fmt: skip
@@ -104,11 +84,11 @@ class _Launchers:
     def __call__(self, out: torch.Tensor, tensor: torch.Tensor) -> None:
         s = self.state
         numel = tensor.numel()
-        if not tensor.is_contiguous() or numel > s.words * s.pack or tensor.dtype != s.dtype:
+        if not tensor.is_contiguous() or numel > s.words * _pack(s.dtype) or tensor.dtype != s.dtype:
             raise RuntimeError(
                 f"opgen: a one-shot all-gather got a tensor of {numel} elements of {tensor.dtype} "
                 f"({'contiguous' if tensor.is_contiguous() else 'not contiguous'}); its buffer holds "
-                f"{s.words * s.pack} contiguous ones of {s.dtype}"
+                f"{s.words * _pack(s.dtype)} contiguous ones of {s.dtype}"
             )
         if not out.is_contiguous() or out.numel() != s.world * numel or out.dtype != s.dtype:
             raise RuntimeError(
@@ -118,29 +98,13 @@ class _Launchers:
         self.kernel(numel).launcher(*self.arguments(out, tensor))
 
 
-def _state(spec: Collective, group: Any) -> _State:
-    """The state of `spec`'s (group, dtype, device), with parts of at least `spec.numel` elements."""
-    from opgen.runtime.execution.device_facts import device_facts
+def _pack(dtype: torch.dtype) -> int:
+    """Values a word carries: 32 bits of them."""
+    return 4 // dtype.itemsize
 
-    require_jit()
+
+def _state(spec: Collective, group: Any) -> PeerState:
+    """The state of `spec`'s (group, dtype, device): a word each 32 bits of the tensor, a program `WORDS` of
+    them (so every part starts at an even word)."""
     dtype = getattr(torch, spec.dtype.removeprefix("torch."))
-    device = torch.device("cuda", torch.cuda.current_device())
-    key = (str(group.group_name), spec.dtype, str(device))
-    held = _STATES.get(key)
-    pack = 4 // dtype.itemsize
-    if held is not None and held.words * pack >= spec.numel:
-        return held
-    words = -(-spec.numel // (WORDS * pack)) * WORDS  # whole programs: every part starts at an even word
-    mapped = map_slots(group, max(words, held.words * 2 if held is not None else 0), device)
-    state = _State(
-        words=mapped.words,
-        dtype=dtype,
-        buffers=mapped.addresses,
-        counters=torch.zeros(mapped.words // WORDS, dtype=torch.int32, device=device),
-        held=(mapped.buffer,),
-        rank=mapped.rank,
-        world=mapped.world,
-        dependent=device_facts().dependent_launch,
-    )
-    _STATES[key] = state
-    return state
+    return peer_state(_STATES, spec, group, -(-spec.numel // _pack(dtype)), WORDS)

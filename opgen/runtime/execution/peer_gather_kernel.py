@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from opgen.runtime.execution.epoch_words import arrived
+from opgen.runtime.execution.epoch_words import arrived, this_call
 
 
 @triton.jit
@@ -93,9 +93,7 @@ def peer_gather_kernel(x, out, buffers, counters, NUMEL: tl.constexpr, RANK: tl.
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    epoch = tl.load(counters + pid) % EPOCHS + 1
-    sent = epoch.to(tl.uint32)
-    slot = (epoch % 2) * WORLD * SLOT
+    epoch, sent, slot = this_call(counters, pid, EPOCHS, WORLD, SLOT)
     word = pid * (BLOCK // PACK) + tl.arange(0, BLOCK // PACK)  # this program's words
     full = word < (NUMEL + PACK - 1) // PACK  # a word holding at least one element
     at = _places(word, PACK)  # and their elements

@@ -4,7 +4,9 @@ A buffer every rank of a group maps (`symm_mem.empty` + `rendezvous`, collective
 its graphs in the same order) holds two slots, taken in turn, each a part of `words` uint64 words for
 every rank. It is zeroed (epoch 0, no call's: `execution.epoch_words`), and every rank waits
 (`dist.barrier`) before any rank can write to a peer's. The kernels read it as a table of each rank's
-buffer address (int64, on the device).
+buffer address (int64, on the device). Each (group, dtype, device) keeps one such buffer and this rank's
+epoch counters, one a program, in a `PeerState` (`peer_state`), which graphs bound later share where its
+parts are large enough.
 """
 
 from __future__ import annotations
@@ -66,3 +68,46 @@ def map_slots(group: Any, words: int, device: torch.device) -> PeerSlots:
     dist.barrier(group=group)  # every rank's buffer is zero before any rank writes to a peer's
     addresses = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
     return PeerSlots(words, addresses, buffer, int(handle.rank), world)
+
+
+@dataclass
+class PeerState:
+    """One (group, dtype, device)'s mapped buffer and this rank's epoch counters, as a kernel reads them."""
+
+    words: int  # uint64 words a rank's part of a slot holds, whole programs
+    dtype: torch.dtype
+    buffers: torch.Tensor  # each rank's buffer address (int64, on the device)
+    counters: torch.Tensor  # this rank's last epoch of each program (int32, on the device)
+    held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
+    rank: int
+    world: int
+    dependent: bool  # launched dependently, as opgen's generated kernels are (`device_facts`)
+
+
+def peer_state(states: dict[tuple[str, str, str], PeerState], spec: Collective, group: Any, words: int,
+               program_words: int) -> PeerState:  # fmt: skip
+    """The state in `states` of `spec`'s (group, dtype, device) where its parts hold `words` words. Where
+    none does, a new one (of whole programs of `program_words` words, at least twice the old one's: graphs
+    bound to the old one keep it), mapped now: a collective call, so every rank binds in the same order."""
+    from opgen.runtime.execution.device_facts import device_facts
+
+    require_jit()
+    device = torch.device("cuda", torch.cuda.current_device())
+    key = (str(group.group_name), spec.dtype, str(device))
+    held = states.get(key)
+    if held is not None and held.words >= words:
+        return held
+    size = max(-(-words // program_words) * program_words, held.words * 2 if held is not None else 0)
+    mapped = map_slots(group, size, device)
+    state = PeerState(
+        words=mapped.words,
+        dtype=getattr(torch, spec.dtype.removeprefix("torch.")),
+        buffers=mapped.addresses,
+        counters=torch.zeros(mapped.words // program_words, dtype=torch.int32, device=device),
+        held=(mapped.buffer,),
+        rank=mapped.rank,
+        world=mapped.world,
+        dependent=device_facts().dependent_launch,
+    )
+    states[key] = state
+    return state

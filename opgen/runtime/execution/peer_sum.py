@@ -22,32 +22,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from opgen.runtime.execution.peer_memory import cannot_run, map_slots, require_jit
+from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state
 from opgen.runtime.ir import Collective
 
 BLOCK = 1024  # elements a program sums (not yet measured against other sizes)
 
 
-@dataclass
-class _State:
-    """One (group, dtype, device)'s mapped buffers, as the kernel's int64 address table."""
-
-    slot: int  # elements (words) a rank's part of a slot holds
-    dtype: torch.dtype
-    buffers: torch.Tensor  # each rank's buffer address
-    counters: torch.Tensor  # this rank's epoch for each program
-    held: tuple[torch.Tensor, ...]  # the mapped tensors, kept alive with the state
-    rank: int
-    world: int
-    dependent: bool  # launched dependently, as opgen's generated kernels are (`device_facts`)
-
-
-_STATES: dict[tuple[str, str, str], _State] = {}
+_STATES: dict[tuple[str, str, str], PeerState] = {}
 
 
 def issuer(spec: Collective, group: Any, fallback: Callable[[], Callable[[torch.Tensor], None]]
@@ -70,7 +55,7 @@ class _Launchers:
     """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
     kernel's loops)."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: PeerState) -> None:
         self.state = state
         self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
 
@@ -82,7 +67,7 @@ class _Launchers:
 
         s = self.state
         block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
-        meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.slot, "EPOCHS": EPOCHS, "BLOCK": block,
+        meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS, "BLOCK": block,
                 "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent}  # fmt: skip
         grid = (-(-numel // block),)
         return JitKernel(peer_sum_kernel, grid, (Config(meta, 4, 1),), mutates=["x", "counters"],
@@ -93,36 +78,15 @@ class _Launchers:
         return (tensor, s.buffers, s.counters)
 
     def __call__(self, tensor: torch.Tensor) -> None:
-        if not tensor.is_contiguous() or tensor.numel() > self.state.slot:
+        if not tensor.is_contiguous() or tensor.numel() > self.state.words:
             raise RuntimeError(
                 f"opgen: a one-shot all-reduce got a tensor of {tensor.numel()} elements "
                 f"({'contiguous' if tensor.is_contiguous() else 'not contiguous'}); its buffer holds "
-                f"{self.state.slot} contiguous ones"
+                f"{self.state.words} contiguous ones"
             )
         self.kernel(tensor.numel()).launcher(*self.arguments(tensor))
 
 
-def _state(spec: Collective, group: Any) -> _State:
-    """The state of `spec`'s (group, dtype, device), with slots of at least `spec.numel` elements."""
-    from opgen.runtime.execution.device_facts import device_facts
-
-    require_jit()
-    dtype = getattr(torch, spec.dtype.removeprefix("torch."))
-    device = torch.device("cuda", torch.cuda.current_device())
-    key = (str(group.group_name), spec.dtype, str(device))
-    held = _STATES.get(key)
-    if held is not None and held.slot >= spec.numel:
-        return held
-    mapped = map_slots(group, max(spec.numel, held.slot * 2 if held is not None else 0), device)  # a word an element
-    state = _State(
-        slot=mapped.words,
-        dtype=dtype,
-        buffers=mapped.addresses,
-        counters=torch.zeros(-(-mapped.words // BLOCK), dtype=torch.int32, device=device),
-        held=(mapped.buffer,),
-        rank=mapped.rank,
-        world=mapped.world,
-        dependent=device_facts().dependent_launch,
-    )
-    _STATES[key] = state
-    return state
+def _state(spec: Collective, group: Any) -> PeerState:
+    """The state of `spec`'s (group, dtype, device): a word an element, a program a BLOCK of them."""
+    return peer_state(_STATES, spec, group, spec.numel, BLOCK)

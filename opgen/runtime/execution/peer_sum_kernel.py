@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from opgen.runtime.execution.epoch_words import arrived
+from opgen.runtime.execution.epoch_words import arrived, this_call
 
 
 @triton.jit
@@ -80,9 +80,7 @@ def peer_sum_kernel(x, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexp
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     block = tl.program_id(0)
-    epoch = tl.load(counters + block) % EPOCHS + 1
-    sent = epoch.to(tl.uint32)
-    slot = (epoch % 2) * WORLD * SLOT
+    epoch, sent, slot = this_call(counters, block, EPOCHS, WORLD, SLOT)
     dtype = x.dtype.element_ty
     at = block * BLOCK + tl.arange(0, BLOCK)
     ok = at < NUMEL
