@@ -95,6 +95,26 @@ def _enqueue(
     return [Timing(statistics.median(s), min(s), max(s)) for s in samples]
 
 
+def back_to_back(steps: Sequence[Callable[..., Any]], inputs: Sequence[tuple[torch.Tensor, ...]], repeats: int,
+                 device: torch.device, before: Callable[[], Any] | None = None) -> list[float]:  # fmt: skip
+    """Per candidate, the median over `repeats` of a step's time in ms with one step per input enqueued back
+    to back and one synchronization at the end, as a loop that feeds each token back on the device runs;
+    candidates interleaved. `before` runs before each candidate's repeat (a barrier: ranks in lockstep)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    samples: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for i, step in enumerate(steps):
+            if before is not None:
+                before()
+            sync()
+            start = time.perf_counter()
+            for args in inputs:
+                step(*args)
+            sync()
+            samples[i].append((time.perf_counter() - start) / len(inputs) * 1e3)
+    return [statistics.median(s) for s in samples]
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain Markdown table, so results paste into a note as they are."""
     cells = [[str(h) for h in headers]] + [[_cell(c) for c in row] for row in rows]

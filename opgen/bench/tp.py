@@ -10,8 +10,9 @@ Each N of `--tp` (default 1,2,4 on CUDA) starts N processes, one GPU each, NCCL 
 and runs `tp_rank.run` in them: candidates eager, reduce-overhead (Inductor's default on the CPU) and
 opgen in CUDA-graph mode, and on N > 1 opgen's variants with some collectives left on NCCL
 (`tp_rank.VARIANTS`: torch's one-shot all-reduce, every all-reduce, the logits' all-gather). Per
-row: us per token (median [min, max]), speed-up over N=1, time / reduce-overhead's at the same N, %
-of copy bandwidth per rank (the bytes a rank reads: its weights and its part of the cache), the
+row: us per token (median [min, max], each step synchronized), speed-up over N=1, time / reduce-overhead's
+at the same N, us per token with the steps enqueued back to back (one synchronization at the end) and its
+speed-up over N=1, % of copy bandwidth per rank (the bytes a rank reads: its weights and its part of the cache), the
 all-reduces' share of the step (`tp_rank`), and agreement with the whole model's logits (`tp_rank`).
 This workplace keeps NVLink multicast off (`NCCL_NVLS_ENABLE=0`,
 `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`); the bench sets them where unset.
@@ -106,18 +107,24 @@ def _rank0_rows(procs: list[Any], outbox: Any) -> list[Row] | None:
 
 def table(rows: list[Row], shape: str, device: str, copy_bw: float) -> str:
     base = {r.candidate: r.us for r in rows if r.tp == 1}
+    chained = {r.candidate: r.back_to_back for r in rows if r.tp == 1}
     ro = {r.tp: r.us for r in rows if r.candidate in ("reduce-overhead", "inductor")}
-    headers = ["TP", "candidate", "us/token (min-max)", "x TP=1", "x r-o", "% copy BW/rank", "all-reduce share",
-               "tokens", "max logit err", "note"]  # fmt: skip
+    headers = ["TP", "candidate", "us/token (min-max)", "x TP=1", "x r-o", "back to back (x TP=1)", "% copy BW/rank",
+               "all-reduce share", "tokens", "max logit err", "note"]  # fmt: skip
     lines = []
     for r in rows:
         timed = r.us is not None
         one = base.get(r.candidate) or base.get("opgen")
+        one_chained = chained.get(r.candidate) or chained.get("opgen")
+        queued = f"{r.back_to_back:.1f}" if r.back_to_back is not None else "-"
+        if r.back_to_back is not None and one_chained:
+            queued += f" ({one_chained / r.back_to_back:.2f}x)"
         lines.append([
             str(r.tp), r.candidate,
             f"{r.us:.1f} ({r.low:.1f}-{r.high:.1f})" if timed else "-",
             f"{one / r.us:.2f}x" if timed and one else "-",
             f"{r.us / ro[r.tp]:.3f}" if timed and ro.get(r.tp) else "-",
+            queued,
             f"{100 * r.bandwidth:.1f}" if r.bandwidth is not None else "-",
             f"{100 * r.reduce_share:.1f}%" if r.reduce_share is not None else "-",
             r.tokens,
@@ -125,7 +132,8 @@ def table(rows: list[Row], shape: str, device: str, copy_bw: float) -> str:
             r.note,
         ])  # fmt: skip
     head = (f"tensor-parallel decode, {shape} shape, {device}, batch 1; copy bandwidth {copy_bw / 1e9:.0f} GB/s; "
-            "x TP=1: the same candidate's N=1 time over this one (opgen's variants against opgen)")  # fmt: skip
+            "x TP=1: the same candidate's N=1 time over this one (opgen's variants against opgen); us/token: each "
+            "step synchronized; back to back: the steps enqueued with one synchronization at the end")  # fmt: skip
     return head + "\n" + format_table(headers, lines)
 
 

@@ -9,7 +9,9 @@ in the same order (their collectives pair up):
   max |logit| within `decode.TOLERANCE`, or within `decode_families.RO_SLACK` times
   reduce-overhead's error at the same TP size (bf16 sums in another order); tokens = argmax agree;
 - time: per repeat a barrier, then one step per timed position, each synchronized; the median step,
-  then median, min and max over the repeats (candidates interleaved);
+  then median, min and max over the repeats (candidates interleaved). Then the same steps back to back,
+  one synchronization at the end (`timing.back_to_back`: a loop feeding each token back on the device
+  waits for no step);
 - the all-reduces' share of the step (CUDA, N > 1): the step's all-reduces alone (two a layer of one
   token's hidden state, NCCL's or the one-shot kernel, as the candidate runs them), captured in a
   CUDA graph and replayed, over the candidate's median step. (Not from the profiler: CUPTI tracing
@@ -30,6 +32,7 @@ import torch.distributed as dist
 from opgen.bench import decode
 from opgen.bench import decode_models as dm
 from opgen.bench.memory import free_memory
+from opgen.bench.timing import back_to_back
 from opgen.bench.tp_models import fill_caches, shard
 
 REPLAYS = 20  # replays of the all-reduces alone
@@ -63,6 +66,7 @@ class Row:
     error: float | None  # max |logit error| / max |logit|
     ok: bool | None
     note: str = ""
+    back_to_back: float | None = None  # median step, us, the steps enqueued back to back
 
 
 # opgen's variants on N > 1 ranks: name -> (the passes left out, the route of its all-reduces alone). The
@@ -138,6 +142,8 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
         timed_ms = decode.time_steps(list(steps.values()), [(ids[p], pos[p]) for p in timed], plan.repeats, device,
                                      barrier)  # fmt: skip
         times = {name: tuple(ms * 1e3 for ms in t) for name, t in zip(steps, timed_ms, strict=True)}
+        queued = back_to_back(list(steps.values()), [(ids[p], pos[p]) for p in timed], plan.repeats, device, barrier)
+        chained = {name: ms * 1e3 for name, ms in zip(steps, queued, strict=True)}
         say("timed")
         shares: dict[str, float] = {}
         if cuda and world > 1:
@@ -151,7 +157,7 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
                 shares = {name: alone[VARIANTS.get(name, ((), "nccl"))[1]] / times[name][0] for name in steps}
     if rank != 0:
         return []
-    return _rows(plan, world, times, results, failed, shares, per_step, copy_bw)
+    return _rows(plan, world, times, chained, results, failed, shares, per_step, copy_bw)
 
 
 def _agreement(logits: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> tuple[str, float, bool]:
@@ -194,7 +200,7 @@ def _reduces_alone(shape: dm.Shape, route: str, world: int, device: torch.device
     return (time.perf_counter() - start) / REPLAYS * 1e6
 
 
-def _rows(plan: Plan, world: int, times: dict[str, tuple[float, float, float]],
+def _rows(plan: Plan, world: int, times: dict[str, tuple[float, float, float]], chained: dict[str, float],
           results: dict[str, tuple[str, float | None, bool | None]], failed: dict[str, str],
           shares: dict[str, float], per_step: int, copy_bw: float) -> list[Row]:  # fmt: skip
     from opgen.bench.decode_families import RO_SLACK
@@ -210,5 +216,6 @@ def _rows(plan: Plan, world: int, times: dict[str, tuple[float, float, float]],
             ok = True
         us, low, high = times[name]
         bandwidth = per_step / (us * 1e-6) / copy_bw
-        rows.append(Row(world, name, us, low, high, bandwidth, shares.get(name), tokens, error, ok))
+        rows.append(Row(world, name, us, low, high, bandwidth, shares.get(name), tokens, error, ok,
+                        back_to_back=chained[name]))  # fmt: skip
     return rows

@@ -30,7 +30,8 @@ def test_the_command_runs_each_size_and_every_candidate_matches_the_whole_model(
     rows = json.loads(out.read_text())["rows"]
     assert {(r["tp"], r["candidate"]) for r in rows} == {(n, c) for n in (1, 2) for c in ("eager", "inductor", "opgen")}
     for row in rows:
-        assert row["ok"] and row["tokens"] == "4/4" and row["us"] > 0 and row["note"] == "", row
+        assert row["ok"] and row["tokens"] == "4/4" and row["us"] > 0 and row["back_to_back"] > 0, row
+        assert row["note"] == "", row
         assert row["error"] < 1e-5, row  # float32: the split sums in another order, nothing more
 
 
