@@ -15,7 +15,8 @@ import pytest
 from opgen.bench.__main__ import COMMANDS
 from opgen.bench.__main__ import main as bench_main
 
-CHECKED = ("ops", "graphs", "backend_cost", "jit", "dynamic", "gpu_work", "gpu_models", "zoo", "step", "chain")
+CHECKED = ("ops", "graphs", "backend_cost", "jit", "dynamic", "gpu_work", "gpu_models", "zoo", "step", "chain",
+           "tp_step")  # fmt: skip
 
 
 def options_of(module_name: str) -> set[str]:

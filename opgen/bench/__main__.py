@@ -1,5 +1,5 @@
-"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,step,chain,generate,tp}
-[options]`: the project's benchmarks (see ../shared/BENCH.md)."""
+"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,step,chain,generate,
+tp,tp_step} [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ COMMANDS = {
     "chain": ("opgen.bench.chain", "a decoder's products as one persistent launch vs a launch each (GPU)"),
     "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
     "tp": ("opgen.bench.tp", "Llama decode split over N GPUs (tensor parallelism): eager, reduce-overhead, opgen"),
+    "tp_step": ("opgen.bench.tp_step", "a tensor-parallel rank's decode step, kernel by kernel: time, launches, what"),
 }
 
 

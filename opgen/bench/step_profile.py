@@ -98,8 +98,8 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
         fn = opgen.compile(model, inputs, cuda_graphs=cuda)
         for _ in range(3):  # the first call compiles its kernels and picks among them; then the graph replays
             fn(*inputs)
-        step_us = _step_us(lambda: fn(*inputs), calls, repeats, cuda)
-        table = _kernel_table(lambda: fn(*inputs), cuda)
+        step_us = step_time_us(lambda: fn(*inputs), calls, repeats, cuda)
+        table = step_kernels(lambda: fn(*inputs), cuda)
         what = descriptions(fn.report().jit)
     rows = tuple(Row(name, what.get(name, ""), n, us) for name, (us, n) in table.items())
     return Profile(
@@ -109,7 +109,7 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
     )  # fmt: skip
 
 
-def _step_us(call: Callable[[], Any], calls: int, repeats: int, cuda: bool) -> float:
+def step_time_us(call: Callable[[], Any], calls: int, repeats: int, cuda: bool) -> float:
     """Median over `repeats` samples of `calls` steps back to back, per step."""
     samples = []
     for _ in range(repeats):
@@ -130,7 +130,7 @@ def _step_us(call: Callable[[], Any], calls: int, repeats: int, cuda: bool) -> f
     return statistics.median(samples)
 
 
-def _kernel_table(call: Callable[[], Any], cuda: bool) -> dict[str, tuple[float, float]]:
+def step_kernels(call: Callable[[], Any], cuda: bool) -> dict[str, tuple[float, float]]:
     """Kernel -> (us, launches) a step: the GPU's activities on CUDA, opgen's kernel calls on the CPU."""
     from torch.profiler import ProfilerActivity
 
