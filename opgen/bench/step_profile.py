@@ -104,7 +104,7 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
     rows = tuple(Row(name, what.get(name, ""), n, us) for name, (us, n) in table.items())
     return Profile(
         family, size, batch, torch.cuda.get_device_name(device) if cuda else "cpu", str(dtype).removeprefix("torch."),
-        int(lm.config.num_hidden_layers), step_us, cuda and _dependent_launch(),
+        int(lm.config.num_hidden_layers), step_us, cuda and dependent_launch(),
         tuple(sorted(rows, key=lambda r: -r.us)), repeats,
     )  # fmt: skip
 
@@ -147,7 +147,7 @@ def step_kernels(call: Callable[[], Any], cuda: bool) -> dict[str, tuple[float, 
     return activity_table(call, PROFILED, ProfilerActivity.CPU, op)
 
 
-def _dependent_launch() -> bool:
+def dependent_launch() -> bool:
     from opgen.runtime.execution.device_facts import device_facts
 
     return device_facts().dependent_launch

@@ -23,7 +23,16 @@ from typing import Any
 
 import torch
 
-from opgen.bench.step_profile import REPEATS, Profile, Row, descriptions, report, step_kernels, step_time_us
+from opgen.bench.step_profile import (
+    REPEATS,
+    Profile,
+    Row,
+    dependent_launch,
+    descriptions,
+    report,
+    step_kernels,
+    step_time_us,
+)
 from opgen.bench.tp import MULTICAST_OFF
 
 TIMEOUT_SECONDS = 900  # for rank 0's profile: building, compiling and tuning an 8B shard takes minutes
@@ -62,7 +71,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, outbox: An
         what = descriptions(fn.report().jit)
     if rank == 0:
         rows = tuple(sorted((Row(k, what.get(k, ""), n, us) for k, (us, n) in kernels.items()), key=lambda r: -r.us))
-        dependent = cuda and _dependent_launch()
+        dependent = cuda and dependent_launch()
         where = torch.cuda.get_device_name(device) if cuda else "cpu"
         profile = Profile(f"gpt-fast Llama, rank 0 of {world}", args.shape, 1, where,
                           str(shape.dtype).removeprefix("torch."), shape.layers, step_us, dependent, rows,
@@ -73,12 +82,6 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, outbox: An
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _dependent_launch() -> bool:
-    from opgen.runtime.execution.device_facts import device_facts
-
-    return device_facts().dependent_launch
 
 
 def run(args: argparse.Namespace) -> str | None:
