@@ -32,7 +32,7 @@ import torch
 import opgen  # also registers the "opgen" torch.compile backend
 from opgen.bench import decode_models as dm
 from opgen.bench.memory import available_memory, free_memory
-from opgen.bench.timing import copy_bandwidth, format_table
+from opgen.bench.timing import copy_bandwidth, device_sync, format_table
 
 CANDIDATES = ("eager", "compile", "opgen", "opgen_cpp", "opgen_graphs", "opgen_backend")
 FIRST_CALLS = {"compile": 3}  # reduce-overhead's cudagraph trees warm up, then record on a later call
@@ -120,10 +120,6 @@ class Result:
         }  # fmt: skip
 
 
-def _sync(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else lambda: None
-
-
 def make_step(name: str, model: torch.nn.Module, example: tuple[torch.Tensor, ...], device: torch.device) -> Step:
     cuda = device.type == "cuda"
     match name:
@@ -146,7 +142,7 @@ def make_step(name: str, model: torch.nn.Module, example: tuple[torch.Tensor, ..
 
 def first_call(name: str, model: torch.nn.Module, device: torch.device, batch: int = 1) -> tuple[Step, float]:
     """Build the candidate and make its first calls, synchronized: (the step, seconds)."""
-    sync = _sync(device)
+    sync = device_sync(device)
     example = (torch.zeros(batch, 1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
     sync()
     start = time.perf_counter()
@@ -162,7 +158,7 @@ def time_steps(steps: Sequence[Step], inputs: Sequence[tuple[torch.Tensor, torch
                ) -> list[tuple[float, float, float]]:  # fmt: skip
     """Per candidate, (median, min, max) over the repeats of the median step time in ms; interleaved.
     `before` runs before each candidate's repeat (the tensor-parallel bench's barrier: ranks in lockstep)."""
-    sync, clock = _sync(device), time.perf_counter
+    sync, clock = device_sync(device), time.perf_counter
     for step in steps:  # warm-up: one pass over the positions
         for ids, pos in inputs:
             step(ids, pos)

@@ -47,7 +47,7 @@ import opgen  # noqa: F401  (registers the "opgen" torch.compile backend)
 from opgen.bench import graph_notes
 from opgen.bench.decode import reason
 from opgen.bench.llm_families import FAMILIES, causal_lm
-from opgen.bench.timing import copy_bandwidth, format_table
+from opgen.bench.timing import copy_bandwidth, device_sync, format_table
 from opgen.generate import Generator, Steps
 
 LABELS = {
@@ -165,7 +165,7 @@ def step_time(steps: Steps, batch: int, calls: int, device: torch.device, positi
     ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
     pos = torch.tensor([position], dtype=torch.long, device=device)
     offsets = torch.zeros(batch, dtype=torch.long, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     samples = []
     for _ in range(6):
         sync()
@@ -180,7 +180,7 @@ def step_time(steps: Steps, batch: int, calls: int, device: torch.device, positi
 def run_case(rows: Sequence[str], model: torch.nn.Module, loops: dict[str, Generator], prompt: int, batch: int,
              new: int, repeats: int, device: torch.device) -> list[Result]:  # fmt: skip
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = device_sync(device)
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(1, vocab, (batch, prompt), generator=torch.Generator().manual_seed(prompt + batch)).to(device)
     reference: list[list[int]] | None = None

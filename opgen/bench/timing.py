@@ -95,12 +95,17 @@ def _enqueue(
     return [Timing(statistics.median(s), min(s), max(s)) for s in samples]
 
 
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """Waits for `device`'s work: `torch.cuda.synchronize` on CUDA, nothing on the CPU (its calls return done)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
 def back_to_back(steps: Sequence[Callable[..., Any]], inputs: Sequence[tuple[torch.Tensor, ...]], repeats: int,
                  device: torch.device, before: Callable[[], Any] | None = None) -> list[float]:  # fmt: skip
     """Per candidate, the median over `repeats` of a step's time in ms with one step per input enqueued back
     to back and one synchronization at the end, as a loop that feeds each token back on the device runs;
     candidates interleaved. `before` runs before each candidate's repeat (a barrier: ranks in lockstep)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     samples: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
         for i, step in enumerate(steps):
@@ -155,7 +160,7 @@ def copy_bandwidth(device: torch.device) -> float:
     size = 2**30 if cuda else 2**26
     x = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
     y = torch.empty_like(x)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = device_sync(device)
     calls = 10 if cuda else 5
     start = time.perf_counter()
     while time.perf_counter() - start < WARMUP_SECONDS:
