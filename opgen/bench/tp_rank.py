@@ -139,10 +139,10 @@ def run(rank: int, world: int, plan: Plan, device: torch.device, copy_bw: float)
             steps[name] = step
             results[name] = _agreement(logits, reference, shape.dtype)
         barrier = dist.barrier if world > 1 else None
-        timed_ms = decode.time_steps(list(steps.values()), [(ids[p], pos[p]) for p in timed], plan.repeats, device,
-                                     barrier)  # fmt: skip
+        calls, inputs = list(steps.values()), [(ids[p], pos[p]) for p in timed]
+        timed_ms = decode.time_steps(calls, inputs, plan.repeats, device, barrier)
         times = {name: tuple(ms * 1e3 for ms in t) for name, t in zip(steps, timed_ms, strict=True)}
-        queued = back_to_back(list(steps.values()), [(ids[p], pos[p]) for p in timed], plan.repeats, device, barrier)
+        queued = back_to_back(calls, inputs, plan.repeats, device, barrier)
         chained = {name: ms * 1e3 for name, ms in zip(steps, queued, strict=True)}
         say("timed")
         shares: dict[str, float] = {}
