@@ -101,12 +101,16 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
         step_us = step_time_us(lambda: fn(*inputs), calls, repeats, cuda)
         table = step_kernels(lambda: fn(*inputs), cuda)
         what = descriptions(fn.report().jit)
-    rows = tuple(Row(name, what.get(name, ""), n, us) for name, (us, n) in table.items())
     return Profile(
         family, size, batch, torch.cuda.get_device_name(device) if cuda else "cpu", str(dtype).removeprefix("torch."),
         int(lm.config.num_hidden_layers), step_us, cuda and dependent_launch(),
-        tuple(sorted(rows, key=lambda r: -r.us)), repeats,
+        ranked(table, what), repeats,
     )  # fmt: skip
+
+
+def ranked(table: dict[str, tuple[float, float]], what: dict[str, str]) -> tuple[Row, ...]:
+    """`step_kernels`' table as rows, each kernel described by `what` (`descriptions`), the longest first."""
+    return tuple(sorted((Row(k, what.get(k, ""), n, us) for k, (us, n) in table.items()), key=lambda r: -r.us))
 
 
 def step_time_us(call: Callable[[], Any], calls: int, repeats: int, cuda: bool) -> float:

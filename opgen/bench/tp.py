@@ -22,87 +22,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import socket
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from opgen.bench.timing import format_table
+from opgen.bench.tp_launch import join, keep_multicast_off, leave, spawn
 from opgen.bench.tp_rank import Plan, Row
-
-TEARDOWN_SECONDS = 15  # after rank 0's rows arrive, for the ranks to leave the group and exit (with CUDA graphs
-# holding NCCL work they hang there: on 2 H200s both ranks were killed after a minute, a minute of device time lost)
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
 def _rank(rank: int, world: int, port: int, plan: Plan, device_type: str, copy_bw: float, outbox: Any) -> None:
-    import datetime
-
-    import torch.distributed as dist
-
     from opgen.bench import tp_rank
 
-    cuda = device_type == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    if not cuda:
-        torch.set_num_threads(1)  # ranks share the CPU
-    backend = "nccl" if cuda else "gloo"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if world > 1:
-        address, timeout = f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=600)
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=timeout,
-                                device_id=device if cuda else None)  # fmt: skip
+    device = join(rank, world, port, device_type)
     rows = tp_rank.run(rank, world, plan, device, copy_bw)
-    if rank == 0:  # printed and sent before the group is torn down (that has hung with graphs holding NCCL work)
+    if rank == 0:
         print(table(rows, plan.shape, device_type, copy_bw), flush=True)
-        outbox.put([asdict(r) for r in rows])
-        outbox.close()
-        outbox.join_thread()
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    leave(rank, world, outbox, [asdict(r) for r in rows])
 
 
 def run_size(world: int, plan: Plan, device_type: str, copy_bw: float) -> list[Row]:
     """Rank 0's rows of one TP size, its N processes started and joined here."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    outbox = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, plan, device_type, copy_bw, outbox)) for r in range(world)]
-    for p in procs:
-        p.start()
-    rows = _rank0_rows(procs, outbox)
-    for r, p in enumerate(procs):
-        p.join(timeout=TEARDOWN_SECONDS)
-        if p.is_alive():
-            print(f"  TP={world}: rank {r} still tearing down after {TEARDOWN_SECONDS} s: killed", flush=True)
-            p.kill()
-            p.join()
+    rows, codes = spawn(_rank, world, plan, device_type, copy_bw)
     if rows is None:
-        codes = ", ".join(f"rank {r}: {p.exitcode}" for r, p in enumerate(procs))
-        return [Row(world, "all", None, None, None, None, None, "-", None, None, f"ranks failed ({codes})")]
-    return rows
-
-
-def _rank0_rows(procs: list[Any], outbox: Any) -> list[Row] | None:
-    """Rank 0's rows, or None where a rank exits before they arrive (its traceback is on stderr)."""
-    import queue
-
-    while True:
-        try:
-            return [Row(**r) for r in outbox.get(timeout=1.0)]
-        except queue.Empty:
-            if any(p.exitcode is not None for p in procs):
-                try:
-                    return [Row(**r) for r in outbox.get(timeout=5.0)]
-                except queue.Empty:
-                    return None
+        failed = ", ".join(f"rank {r}: {code}" for r, code in enumerate(codes))
+        return [Row(world, "all", None, None, None, None, None, "-", None, None, f"ranks failed ({failed})")]
+    return [Row(**r) for r in rows]
 
 
 def table(rows: list[Row], shape: str, device: str, copy_bw: float) -> str:
@@ -153,8 +99,7 @@ def main(argv: list[str]) -> int:
     sizes = [int(n) for n in (args.tp or ("1,2,4" if cuda else "1,2")).split(",")]
     if cuda and max(sizes) > torch.cuda.device_count():
         parser.error(f"--tp {max(sizes)} needs {max(sizes)} GPUs, this machine has {torch.cuda.device_count()}")
-    for key, value in MULTICAST_OFF.items():
-        os.environ.setdefault(key, value)
+    keep_multicast_off()
     shape = "tiny" if args.tiny else args.shape
     plan = Plan(shape, args.context if not args.tiny else 24, args.check, args.steps if not args.tiny else 8,
                 args.repeats)  # fmt: skip

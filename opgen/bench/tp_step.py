@@ -17,8 +17,6 @@ once hung the `tp` bench's ranks: `tp_rank`).
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 from typing import Any
 
 import torch
@@ -26,21 +24,19 @@ import torch
 from opgen.bench.step_profile import (
     REPEATS,
     Profile,
-    Row,
     dependent_launch,
     descriptions,
+    ranked,
     report,
     step_kernels,
     step_time_us,
 )
-from opgen.bench.tp import MULTICAST_OFF
+from opgen.bench.tp_launch import join, keep_multicast_off, leave, spawn
 
 TIMEOUT_SECONDS = 900  # for rank 0's profile: building, compiling and tuning an 8B shard takes minutes
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, outbox: Any) -> None:
-    import datetime
-
     import torch.distributed as dist
 
     import opgen
@@ -48,15 +44,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, outbox: An
     from opgen.bench.tp_models import fill_caches, shard
 
     cuda = args.device == "cuda"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(rank)
-    else:
-        torch.set_num_threads(1)  # ranks share the CPU
-    if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS),
-                                device_id=device if cuda else None)  # fmt: skip
+    device = join(rank, world, port, args.device, TIMEOUT_SECONDS)
     shape = dm.SHAPES[args.shape]
     with torch.no_grad():
         model = dm.gpt_fast(shape, args.context + 8, device)
@@ -69,49 +57,15 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, outbox: An
         step_us = step_time_us(lambda: fn(ids, pos), args.calls, args.repeats, cuda)
         kernels = step_kernels(lambda: fn(ids, pos), cuda)
         what = descriptions(fn.report().jit)
+    text = None
     if rank == 0:
-        rows = tuple(sorted((Row(k, what.get(k, ""), n, us) for k, (us, n) in kernels.items()), key=lambda r: -r.us))
         dependent = cuda and dependent_launch()
         where = torch.cuda.get_device_name(device) if cuda else "cpu"
         profile = Profile(f"gpt-fast Llama, rank 0 of {world}", args.shape, 1, where,
-                          str(shape.dtype).removeprefix("torch."), shape.layers, step_us, dependent, rows,
-                          args.repeats)  # fmt: skip
-        outbox.put(report(profile, args.rows))
-        outbox.close()
-        outbox.join_thread()
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def run(args: argparse.Namespace) -> str | None:
-    """Rank 0's report, or None where a rank failed (its traceback is on stderr)."""
-    import multiprocessing as mp
-    import queue
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    outbox = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, args.tp, port, args, outbox)) for r in range(args.tp)]
-    for p in procs:
-        p.start()
-    text = None
-    try:
-        while text is None and not any(p.exitcode not in (None, 0) for p in procs):
-            try:
-                text = outbox.get(timeout=1.0)
-            except queue.Empty:
-                if all(p.exitcode is not None for p in procs):
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=15)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return text
+                          str(shape.dtype).removeprefix("torch."), shape.layers, step_us, dependent,
+                          ranked(kernels, what), args.repeats)  # fmt: skip
+        text = report(profile, args.rows)
+    leave(rank, world, outbox, text)
 
 
 def main(argv: list[str]) -> int:
@@ -131,9 +85,8 @@ def main(argv: list[str]) -> int:
         args.shape, args.device, args.context = "tiny", "cpu", min(args.context, 24)
     if args.device == "cuda" and args.tp > torch.cuda.device_count():
         parser.error(f"--tp {args.tp} needs {args.tp} GPUs, this machine has {torch.cuda.device_count()}")
-    for key, value in MULTICAST_OFF.items():
-        os.environ.setdefault(key, value)
-    text = run(args)
+    keep_multicast_off()
+    text, _ = spawn(_rank, args.tp, args)
     if text is None:
         print("tp_step: a rank failed (its traceback is above)")
         return 1
