@@ -65,7 +65,9 @@ def map_slots(group: Any, words: int, device: torch.device) -> PeerSlots:
     handle = symm_mem.rendezvous(buffer, name)
     buffer.zero_()  # epoch 0: no call's
     torch.cuda.synchronize(device)
-    dist.barrier(group=group)  # every rank's buffer is zero before any rank writes to a peer's
+    # every rank's buffer is zero before any rank writes to a peer's; on this device (without `device_ids` a
+    # group set up without a device warns that it guesses the current one)
+    dist.barrier(group=group, device_ids=[device.index])
     addresses = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
     return PeerSlots(words, addresses, buffer, int(handle.rank), world)
 
