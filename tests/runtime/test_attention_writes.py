@@ -94,9 +94,15 @@ def test_the_writes_join_the_attention_and_the_aten_side_matches(monkeypatch: py
     assert {v.name for v in spec.writes} >= {"b_k_cache", "b_v_cache"}  # written in place, as the writes did
     name = spec.name
     assert f"def {name}(q, k, v, mask, nk, nv, at0, out, BLOCK_S" in spec.source  # 40 keys: no split buffers
-    stores = spec.source.index("tl.store(k + ")
-    assert "at = tl.load(at0)" in spec.source and stores < spec.source.index("tl.debug_barrier()")
-    assert spec.source.index("tl.debug_barrier()") < spec.source.index("for block in range(")  # then the cache
+    source = spec.source
+    stores = source.index("tl.store(k + ")
+    assert "at = tl.load(at0)" in source and stores < source.index("tl.debug_barrier()")
+    assert source.index("tl.debug_barrier()") < source.index("for block in range(")  # then the cache
+    # every load that needs nothing is issued before anything waits: the mask's row, the position, the rows
+    # (not guarded by the position: only the stores are), so they cost one round trip to memory together
+    first = [source.index(load) for load in ("row_mask = tl.load(", "at = tl.load(at0)", "vr = tl.load(nv")]
+    assert max(first) < stores < source.index("keep = row_mask") and "mask=fits" in source
+    assert "if (at >= 0)" not in source
     assert any("index_put" in n for n in spec.nodes)  # the ATen side runs the writes, then the attention
     run_steps(compiled, eager, model, range(3, 12))
 

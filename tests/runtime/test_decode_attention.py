@@ -203,6 +203,8 @@ def test_the_kernel_source_reads_like_a_flash_decoding_loop(monkeypatch: pytest.
     assert "lo = tl.min(tl.where(keep, every, 40), 0)" in spec.source and "start < last" in spec.source
     assert "for block in range(0, (40 + BLOCK_S - 1) // BLOCK_S)" in spec.source
     assert "tl.where(masked != 0, scores" in spec.source and "atomic" not in spec.source  # 40 keys: one program
+    # a block's values are loaded beside its keys, before the scores wait for the keys: one round trip a block
+    assert spec.source.index("vals = tl.load(") < spec.source.index("scores = tl.sum(keys")
     assert {dict(meta)["BLOCK_S"] for meta, *_ in spec.configs} == {32, 64} and spec.configs[0][3] == (8,)
     assert "decode attention, 8 heads of one query over 40 keys (4 per key/value head" in spec.describe
     assert "attention_split" not in compiled.artifact.source  # type: ignore[attr-defined]  # nor its buffers
@@ -228,6 +230,7 @@ def test_a_group_of_query_heads_is_one_program_of_two_dots(monkeypatch: pytest.M
     model = CacheAttention(heads=8, kv_heads=2, length=600, dim=16)
     compiled, (spec,) = compile_on_cpu(monkeypatch, model, inputs(model))
     source = spec.source
+    assert source.index("vals = tl.load(") < source.index("scores = tl.dot(qs, keys")  # one round trip a block
     assert spec.name.startswith("attention_grouped_") and "4 per key/value head" in source
     assert "hs = h + tl.arange(0, 16)" in source and "h_ok = hs < h + 4" in source
     assert "tl.dot(qs, keys" in source and "tl.dot(p, vals" in source and 'input_precision="ieee"' in source

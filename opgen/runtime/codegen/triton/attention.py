@@ -25,6 +25,7 @@ the one the first call is timed at; the first call's timing picks only BLOCK_S a
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from opgen.runtime.codegen.triton import attention_prologue, attention_writes
 from opgen.runtime.codegen.triton.module import jit_module, next_power_of_2
@@ -39,9 +40,11 @@ BLOCKS = ((32, 4), (64, 4), (128, 4), (128, 8))
 MASKED_OUT = -1e36
 MAX_SPAN = 16384  # a longer mask is not scanned for its kept range (its programs split the whole cache)
 
-_RANGE = """\
+_MASK_ROW = """\
     every = tl.arange(0, {span})
     row_mask = tl.load(mask + {row} + every * {m_s}, mask=every < {length}, other={other})
+"""
+_RANGE = """\
     keep = {kept}
     lo = tl.min(tl.where(keep, every, {length}), 0)
     hi = tl.max(tl.where(keep, every + 1, 0), 0)
@@ -57,6 +60,8 @@ _LOOP = """\
 {mask}\
                 keys = tl.load(k + {k_base} + s[:, None] * {k_s} + d[None, :] * {k_d}, mask=s_ok[:, None]{d_cols},
                                other=0.0)
+                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None]{d_cols},
+                               other=0.0)  # with the keys: one round trip for the block
                 scores = tl.sum(keys.to(tl.float32) * qv[None, :], 1)
 {softcap}{apply}\
                 scores = tl.where(s_ok, scores, float("-inf"))
@@ -64,8 +69,6 @@ _LOOP = """\
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(scores - m_new)
                 l_i = l_i * alpha + tl.sum(p, 0)
-                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None]{d_cols},
-                               other=0.0)
                 acc = acc * alpha + tl.sum(p[:, None] * vals.to(tl.float32), 0)
                 m_i = m_new
 """
@@ -105,24 +108,46 @@ def _span(length: int) -> int:
     return max(16, next_power_of_2(length))  # the smallest power of two >= S (at least 16)
 
 
-def masking(plan: AttentionPlan, scores: str = "") -> tuple[str, str, str]:
-    """(the kept range's lines, a block's mask load, its use on the block's scores): the range from `lo` to
-    `hi` of the row `b`, `h` (the whole cache without a mask); `scores` indexes the mask's row of a block
-    (`[None, :]`: every row of a group's scores takes it)."""
+class Masking(NamedTuple):
+    """The mask's lines: `row` loads the row `b`, `h` whole (issued with the kernel's other first loads),
+    `kept_range` finds in it the range from `lo` to `hi` that the mask keeps (the whole cache without a mask),
+    `block` loads a block's part of the row and `apply` puts it on the block's scores."""
+
+    row: str
+    kept_range: str
+    block: str
+    apply: str
+
+
+def masking(plan: AttentionPlan, scores: str = "") -> Masking:
+    """The mask's lines (`Masking`); `scores` indexes the mask's row of a block (`[None, :]`: every row of a
+    group's scores takes it)."""
     m, length = plan.mask, int(plan.key.shape[2])  # type: ignore[arg-type]
     whole = f"    lo = pid * 0  # the whole cache, as scalars of the program\n    hi = lo + {length}\n"
+    if m is None or length > MAX_SPAN:  # a longer mask is not scanned: its programs split the whole cache
+        row = ""
+        kept_range = whole
+    else:
+        row = _MASK_ROW.format(span=_span(length), row=_mask_row(m), m_s=_stride(m, 3), length=length,
+                               other=_masked_value(m))  # fmt: skip
+        kept = "row_mask != 0" if m.dtype == "bool" else f"row_mask.to(tl.float32) > {MASKED_OUT}"
+        kept_range = _RANGE.format(length=length, kept=kept)
     if m is None:
-        return whole, "", ""
-    row = f"b * {_stride(m, 0)} + h * {_stride(m, 1)}"
-    boolean = m.dtype == "bool"
-    other = 0 if boolean else "float('-inf')"
-    kept = "row_mask != 0" if boolean else f"row_mask.to(tl.float32) > {MASKED_OUT}"
-    kept_range = whole if length > MAX_SPAN else _RANGE.format(
-        span=_span(length), row=row, m_s=_stride(m, 3), length=length, other=other, kept=kept)  # fmt: skip
-    load = f"                masked = tl.load(mask + {row} + s * {_stride(m, 3)}, mask=s_ok, other={other})\n"
-    apply = (f'                scores = tl.where(masked{scores} != 0, scores, float("-inf"))\n' if boolean
+        return Masking(row, kept_range, "", "")
+    row_at = f"mask + {_mask_row(m)} + s * {_stride(m, 3)}"
+    block = f"                masked = tl.load({row_at}, mask=s_ok, other={_masked_value(m)})\n"
+    apply = (f'                scores = tl.where(masked{scores} != 0, scores, float("-inf"))\n' if m.dtype == "bool"
              else f"                scores += masked{scores}.to(tl.float32)\n")  # fmt: skip
-    return kept_range, load, apply
+    return Masking(row, kept_range, block, apply)
+
+
+def _mask_row(m: TensorMeta) -> str:
+    return f"b * {_stride(m, 0)} + h * {_stride(m, 1)}"
+
+
+def _masked_value(m: TensorMeta) -> str:
+    """What a load past the mask's end reads: masked out."""
+    return "0" if m.dtype == "bool" else "float('-inf')"
 
 
 def softcapping(plan: AttentionPlan) -> str:
@@ -173,10 +198,10 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     length = int(key.shape[2])  # type: ignore[arg-type]
     scale = scale_of(plan)
     split = plan.splits > 1
-    kept_range, mask_lines, apply = masking(plan)
+    masks = masking(plan)
     out_row = f"b * {out.stride[0]} + h * {out.stride[1]} + d * {out.stride[3]}"
     d_cols, _ = head_masks(plan, "[None, :]")
-    _, d_row = head_masks(plan, "")
+    d_and, d_row = head_masks(plan, "")
     masked = f"{d_row}, other=0.0" if d_row else ""
     query_load = f"tl.load(q + b * {q.stride[0]} + h * {q.stride[1]} + d * {q.stride[3]}{masked})"
     query = attention_prologue.query(plan, "h", None)
@@ -191,18 +216,17 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    h = pid % {heads}",
         f"    g = h // {plan.group}",
         *head_lanes(plan),
-        # the query row first: its load needs nothing, and waits alongside the mask's
+        # the loads that need nothing first (the query row, the mask's row, the step's rows): one round trip
         f"    qv = ({query or query_load}).to(tl.float32) * {scale!r}",
-        *attention_writes.lines(plan, d_row),
-        kept_range.rstrip("\n"),
+        *first_loads(plan, masks, d_row, d_and),
     ]
     inner = [
         "        m_i = tl.max(tl.full((BLOCK_S,), -1e30, tl.float32), 0)  # finite: a block all masked adds nothing",
         "        l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)",
         f"        acc = tl.zeros(({head_width(plan)[1]},), dtype=tl.float32)",
         _LOOP.format(
-            blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
-            softcap=softcapping(plan), d_cols=d_cols,
+            blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=masks.block,
+            apply=masks.apply, softcap=softcapping(plan), d_cols=d_cols,
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
         ).rstrip("\n"),
@@ -212,6 +236,18 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     body += walk(plan, inner, combine, f"tl.store(out + {out_row}, (acc / l_i).to(out.dtype.element_ty){d_row})")
     helpers = attention_prologue.helpers(plan)
     return jit_module("attention", params(plan), "BLOCK_S: tl.constexpr", "\n".join(body), helpers)
+
+
+def first_loads(plan: AttentionPlan, masks: Masking, d_row: str, d_and: str) -> list[str]:
+    """The body's lines after the query's: the mask's row and the step's rows loaded (none waits for
+    another), the rows stored, then the kept range found in the mask's row. `d_row` and `d_and` mask the
+    rows' loads and stores to the head where it is padded (`head_masks`)."""
+    return [
+        *([masks.row.rstrip("\n")] if masks.row else []),
+        *attention_writes.loads(plan, d_row),
+        *attention_writes.stores(plan, d_and),
+        masks.kept_range.rstrip("\n"),
+    ]
 
 
 def walk(plan: AttentionPlan, inner: list[str], combine: str, store: str) -> list[str]:

@@ -18,8 +18,9 @@ here of every row of the group at once.
 
 from __future__ import annotations
 
-from opgen.runtime.codegen.triton import attention_prologue, attention_writes
+from opgen.runtime.codegen.triton import attention_prologue
 from opgen.runtime.codegen.triton.attention import (
+    first_loads,
     head_lanes,
     head_masks,
     head_width,
@@ -42,6 +43,8 @@ _LOOP = """\
 {mask}\
                 keys = tl.load(k + {k_base} + s[None, :] * {k_s} + d[:, None] * {k_d}, mask=s_ok[None, :]{d_rows},
                                other=0.0)
+                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None]{d_cols},
+                               other=0.0)  # with the keys: one round trip for the block
 {score_dot}
                 scores = scores * {scale!r}
 {softcap}{apply}\
@@ -50,8 +53,6 @@ _LOOP = """\
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(scores - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                vals = tl.load(v + {v_base} + s[:, None] * {v_s} + d[None, :] * {v_d}, mask=s_ok[:, None]{d_cols},
-                               other=0.0)
                 p = p.to(vals.dtype)
 {value_dot}
                 acc = acc * alpha[:, None] + weighted
@@ -96,11 +97,11 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
     batch, heads, _, dim = q.shape
     kv_heads, length = int(key.shape[1]), int(key.shape[2])  # type: ignore[arg-type]
     split = plan.splits > 1
-    kept_range, mask_lines, apply = masking(plan, "[None, :]")
+    masks = masking(plan, "[None, :]")
     out_rows = f"b * {out.stride[0]} + hs[:, None] * {out.stride[1]} + d[None, :] * {out.stride[3]}"
     (d_cols, _), (d_rows, _), (d_deep, _) = (head_masks(plan, lanes) for lanes in ("[None, :]", "[:, None]",
                                                                                    "[None, None, :]"))  # fmt: skip
-    _, d_row = head_masks(plan, "")  # the step's key and value rows: one head's lanes
+    d_and, d_row = head_masks(plan, "")  # the step's key and value rows: one head's lanes
     store = f"tl.store(out + {out_rows}, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=h_ok[:, None]{d_cols})"
     query_load = (f"tl.load(q + b * {q.stride[0]} + hs[:, None] * {q.stride[1]} + d[None, :] * {q.stride[3]}, "
                   f"mask=h_ok[:, None]{d_cols}, other=0.0)")  # fmt: skip
@@ -115,10 +116,9 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"    hs = h + tl.arange(0, {block_h(plan)})",
         f"    h_ok = hs < h + {plan.group}",
         *head_lanes(plan),
-        # the query rows first: their load needs nothing, and waits alongside the mask's
+        # the loads that need nothing first (the query rows, the mask's row, the step's rows): one round trip
         f"    qs = {attention_prologue.query(plan, 'hs[:, None]', f'h_ok[:, None]{d_cols}') or query_load}",
-        *attention_writes.lines(plan, d_row),
-        kept_range.rstrip("\n"),
+        *first_loads(plan, masks, d_row, d_and),
     ]
     rows = block_h(plan)
     inner = [
@@ -126,8 +126,8 @@ def kernel(plan: AttentionPlan) -> tuple[str, str]:
         f"        l_i = tl.zeros(({rows},), tl.float32)",
         f"        acc = tl.zeros(({rows}, {head_width(plan)[1]}), dtype=tl.float32)",
         _LOOP.format(
-            blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=mask_lines, apply=apply,
-            softcap=softcapping(plan), d_cols=d_cols, d_rows=d_rows,
+            blocks=f"({-(-length // plan.splits)} + BLOCK_S - 1) // BLOCK_S", mask=masks.block,
+            apply=masks.apply, softcap=softcapping(plan), d_cols=d_cols, d_rows=d_rows,
             k_base=f"b * {key.stride[0]} + g * {key.stride[1]}", k_s=key.stride[2], k_d=key.stride[3],
             v_base=f"b * {value.stride[0]} + g * {value.stride[1]}", v_s=value.stride[2], v_d=value.stride[3],
             scale=scale_of(plan), score_dot=ieee_dot("scores", "qs", "keys", "qs.dtype", 16),

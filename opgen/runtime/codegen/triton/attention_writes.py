@@ -5,6 +5,10 @@ Every program stores the rows of its key/value head (`g`) of its batch row (`b`)
 position: the programs that share a head store the same values, and each one's own reads, after the
 barrier, see them. The position is the sum of the plan's terms, wrapped where negative as ATen wraps
 an index; one out of the cache's range stores nothing (eager stops with a device-side assertion).
+
+The rows and the position are loaded apart from the stores (`loads`, `stores`): the rows' addresses do
+not depend on the position, so the kernel issues them with its query and mask, one round trip to memory
+for all, rather than one for the position and another for the rows it guards.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ def params(plan: AttentionPlan) -> list[str]:
     return [*([] if rows.key_part else ["nk"]), "nv", *(f"at{i}" for i in range(rows.terms))]
 
 
-def lines(plan: AttentionPlan, lanes: str = "") -> list[str]:
-    """The kernel body's lines that store the rows (`b`, `g` and `d`, the head dimension, defined before);
-    `lanes` masks the loads and stores to the head where it is padded (`attention.head_masks`: `, mask=d_ok`)."""
+def loads(plan: AttentionPlan, lanes: str = "") -> list[str]:
+    """The kernel body's lines that load (or compute) the rows and their position (`b`, `g` and `d`, the head
+    dimension, defined before). None of them waits for another, so they are issued with the kernel's other
+    first loads; `lanes` masks the loads to the head where it is padded (`attention.head_masks`: `, mask=d_ok`)."""
     rows = plan.step_rows
     if rows is None:
         return []
@@ -32,14 +37,24 @@ def lines(plan: AttentionPlan, lanes: str = "") -> list[str]:
     (kb, kg, kd), (vb, vg, vd) = rows.key_stride, rows.value_stride
     position = " + ".join(f"tl.load(at{i})" for i in range(rows.terms))
     return [
-        "    # this step's key and value rows into the cache at its position, before anything reads it",
+        "    # this step's key and value rows, and their position in the cache",
         f"    at = {position}",
+        f"    kr = {attention_prologue.key(plan) or f'tl.load(nk + b * {kb} + g * {kg} + d * {kd}{lanes})'}",
+        f"    vr = tl.load(nv + b * {vb} + g * {vg} + d * {vd}{lanes})",
         f"    at = tl.where(at < 0, at + {length}, at)",
-        f"    if (at >= 0) & (at < {length}):",
-        f"        kr = {attention_prologue.key(plan) or f'tl.load(nk + b * {kb} + g * {kg} + d * {kd}{lanes})'}",
-        f"        vr = tl.load(nv + b * {vb} + g * {vg} + d * {vd}{lanes})",
-        f"        tl.store(k + {_slot(plan.key)}, kr{lanes})",
-        f"        tl.store(v + {_slot(plan.value)}, vr{lanes})",
+    ]
+
+
+def stores(plan: AttentionPlan, lanes: str = "") -> list[str]:
+    """The lines that store the rows `loads` read into the cache, then wait for every thread of the program
+    (before any of them reads the cache). `lanes` is `& d_ok` where the head is padded, else ""."""
+    if plan.step_rows is None:
+        return []
+    length = int(plan.key.shape[2])  # type: ignore[arg-type]
+    return [
+        f"    fits = (at >= 0) & (at < {length})  # a position out of the cache's range stores nothing",
+        f"    tl.store(k + {_slot(plan.key)}, kr, mask=fits{lanes})",
+        f"    tl.store(v + {_slot(plan.value)}, vr, mask=fits{lanes})",
         "    tl.debug_barrier()  # every thread's stores before any thread of the program reads the cache",
     ]
 
