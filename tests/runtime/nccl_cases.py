@@ -7,7 +7,8 @@ Every case runs three times: with opgen's default passes (small all-reduces one-
 through opgen's own kernel, and small all-gathers through opgen's `peer_gather`: route "peer_sum"), with
 `peer_sum` and `peer_gather` left out (torch's one-shot kernel, all-gathers on NCCL: "one_shot"), and with
 the one-shot passes and `peer_gather` left out (every collective on NCCL: "nccl"). `peer_gather_calls`
-calls opgen's all-gather kernel directly, eager and graph-replayed, against NCCL's.
+calls opgen's all-gather kernel directly, eager and graph-replayed, against NCCL's. `a_peer_never_calls`
+(`test_peer_timeout.py`, ranks of their own) leaves rank 0 waiting for a peer that never calls.
 """
 
 from __future__ import annotations
@@ -143,6 +144,43 @@ def peer_gather_calls(rank: int, world: int) -> dict[str, Any]:
     return {"mismatches": mismatches, "warnings": ours}
 
 
+def a_peer_never_calls(kind: str) -> Callable[[int, int], dict[str, Any]]:
+    """Every rank binds `kind` ("peer_sum" or "peer_gather": its buffer is mapped, a collective call) with a
+    1-second wait; then rank 0 alone calls it and waits for the GPU. Rank 0 returns the error its wait raised
+    and the seconds it took; the other ranks return at once. Rank 0's CUDA context is gone after it: these
+    ranks serve this one case."""
+
+    def case(rank: int, world: int) -> dict[str, Any]:
+        return _never_called(kind, rank, world)
+
+    return case
+
+
+def _never_called(kind: str, rank: int, world: int) -> dict[str, Any]:
+    import os
+    import time
+
+    from opgen.runtime.execution.collectives import issuer
+    from opgen.runtime.ir import Collective
+
+    os.environ["OPGEN_PEER_TIMEOUT_S"] = "1"
+    group, device = dist.group.WORLD, torch.device("cuda", rank)
+    spec = Collective(f"t_{kind}", kind, group.group_name, world, "sum", dtype="float32", numel=1024)
+    call = issuer(spec, group)
+    if rank != 0:
+        return {}
+    x = torch.ones(1024, device=device)
+    args = (x,) if kind == "peer_sum" else (torch.empty(world * 1024, device=device), x)
+    start = time.monotonic()
+    try:
+        call(*args)
+        torch.cuda.synchronize(device)
+        error = None
+    except RuntimeError as exc:
+        error = str(exc)
+    return {"error": error, "seconds": time.monotonic() - start}
+
+
 CASES: dict[str, Callable[[int, int], Any]] = {
     **{
         f"{name}_{route}": make(route)
@@ -150,4 +188,5 @@ CASES: dict[str, Callable[[int, int], Any]] = {
         for route in ("peer_sum", "one_shot", "nccl")
     },
     "peer_gather_calls": peer_gather_calls,
+    **{f"a_peer_never_calls_{kind}": a_peer_never_calls(kind) for kind in ("peer_sum", "peer_gather")},
 }

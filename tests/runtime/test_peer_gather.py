@@ -199,7 +199,7 @@ def test_a_tensor_the_buffer_cannot_hold_is_a_clear_error() -> None:
 
     none = torch.zeros(2, dtype=torch.int64)
     state = PeerState(16, torch.bfloat16, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
-    call = _Launchers(state)
+    call = _Launchers(state, 0)
     out = torch.zeros(66, dtype=torch.bfloat16)
     too_many = "got a tensor of 33 elements of torch.bfloat16 (contiguous); its buffer holds 32 contiguous ones"
     with pytest.raises(RuntimeError, match=re.escape(too_many)):
@@ -250,7 +250,7 @@ def _rank(rank: int, world: int, buffers: list[torch.Tensor], counters: torch.Te
     for call in range(CALLS):
         gathered = torch.full((world * NUMEL,), float("nan"), dtype=dtype)
         peer_gather_kernel[grid](_values(call, rank, dtype), gathered, addresses, counters, NUMEL, rank, world,
-                                 _slot(dtype), EPOCHS, WORDS * pack, pack, False)  # fmt: skip
+                                 _slot(dtype), EPOCHS, WORDS * pack, pack, False, 0)  # fmt: skip
         want = torch.cat([_values(call, r, dtype) for r in range(world)])
         matched += int(torch.equal(gathered.view(torch.int16 if pack == 2 else torch.int32),
                                    want.view(torch.int16 if pack == 2 else torch.int32)))  # fmt: skip

@@ -99,7 +99,7 @@ def _rank(rank: int, buffers: list[torch.Tensor], counters: torch.Tensor, dtype:
         x = xs[rank].clone()
         grid = (-(-numel // BLOCK),)
         bits = dtype.itemsize * 8
-        peer_sum_kernel[grid](x, addresses, counters, numel, rank, WORLD, SLOT, EPOCHS, BLOCK, bits, False)
+        peer_sum_kernel[grid](x, addresses, counters, numel, rank, WORLD, SLOT, EPOCHS, BLOCK, bits, False, 0)
         want = torch.zeros(numel)
         for other in xs:
             want += other.float()
@@ -137,7 +137,7 @@ def test_a_tensor_the_buffer_cannot_hold_is_a_clear_error() -> None:
 
     none = torch.zeros(2, dtype=torch.int64)
     state = PeerState(16, torch.float32, none, torch.zeros(1, dtype=torch.int32), (), 0, 2, False)
-    call = _Launchers(state)
+    call = _Launchers(state, 0)
     too_many = "got a tensor of 17 elements (contiguous); its buffer holds 16 contiguous ones"
     with pytest.raises(RuntimeError, match=re.escape(too_many)):
         call(torch.zeros(17))

@@ -19,14 +19,31 @@ EPOCHS = 1 << 30  # the counter wraps here; words carry epochs 1..EPOCHS
 
 
 @triton.jit
-def arrived(at, ok, epoch):
-    """The words at `at` (where `ok`) once every one carries `epoch`: read again (volatile) until they do."""
+def arrived(at, ok, epoch, TIMEOUT_NS: tl.constexpr):
+    """The words at `at` (where `ok`) once every one carries `epoch`: read again (volatile) until they do.
+    After TIMEOUT_NS nanoseconds without them the kernel stops (`gone`); TIMEOUT_NS 0 waits for ever and reads
+    no clock (Triton's interpreter has none)."""
     words = tl.load(at, mask=ok, other=0, volatile=True)
     pending = ok & ((words >> 32).to(tl.uint32) != epoch)
+    if TIMEOUT_NS > 0:
+        start = tl.extra.cuda.globaltimer()
     while tl.max(pending.to(tl.int32), axis=0) > 0:
         words = tl.where(pending, tl.load(at, mask=pending, other=0, volatile=True), words)
         pending = ok & ((words >> 32).to(tl.uint32) != epoch)
+        if TIMEOUT_NS > 0:
+            if tl.extra.cuda.globaltimer() - start > TIMEOUT_NS:
+                gone()
     return words
+
+
+@triton.jit
+def gone():
+    """Stop the kernel: a peer's words never came (its rank died, hangs, or stopped calling in step). Every
+    thread traps, which ends the process's work on the GPU: its next CUDA call raises (torch: "CUDA error:
+    unspecified launch failure"), as a stuck NCCL collective ends at its process group's timeout, where
+    waiting would hang for ever. (A device printf before the trap printed nothing on an H200: the trap
+    discards it.)"""
+    tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state
+from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state, wait_limit_ns
 from opgen.runtime.ir import Collective
 
 WORDS = 1024  # words a program sends each peer: 2048 values of a 16-bit dtype, or 1024 float32
@@ -43,9 +43,10 @@ def issuer(spec: Collective, group: Any, on_group: Callable[[torch.Tensor, torch
     def nccl(out: torch.Tensor, tensor: torch.Tensor) -> None:
         on_group(out, tensor).wait()
 
+    limit = wait_limit_ns()  # a bad setting is an error, not a fallback
     try:
         state = _state(spec, group)
-        launchers = _Launchers(state)
+        launchers = _Launchers(state, limit)
         tensor = torch.empty(spec.numel, dtype=state.dtype, device=state.counters.device)
         out = tensor.new_empty(state.world * spec.numel)
         launchers.kernel(spec.numel).warmup(*launchers.arguments(out, tensor))
@@ -59,8 +60,9 @@ class _Launchers:
     """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
     kernel, and sets its grid)."""
 
-    def __init__(self, state: PeerState) -> None:
+    def __init__(self, state: PeerState, limit_ns: int) -> None:
         self.state = state
+        self.limit_ns = limit_ns  # how long the kernel waits for a peer (`peer_memory.wait_limit_ns`)
         self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
 
     def _kernel(self, numel: int) -> Any:
@@ -72,7 +74,8 @@ class _Launchers:
         s = self.state
         block = WORDS * _pack(s.dtype)
         meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS,
-                "BLOCK": block, "PACK": _pack(s.dtype), "DEPENDENT": s.dependent}  # fmt: skip
+                "BLOCK": block, "PACK": _pack(s.dtype), "DEPENDENT": s.dependent,
+                "TIMEOUT_NS": self.limit_ns}  # fmt: skip
         grid = (max(1, -(-numel // block)),)
         return JitKernel(peer_gather_kernel, grid, (Config(meta, 4, 1),), mutates=["out", "counters"],
                          dependent_launch=s.dependent)  # fmt: skip

@@ -81,14 +81,15 @@ def _words_at(buffers, rank, part, word):
 @triton.jit
 def peer_gather_kernel(x, out, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
                        SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr, PACK: tl.constexpr,
-                       DEPENDENT: tl.constexpr):  # fmt: skip
+                       DEPENDENT: tl.constexpr, TIMEOUT_NS: tl.constexpr):  # fmt: skip
     """out[RANK * NUMEL + i] = x[i]; out[peer * NUMEL + i] = the peer's x[i]. One program a BLOCK of x.
 
     `buffers`: each rank's mapped buffer (two slots of WORLD parts of SLOT uint64 words, SLOT at least
     NUMEL / PACK rounded up), as int64 addresses. `counters`: this rank's last epoch of each program (int32,
     device memory). PACK: values a word, 2 for a 16-bit dtype, 1 for float32 (passed, not read from x's
     dtype). DEPENDENT: launched dependently (`passes.dependent_launch`): the next kernel may start at once;
-    this one waits for the kernel before it (which wrote x, and after the last call, the counters) first."""
+    this one waits for the kernel before it (which wrote x, and after the last call, the counters) first.
+    TIMEOUT_NS: how long it waits for a peer's words before it stops (`epoch_words.arrived`; 0: for ever)."""
     if DEPENDENT:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -107,7 +108,7 @@ def peer_gather_kernel(x, out, buffers, counters, NUMEL: tl.constexpr, RANK: tl.
     for peer in tl.static_range(WORLD):
         if peer != RANK:
             landed = _words_at(buffers, RANK, slot + peer * SLOT, word)
-            got = arrived(landed, full, sent)
+            got = arrived(landed, full, sent, TIMEOUT_NS)
             tl.store(landed, tl.zeros_like(got), mask=full)
             tl.store(out + peer * NUMEL + at, _values(got, out.dtype.element_ty, PACK), mask=ok)
     tl.store(counters + pid, epoch % EPOCHS)

@@ -7,10 +7,16 @@ every rank. It is zeroed (epoch 0, no call's: `execution.epoch_words`), and ever
 buffer address (int64, on the device). Each (group, dtype, device) keeps one such buffer and this rank's
 epoch counters, one a program, in a `PeerState` (`peer_state`), which graphs bound later share where its
 parts are large enough.
+
+A kernel waits for its peers' words for at most `OPGEN_PEER_TIMEOUT_S` seconds (`wait_limit_ns`; 600 by
+default, a NCCL process group's default timeout; 0 waits for ever). Past it, it stops the process's work on
+the GPU with a message (`epoch_words.gone`), where waiting would hang for ever on a rank that died.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +35,25 @@ class PeerSlots:
     buffer: torch.Tensor  # this rank's mapped buffer, kept alive with whatever holds this
     rank: int
     world: int
+
+
+TIMEOUT_ENV = "OPGEN_PEER_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0  # as a NCCL process group's default timeout
+
+
+def wait_limit_ns() -> int:
+    """How long a kernel waits for a peer's words before it stops (`epoch_words.arrived`), in nanoseconds,
+    from `OPGEN_PEER_TIMEOUT_S` (seconds; 0: for ever). A value that is no number of seconds is a ValueError
+    when a graph is bound, before any collective call, so every rank fails alike."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not (math.isfinite(seconds) and 0 <= seconds <= 1e9):
+        raise ValueError(f"opgen: {TIMEOUT_ENV}={raw!r}: give the seconds a kernel over peer memory waits for its "
+                         f"peers (0 waits for ever; {DEFAULT_TIMEOUT_S:g} by default)")  # fmt: skip
+    return round(seconds * 1e9)
 
 
 def require_jit() -> None:

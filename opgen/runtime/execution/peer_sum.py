@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state
+from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state, wait_limit_ns
 from opgen.runtime.ir import Collective
 
 BLOCK = 1024  # elements a program sums (not yet measured against other sizes)
@@ -39,9 +39,10 @@ def issuer(spec: Collective, group: Any, fallback: Callable[[], Callable[[torch.
            ) -> Callable[[torch.Tensor], None]:  # fmt: skip
     """The callable of a "peer_sum" record: sums `tensor` over the group, in place, on the current stream.
     `fallback()`: torch's one-shot issuer for the same record, where this kernel cannot run."""
+    limit = wait_limit_ns()  # a bad setting is an error, not a fallback
     try:
         state = _state(spec, group)
-        launchers = _Launchers(state)
+        launchers = _Launchers(state, limit)
         launchers.kernel(spec.numel).warmup(
             *launchers.arguments(torch.empty(spec.numel, dtype=state.dtype, device=state.counters.device))
         )
@@ -55,8 +56,9 @@ class _Launchers:
     """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
     kernel's loops)."""
 
-    def __init__(self, state: PeerState) -> None:
+    def __init__(self, state: PeerState, limit_ns: int) -> None:
         self.state = state
+        self.limit_ns = limit_ns  # how long the kernel waits for a peer (`peer_memory.wait_limit_ns`)
         self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
 
     def _kernel(self, numel: int) -> Any:
@@ -68,7 +70,7 @@ class _Launchers:
         s = self.state
         block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
         meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS, "BLOCK": block,
-                "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent}  # fmt: skip
+                "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent, "TIMEOUT_NS": self.limit_ns}  # fmt: skip
         grid = (-(-numel // block),)
         return JitKernel(peer_sum_kernel, grid, (Config(meta, 4, 1),), mutates=["x", "counters"],
                          dependent_launch=s.dependent)  # fmt: skip

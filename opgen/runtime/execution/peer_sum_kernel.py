@@ -67,7 +67,7 @@ def _values(words, dtype: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def peer_sum_kernel(x, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
                     SLOT: tl.constexpr, EPOCHS: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                    DEPENDENT: tl.constexpr):  # fmt: skip
+                    DEPENDENT: tl.constexpr, TIMEOUT_NS: tl.constexpr):  # fmt: skip
     """x[:NUMEL] = the sum over the group's ranks of their x, in place, BLOCK elements a program.
 
     `buffers`: each rank's mapped buffer (two slots of WORLD parts of SLOT uint64 words), as int64 addresses.
@@ -75,7 +75,8 @@ def peer_sum_kernel(x, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexp
     counts only block p, so its epochs, slots and peers' programs p are its own. BITS: the bits of x's
     dtype (16 or 32). DEPENDENT: launched dependently (`passes.dependent_launch`): the next kernel may start
     at once, and reads its weights while this one waits for its peers; this one waits for the kernel before
-    it (which wrote x, and after the last call, the counters) before anything else."""
+    it (which wrote x, and after the last call, the counters) before anything else. TIMEOUT_NS: how long it
+    waits for a peer's words before it stops (`epoch_words.arrived`; 0: for ever)."""
     if DEPENDENT:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -96,7 +97,7 @@ def peer_sum_kernel(x, buffers, counters, NUMEL: tl.constexpr, RANK: tl.constexp
         if rank == RANK:
             total += own.to(tl.float32)
         else:
-            total += _values(arrived(mine + rank * SLOT + at, ok, sent), dtype, BITS).to(tl.float32)
+            total += _values(arrived(mine + rank * SLOT + at, ok, sent, TIMEOUT_NS), dtype, BITS).to(tl.float32)
             tl.store(mine + rank * SLOT + at, tl.zeros((BLOCK,), tl.uint64), mask=ok)  # read: no epoch's again
     tl.store(x + at, total.to(dtype), mask=ok)
     tl.store(counters + block, epoch % EPOCHS)
