@@ -9,8 +9,8 @@ epoch counters, one a program, in a `PeerState` (`peer_state`), which graphs bou
 parts are large enough.
 
 A kernel waits for its peers' words for at most `OPGEN_PEER_TIMEOUT_S` seconds (`wait_limit_ns`; 600 by
-default, a NCCL process group's default timeout; 0 waits for ever). Past it, it stops the process's work on
-the GPU with a message (`epoch_words.gone`), where waiting would hang for ever on a rank that died.
+default, a NCCL process group's default timeout; 0 waits for ever). Past it, it traps (`epoch_words.gone`): the
+process's next CUDA call raises, where waiting would hang for ever on a rank that died.
 """
 
 from __future__ import annotations
