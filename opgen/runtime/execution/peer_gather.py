@@ -20,13 +20,12 @@ kind of machine.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state, wait_limit_ns
+from opgen.runtime.execution.peer_memory import PeerLaunchers, PeerState, cannot_run, peer_state, wait_limit_ns
 from opgen.runtime.ir import Collective
 
 WORDS = 1024  # words a program sends each peer: 2048 values of a 16-bit dtype, or 1024 float32
@@ -56,26 +55,17 @@ def issuer(spec: Collective, group: Any, on_group: Callable[[torch.Tensor, torch
     return launchers
 
 
-class _Launchers:
+class _Launchers(PeerLaunchers):
     """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
     kernel, and sets its grid)."""
 
-    def __init__(self, state: PeerState, limit_ns: int) -> None:
-        self.state = state
-        self.limit_ns = limit_ns  # how long the kernel waits for a peer (`peer_memory.wait_limit_ns`)
-        self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
-
     def _kernel(self, numel: int) -> Any:
-        """The kernel for tensors of `numel` elements (its `JitKernel`; `.launcher` launches it)."""
         from opgen.jit.kernels import Config, JitKernel
-        from opgen.runtime.execution.epoch_words import EPOCHS
         from opgen.runtime.execution.peer_gather_kernel import peer_gather_kernel
 
         s = self.state
         block = WORDS * _pack(s.dtype)
-        meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS,
-                "BLOCK": block, "PACK": _pack(s.dtype), "DEPENDENT": s.dependent,
-                "TIMEOUT_NS": self.limit_ns}  # fmt: skip
+        meta = {**self.meta(numel, block), "PACK": _pack(s.dtype)}
         grid = (max(1, -(-numel // block)),)
         return JitKernel(peer_gather_kernel, grid, (Config(meta, 4, 1),), mutates=["out", "counters"],
                          dependent_launch=s.dependent)  # fmt: skip

@@ -15,9 +15,11 @@ process's next CUDA call raises, where waiting would hang for ever on a rank tha
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,3 +140,26 @@ def peer_state(states: dict[tuple[str, str, str], PeerState], spec: Collective, 
     )
     states[key] = state
     return state
+
+
+class PeerLaunchers:
+    """What the launchers of a kernel over peer memory share: its state, how long it waits for a peer
+    (`wait_limit_ns`), and a kernel per element count (`_kernel`, cached: the count is a constant of the
+    kernel)."""
+
+    def __init__(self, state: PeerState, limit_ns: int) -> None:
+        self.state = state
+        self.limit_ns = limit_ns
+        self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
+
+    def _kernel(self, numel: int) -> Any:
+        """The kernel for tensors of `numel` elements (its `JitKernel`; `.launcher` launches it)."""
+        raise NotImplementedError
+
+    def meta(self, numel: int, block: int) -> dict[str, Any]:
+        """The constants every such kernel takes, for tensors of `numel` elements in programs of `block`."""
+        from opgen.runtime.execution.epoch_words import EPOCHS  # imports triton: only once a kernel is built
+
+        s = self.state
+        return {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS, "BLOCK": block,
+                "DEPENDENT": s.dependent, "TIMEOUT_NS": self.limit_ns}  # fmt: skip

@@ -20,13 +20,12 @@ binds the same graphs on the same kind of machine.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from opgen.runtime.execution.peer_memory import PeerState, cannot_run, peer_state, wait_limit_ns
+from opgen.runtime.execution.peer_memory import PeerLaunchers, PeerState, cannot_run, peer_state, wait_limit_ns
 from opgen.runtime.ir import Collective
 
 BLOCK = 1024  # elements a program sums (not yet measured against other sizes)
@@ -52,25 +51,17 @@ def issuer(spec: Collective, group: Any, fallback: Callable[[], Callable[[torch.
     return launchers
 
 
-class _Launchers:
+class _Launchers(PeerLaunchers):
     """Calls the kernel for a tensor, one launcher per element count (the count is a constant of the
     kernel's loops)."""
 
-    def __init__(self, state: PeerState, limit_ns: int) -> None:
-        self.state = state
-        self.limit_ns = limit_ns  # how long the kernel waits for a peer (`peer_memory.wait_limit_ns`)
-        self.kernel: Callable[[int], Any] = functools.cache(self._kernel)
-
     def _kernel(self, numel: int) -> Any:
-        """The kernel for tensors of `numel` elements (its `JitKernel`; `.launcher` launches it)."""
         from opgen.jit.kernels import Config, JitKernel
-        from opgen.runtime.execution.epoch_words import EPOCHS
         from opgen.runtime.execution.peer_sum_kernel import peer_sum_kernel
 
         s = self.state
         block = min(BLOCK, 1 << max(0, numel - 1).bit_length())
-        meta = {"NUMEL": numel, "RANK": s.rank, "WORLD": s.world, "SLOT": s.words, "EPOCHS": EPOCHS, "BLOCK": block,
-                "BITS": s.dtype.itemsize * 8, "DEPENDENT": s.dependent, "TIMEOUT_NS": self.limit_ns}  # fmt: skip
+        meta = {**self.meta(numel, block), "BITS": s.dtype.itemsize * 8}
         grid = (-(-numel // block),)
         return JitKernel(peer_sum_kernel, grid, (Config(meta, 4, 1),), mutates=["x", "counters"],
                          dependent_launch=s.dependent)  # fmt: skip
