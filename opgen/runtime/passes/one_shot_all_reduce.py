@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opgen.runtime.ir import ITEMSIZE, Collective, KernelCall, Program, Ref, TensorMeta, meta_table
-from opgen.runtime.passes.stream_ordered import Chosen, stream_ordered
+from opgen.runtime.passes.stream_ordered import Chosen, stream_ordered, tensor_bytes
 from opgen.runtime.registry import KernelRegistry
 
 ONE_SHOT_MAX_BYTES = 512 * 1024  # vLLM's custom all-reduce stops at 512 KB on 4+ ranks of an H100 node
@@ -76,16 +76,12 @@ def _refusal(record: Collective, meta: TensorMeta | None) -> str | None:
         return "a symbolic size"
     if not meta.is_contiguous() or meta.offset != 0:
         return "not contiguous"
-    if _bytes(meta) > ONE_SHOT_MAX_BYTES:
+    if tensor_bytes(meta) > ONE_SHOT_MAX_BYTES:
         return f"over {ONE_SHOT_MAX_BYTES // 1024} KiB, where the ring wins"
     return None
-
-
-def _bytes(meta: TensorMeta) -> int:
-    return meta.numel * ITEMSIZE[meta.dtype]
 
 
 def _size(meta: TensorMeta | None) -> str:
     if meta is None or not meta.is_static:
         return "a tensor of symbolic size"
-    return f"{_bytes(meta)} bytes" if meta.dtype in ITEMSIZE else f"{meta.numel} elements of {meta.dtype}"
+    return f"{tensor_bytes(meta)} bytes" if meta.dtype in ITEMSIZE else f"{meta.numel} elements of {meta.dtype}"

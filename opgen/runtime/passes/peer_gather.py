@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from opgen.runtime.ir import ITEMSIZE, Collective, KernelCall, Program, Ref, TensorMeta, meta_table
 from opgen.runtime.passes.one_shot_all_reduce import WORLD_SIZES
-from opgen.runtime.passes.stream_ordered import Chosen, stream_ordered
+from opgen.runtime.passes.stream_ordered import Chosen, stream_ordered, tensor_bytes
 from opgen.runtime.registry import KernelRegistry
 
 PEER_GATHER_MAX_BYTES = 1024 * 1024  # the gathered output; the largest measured (0.43x NCCL's time)
@@ -76,16 +76,12 @@ def _refusal(record: Collective, out: TensorMeta | None, tensor: TensorMeta | No
         return "not contiguous"
     if out.numel != tensor.numel * record.group_size:
         return f"an output of {out.numel} elements for {record.group_size} x {tensor.numel}"
-    if _bytes(out) > PEER_GATHER_MAX_BYTES:
+    if tensor_bytes(out) > PEER_GATHER_MAX_BYTES:
         return f"over {PEER_GATHER_MAX_BYTES // 1024} KiB gathered (`peer_gather`'s limit)"
     return None
-
-
-def _bytes(meta: TensorMeta) -> int:
-    return meta.numel * ITEMSIZE[meta.dtype]
 
 
 def _size(out: TensorMeta | None) -> str:
     if out is None or not out.is_static or out.dtype not in ITEMSIZE:
         return "an output of unknown size"
-    return f"{_bytes(out)} bytes gathered"
+    return f"{tensor_bytes(out)} bytes gathered"

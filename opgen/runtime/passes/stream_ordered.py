@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Collective, KernelCall, Line, Program, Ref, TensorMeta, defs, program_lines
+from opgen.runtime.ir import ITEMSIZE, Collective, KernelCall, Line, Program, Ref, TensorMeta, defs, program_lines
 
 Chosen = dict[str, tuple[Collective, TensorMeta]]  # work value -> (its issue line's record, the tensor it sends)
+
+
+def tensor_bytes(meta: TensorMeta) -> int:
+    """The bytes of a static tensor of a known dtype: what the passes' size limits count."""
+    return meta.numel * ITEMSIZE[meta.dtype]
 
 
 def stream_ordered(program: Program, chosen: Chosen, kind: str) -> tuple[tuple[Line, ...], tuple[Collective, ...]]:
