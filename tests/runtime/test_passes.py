@@ -485,6 +485,7 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "sink_reshapes",
         "shapes",
         "empty_cat",
+        "outer_products",
         "reinplace",
         "constants",
         "mkl_linear",

@@ -7,7 +7,8 @@ raw conv -> bn pattern, and
 oneDNN (CPU) and cuDNN (CUDA) fusion the conv -> relu pattern folding leaves; `onednn` runs before
 `layout` so that max pooling of its channels-last values joins its region; view
 simplification and shape folding (and `empty_cat`, which drops a cat's empty operands, a cat left with
-one being a copy) leave dead code, removed before `prepack` looks for single
+one being a copy, and `outer_products`, which makes a matrix product over a contraction of one element a
+broadcast `mul` that fusion can take) leave dead code, removed before `prepack` looks for single
 readers; constant folding hoists the weight transposes `mkl_linear` and `prepack` then replace
 (`mkl_linear` first: it takes the static row counts it wins on and leaves the rest to `prepack`),
 leaving dead code again, removed before memory planning; `reinplace` turns functional writes into buffers (a KV
@@ -102,6 +103,7 @@ from opgen.runtime.passes.memory import insert_frees, plan_memory
 from opgen.runtime.passes.mkl_linear import pack_linear_mkl
 from opgen.runtime.passes.one_shot_all_reduce import one_shot_all_reduces
 from opgen.runtime.passes.onednn import fuse_onednn
+from opgen.runtime.passes.outer_products import outer_products
 from opgen.runtime.passes.pads import fold_pads
 from opgen.runtime.passes.peer_gather import peer_gathers
 from opgen.runtime.passes.peer_sum import peer_sums
@@ -125,6 +127,7 @@ PASSES: dict[str, Pass] = {
     "sink_reshapes": sink_reshapes,
     "shapes": fold_shapes,
     "empty_cat": drop_empty_cat_operands,
+    "outer_products": outer_products,
     "reinplace": reinplace,
     "constants": fold_constants,
     "mkl_linear": pack_linear_mkl,
@@ -172,6 +175,7 @@ DEFAULT_PIPELINE = (
     "sink_reshapes",
     "shapes",
     "empty_cat",
+    "outer_products",
     "dead_code",
     "reinplace",
     "constants",
