@@ -77,6 +77,20 @@ class Rotary(nn.Module):
         return apply_rotary(x, freqs)
 
 
+class CausalMask(nn.Module):
+    """transformers' causal mask of a decode step: the key positions compared with the query's, an add of
+    the cache position unsqueezed three times (a chain of views between the add and the comparison)."""
+
+    def __init__(self, keys: int = 8) -> None:
+        super().__init__()
+        self.register_buffer("offset", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("keys", torch.arange(keys))
+
+    def forward(self, cache_position: torch.Tensor) -> torch.Tensor:
+        query = (self.offset + cache_position).unsqueeze(0).unsqueeze(1).unsqueeze(3)
+        return self.keys <= query
+
+
 compiled = compile_as_on_cuda  # split_bias, lift_views and fusion as on CUDA
 
 
@@ -99,6 +113,10 @@ def chain(then: str = "add") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 def rotary() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return Rotary(), (torch.randn(1, 1, 4, 8), torch.randn(1, 4, 2))
+
+
+def causal_mask() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return CausalMask(), (torch.tensor([5]),)
 
 
 def test_the_rotary_pairs_and_their_stack_are_one_kernel(monkeypatch) -> None:
@@ -135,6 +153,42 @@ def test_a_residual_add_reshaped_for_a_layer_norm_joins_its_row_kernel(monkeypat
     (kernel,) = kernels
     assert {"sigmoid", "add", "native_layer_norm"} <= set(kernel.nodes) and kernel.describe.startswith("row")
     check(fn, model, inputs)
+
+
+def test_a_chain_of_unsqueezes_is_one_view_and_the_add_joins_the_comparison(monkeypatch) -> None:
+    model, inputs = causal_mask()
+    fn, kernels = compiled(monkeypatch, model, inputs)
+    (kernel,) = kernels  # the add of [1, 1, 1, 1] broadcast into the comparison's kernel, never stored
+    assert set(kernel.nodes) == {"add", "le"}, kernel.nodes
+    body = fn.artifact.source.split("def forward(")[1]  # type: ignore[attr-defined]
+    assert "unsqueeze(" not in body.split("def forward_profiled")[0]  # three links, one view of the add's operand
+    with torch.no_grad():
+        for position in (0, 5, 7):
+            torch.testing.assert_close(fn(torch.tensor([position])), model(torch.tensor([position])))
+
+
+def test_a_chain_read_along_the_way_or_of_a_strided_tensor_stays() -> None:
+    from opgen.runtime.ir import Input, KernelCall, Program, Ref, Return, TensorMeta, Value
+    from opgen.runtime.passes.fusion.lift_views import UNSQUEEZE, _composed
+
+    def meta(shape: tuple[int, ...], stride: tuple[int, ...]) -> TensorMeta:
+        return TensorMeta(shape, stride, "float32", "cuda:0")
+
+    def program(source: TensorMeta, returned: tuple[str, ...]) -> Program:
+        a = Value("a", meta((1, 4), (4, 1)) if source.is_contiguous() else meta((1, 4), (8, 2)))
+        b = Value("b", meta((1, 1, 4), (4, 4, 1)) if source.is_contiguous() else meta((1, 1, 4), (8, 8, 2)))
+        body = (
+            KernelCall("unsqueeze", (Ref("x"), 0), (), (a,), "unsqueeze", UNSQUEEZE),
+            KernelCall("unsqueeze", (Ref("a"), 1), (), (b,), "unsqueeze_1", UNSQUEEZE),
+            Return(tuple(Ref(n) for n in returned), "tuple"),
+        )
+        return Program("forward", (Input("x", source),), (), (), body)
+
+    contiguous, strided = meta((4,), (1,)), meta((4,), (2,))
+    composed = _composed(program(contiguous, ("b",))).body
+    assert len(composed) == 2 and composed[0].kernel == "view" and composed[0].args == (Ref("x"), (1, 1, 4))
+    assert _composed(program(contiguous, ("a", "b"))).body == program(contiguous, ("a", "b")).body  # a is read
+    assert _composed(program(strided, ("b",))).body == program(strided, ("b",)).body
 
 
 @pytest.mark.parametrize("then", ["returned", "matmul"])
@@ -181,12 +235,12 @@ def test_cpu_programs_are_unchanged() -> None:
 
 
 @interpreter
-@pytest.mark.parametrize("what", ["block_tail", "chain", "residual_norm", "rotary"])
+@pytest.mark.parametrize("what", ["block_tail", "chain", "residual_norm", "rotary", "causal_mask"])
 def test_the_kernels_through_views_run_in_the_interpreter(monkeypatch, request, what) -> None:
     if ran_in_fresh_interpreter(request):
         return
     model, inputs = {"block_tail": block_tail, "chain": chain, "residual_norm": lambda: residual_norm(True),
-                     "rotary": rotary}[what]()  # fmt: skip
+                     "rotary": rotary, "causal_mask": causal_mask}[what]()  # fmt: skip
     checks: list[str] = []
     fn, kernels = compiled(monkeypatch, model, inputs, checks)
     check(fn, model, inputs)

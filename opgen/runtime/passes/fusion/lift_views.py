@@ -14,6 +14,12 @@ share an iteration space, and a view changes it:
 - an unsqueeze: gpt-fast's rotary embedding `torch.stack`s its rotated pairs, a cat of unsqueezes;
   lifted up to the pairs' loads (an unsqueeze views any operand, whatever its strides), the
   products, the sums and the stack are one kernel.
+- a chain of them: transformers' causal mask compares the key positions with the query's, `add(arange,
+  cache_position)` unsqueezed three times, and its rotary embedding multiplies the inverse frequencies
+  by the position twice unsqueezed. A chain of reshapes of a contiguous tensor, each link read only by
+  the next, is first one view of it (`_composed`), which then moves above the node: the add becomes one
+  of [1, 1, 1, 1] that broadcasts into the comparison's kernel (and the position's cast into the
+  rotation's), where it ran as a kernel of its own.
 
 A pointwise node's loads follow its operands' strides, so the permuted views cost no copy. Only where
 every reader of the view is a node fusion takes (so kernels merge) and nothing returns it (the caller
@@ -40,6 +46,7 @@ UNSQUEEZE = "aten.unsqueeze.default"  # a reshape too: gpt-fast's rotary `stack`
 def lift_views(program: Program, registry: KernelRegistry) -> Program:
     if not {"permute", "view"} <= set(registry.by_name):
         return program
+    program = _composed(program)
     for _ in range(ROUNDS):  # each round moves every view one node up; the next sees the views it made
         lifted = _one_round(program, registry)
         if lifted is program:
@@ -82,6 +89,40 @@ def _one_round(program: Program, registry: KernelRegistry) -> Program:
         if index not in dropped:
             body.extend(placed.get(index, [line]))
     return replace(program, body=tuple(body))
+
+
+def _composed(program: Program) -> Program:
+    """Each chain of reshapes (`RESHAPES`, unsqueezes) of a static, contiguous CUDA tensor, every link read
+    only by the next, as one `view` of the tensor in the chain's last shape (contiguous too); the links
+    between go."""
+    metas, read_by, made_at = meta_table(program), readers(program.body), defined_at(program.body)
+    body, dropped = list(program.body), set()
+    for index, line in enumerate(body):
+        at = made_at.get(line.args[0].name) if _a_reshape(line) else None  # type: ignore[union-attr]
+        inner = body[at] if at is not None else None
+        if at is None or not _a_reshape(inner) or read_by.get(line.args[0].name) != {index}:  # type: ignore[union-attr]
+            continue
+        assert isinstance(line, KernelCall) and isinstance(inner, KernelCall) and line.outputs[0] is not None
+        root, out = inner.args[0], line.outputs[0].meta
+        meta = metas.get(root.name) if isinstance(root, Ref) else None
+        if meta is None or out is None or not meta.device.startswith("cuda"):
+            continue
+        if not (meta.is_static and meta.is_contiguous() and out.is_static and out.is_contiguous()):
+            continue
+        body[index] = KernelCall("view", (root, out.shape), (), line.outputs, line.node, VIEW)
+        dropped.add(at)
+    if not dropped:
+        return program
+    return replace(program, body=tuple(line for i, line in enumerate(body) if i not in dropped))
+
+
+def _a_reshape(line: Line | None) -> bool:
+    """A call that only reshapes its first argument, a named tensor, into one static result."""
+    if not isinstance(line, KernelCall) or line.fallback or len(line.outputs) != 1 or not line.args:
+        return False
+    out = line.outputs[0]
+    reshapes = line.target in RESHAPES or line.target == UNSQUEEZE
+    return reshapes and isinstance(line.args[0], Ref) and out is not None and out.meta is not None
 
 
 def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
