@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from opgen.runtime.ir import (
@@ -14,8 +14,10 @@ from opgen.runtime.ir import (
     Program,
     Ref,
     Return,
+    TensorMeta,
     View,
     defs,
+    meta_table,
     program_lines,
     refs,
     uses,
@@ -79,6 +81,14 @@ def constant_names(program: Program) -> set[str]:
         if isinstance(line, Constant) or (isinstance(line, KernelCall) and set(uses(line)) <= constant):
             constant.update(v.name for v in defs(line))
     return constant
+
+
+def rewrite_body(program: Program, rewrite: Callable[[Line, dict[str, TensorMeta]], Line]) -> Program:
+    """`program` with each line of its body replaced by `rewrite(line, metas)` (the program's metas); the
+    program itself where no line changes."""
+    metas = meta_table(program)
+    body = tuple(rewrite(line, metas) for line in program.body)
+    return program if body == program.body else replace(program, body=body)
 
 
 def info_of(line: KernelCall, registry: KernelRegistry) -> OpInfo | None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Sym, TensorMeta, meta_table
+from opgen.runtime.ir import Arg, KernelCall, Line, Program, Ref, Sym, TensorMeta
+from opgen.runtime.passes.analysis import rewrite_body
 from opgen.runtime.registry import KernelRegistry
 
 CAT = "aten.cat.default"
@@ -22,9 +23,7 @@ CAT = "aten.cat.default"
 def drop_empty_cat_operands(program: Program, registry: KernelRegistry) -> Program:
     if "clone" not in registry.by_name:
         return program
-    metas = meta_table(program)
-    body = tuple(_simplified(line, metas) for line in program.body)
-    return program if body == program.body else replace(program, body=body)
+    return rewrite_body(program, _simplified)
 
 
 def _simplified(line: Line, metas: dict[str, TensorMeta]) -> Line:

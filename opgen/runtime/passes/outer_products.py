@@ -15,9 +15,8 @@ reader sees the layout the graph recorded.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, contiguous_strides, meta_table
+from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, contiguous_strides
+from opgen.runtime.passes.analysis import rewrite_body
 from opgen.runtime.registry import KernelRegistry
 
 PRODUCTS = frozenset({"aten.bmm.default", "aten.mm.default"})
@@ -28,9 +27,7 @@ FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 def outer_products(program: Program, registry: KernelRegistry) -> Program:
     if "mul" not in registry.by_name:
         return program
-    metas = meta_table(program)
-    body = tuple(_as_mul(line, metas) for line in program.body)
-    return program if body == program.body else replace(program, body=body)
+    return rewrite_body(program, _as_mul)
 
 
 def _as_mul(line: Line, metas: dict[str, TensorMeta]) -> Line:
