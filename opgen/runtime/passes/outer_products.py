@@ -16,12 +16,12 @@ reader sees the layout the graph recorded.
 from __future__ import annotations
 
 from opgen.runtime.ir import KernelCall, Line, Program, Ref, TensorMeta, contiguous_strides
+from opgen.runtime.ir.fusible import FLOATS
 from opgen.runtime.passes.analysis import rewrite_body
 from opgen.runtime.registry import KernelRegistry
 
 PRODUCTS = frozenset({"aten.bmm.default", "aten.mm.default"})
 MUL = "aten.mul.Tensor"
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def outer_products(program: Program, registry: KernelRegistry) -> Program:
@@ -41,7 +41,7 @@ def _as_mul(line: Line, metas: dict[str, TensorMeta]) -> Line:
     right = metas.get(b.name) if isinstance(b, Ref) else None
     if left is None or right is None or out is None or not all(m.is_static for m in (left, right, out)):
         return line
-    if left.shape[-1] != 1 or left.dtype != right.dtype or left.dtype.removeprefix("torch.") not in FLOATS:
+    if left.shape[-1] != 1 or left.dtype != right.dtype or left.dtype not in FLOATS:
         return line
     if out.stride != contiguous_strides(out.shape) or not _mul_keeps_order(left, right, out.shape):  # type: ignore[arg-type]
         return line
