@@ -41,6 +41,7 @@ from opgen.runtime.registry import KernelRegistry
 
 ROUNDS = 8  # a view moves above a chain of at most this many pointwise nodes
 UNSQUEEZE = "aten.unsqueeze.default"  # a reshape too: gpt-fast's rotary `stack`s its pairs as cat(unsqueeze, ...)
+RESHAPING = frozenset((*RESHAPES, UNSQUEEZE))  # the calls that only reshape their tensor
 
 
 def lift_views(program: Program, registry: KernelRegistry) -> Program:
@@ -92,7 +93,7 @@ def _one_round(program: Program, registry: KernelRegistry) -> Program:
 
 
 def _composed(program: Program) -> Program:
-    """Each chain of reshapes (`RESHAPES`, unsqueezes) of a static, contiguous CUDA tensor, every link read
+    """Each chain of reshapes (`RESHAPING`) of a static, contiguous CUDA tensor, every link read
     only by the next, as one `view` of the tensor in the chain's last shape (contiguous too); the links
     between go."""
     metas, read_by, made_at = meta_table(program), readers(program.body), defined_at(program.body)
@@ -121,8 +122,7 @@ def _a_reshape(line: Line | None) -> bool:
     if not isinstance(line, KernelCall) or line.fallback or len(line.outputs) != 1 or not line.args:
         return False
     out = line.outputs[0]
-    reshapes = line.target in RESHAPES or line.target == UNSQUEEZE
-    return reshapes and isinstance(line.args[0], Ref) and out is not None and out.meta is not None
+    return line.target in RESHAPING and isinstance(line.args[0], Ref) and out is not None and out.meta is not None
 
 
 def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
@@ -131,7 +131,7 @@ def _a_view(line: Line, metas: dict[str, TensorMeta]) -> bool:
     its depthwise convolution)."""
     if not isinstance(line, KernelCall) or line.fallback or len(line.outputs) != 1 or len(line.args) < 2:
         return False
-    if line.target != PERMUTE and line.target not in RESHAPES and line.target != UNSQUEEZE:
+    if line.target != PERMUTE and line.target not in RESHAPING:
         return False
     out, source = line.outputs[0], line.args[0]
     meta = metas.get(source.name) if isinstance(source, Ref) else None
