@@ -211,6 +211,20 @@ class HardActivations(nn.Module):
         return F.hardswish(x * 4.0) * F.hardsigmoid(se * 4.0) + 1.0
 
 
+class WindowMask(nn.Module):
+    """A sliding window's mask (Mistral's, Gemma-2's: two comparisons and their `&`), integer bitwise ops, logical
+    ones over mixed dtypes, and a where that reads the mask: one kernel."""
+
+    def forward(
+        self, scores: torch.Tensor, keys: torch.Tensor, pos: torch.Tensor, n: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        kept = (keys <= pos) & (keys > pos - 4)
+        bits = (n & 6) | (n ^ 3)  # int32 with int literals
+        odd = torch.logical_xor(n, keys)  # int32 and int64, read as != 0
+        masked = torch.where(kept & True, scores, float("-inf")) + bits
+        return masked, torch.logical_and(torch.logical_or(kept, bits), odd), (kept ^ odd) | (bits > 2)
+
+
 def _mask(t: int) -> torch.Tensor:
     return torch.tril(torch.ones(t, t, dtype=torch.bool))
 
@@ -241,13 +255,22 @@ CASES = {  # name -> (model factory, inputs factory)
     "cat_operand_read_elsewhere": (CatOperandReadElsewhere, lambda: (torch.randn(3, 4), torch.randn(3, 2))),
     "hard_activations": (HardActivations, lambda: (torch.randn(2, 8, 5, 5), torch.randn(2, 8, 1, 1))),
     "nested_cat": (NestedCat, lambda: (torch.randn(3, 4), torch.randint(-3, 3, (2, 4)))),
+    "window_mask": (
+        WindowMask,
+        lambda: (
+            torch.randn(2, 3, 9),
+            torch.arange(9),
+            torch.tensor([[[5], [8], [0]], [[3], [6], [1]]]),
+            torch.randint(-4, 5, (2, 3, 9), dtype=torch.int32),
+        ),
+    ),
 }
 EXPECTED_KERNELS = {  # how many fused kernels each case runs (row kernels take their pointwise neighbours)
     "chain": 1, "chain_strided": 1, "half_chain": 1, "bias_gelu": 1, "bias_gelu_tanh": 1,
     "residual_norm": 1, "permuted_norm": 1, "permuted_copy": 1, "masked_softmax": 1, "rms_norm": 1, "type_as_norm": 1,
     "buffer_write": 2, "aliased_output": 2,
     "row_reductions": 3, "one_row": 1, "rotary_pairs": 2, "rotate_half": 1, "rotate_half_bf16": 1, "cat_middle": 1,
-    "cat_operand_read_elsewhere": 2, "hard_activations": 1, "nested_cat": 2,
+    "cat_operand_read_elsewhere": 2, "hard_activations": 1, "nested_cat": 2, "window_mask": 1,
 }  # fmt: skip
 # Half precision: intermediate values stay in float32 (as Inductor keeps them), so results are a rounding
 # of the half-precision intermediate apart (bfloat16: 2^-8 relative).
@@ -557,6 +580,12 @@ def test_expressions_promote_like_aten() -> None:
     assert pointwise("aten.div.Tensor_mode", {"self": i64, "other": i64, "rounding_mode": "floor"}, "int64") is None
     assert pointwise("aten.pow.Tensor_Scalar", {"self": f32, "exponent": 2.7}, "float32") is None
     assert literal(float("-inf"), "float32") == 'float("-inf")' and literal(0.5, "int64") is None
+    i32 = Op("k", "int32")
+    assert pointwise("aten.bitwise_and.Tensor", {"self": b, "other": b}, "bool") == "(m) & (m)"
+    assert pointwise("aten.bitwise_or.Tensor", {"self": i32, "other": b}, "int32") == "(k) | (m.to(tl.int32))"
+    assert pointwise("aten.bitwise_xor.Scalar", {"self": i64, "other": 3}, "int64") == "(n) ^ (3)"
+    assert pointwise("aten.bitwise_and.Scalar", {"self": i64, "other": 0.5}, "int64") is None  # ATen refuses it too
+    assert pointwise("aten.logical_or.default", {"self": f32, "other": i64}, "bool") == "((x != 0)) | ((n != 0))"
 
 
 def test_a_failing_candidate_falls_back_to_the_reliable_one_with_a_warning() -> None:

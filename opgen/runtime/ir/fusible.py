@@ -182,6 +182,17 @@ def _bitwise_not(values: Mapping[str, Any], out: str) -> bool:
     return isinstance(values["self"], Typed) and out not in FLOATS
 
 
+def _bitwise(values: Mapping[str, Any], out: str) -> bool:
+    """and/or/xor of integers or bools (ATen refuses floats), each operand in the result's type: a sliding
+    window's mask is two comparisons and their `&`."""
+    return out not in FLOATS and _both(values, out)  # a float literal does not fit an integer type
+
+
+def _logical(values: Mapping[str, Any], out: str) -> bool:
+    """logical and/or/xor of two tensors of any dtypes, each read as (x != 0): a bool result."""
+    return isinstance(values["self"], Typed) and isinstance(values["other"], Typed) and out == "bool"
+
+
 # clamp with one bound: the op and the bound it takes, computed as clamp with only that bound.
 CLAMP_BOUNDS = {"aten.clamp_min.default": "min", "aten.clamp_max.default": "max"}
 
@@ -216,6 +227,8 @@ POINTWISE: dict[str, Rule] = {
     "aten.clone.default": _tensor,
     "aten.logical_not.default": _logical_not,
     "aten.bitwise_not.default": _bitwise_not,
+    **{f"aten.bitwise_{op}.{kind}": _bitwise for op in ("and", "or", "xor") for kind in ("Tensor", "Scalar")},
+    **{f"aten.logical_{op}.default": _logical for op in ("and", "or", "xor")},
 }  # fmt: skip
 
 
