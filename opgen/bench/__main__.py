@@ -1,4 +1,4 @@
-"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,step,chain,generate,
+"""`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,step,plan,chain,generate,
 tp,tp_step} [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ COMMANDS = {
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode_families", "LLM decoding, static KV cache: two Llamas at batch 1, or --families"),
     "step": ("opgen.bench.step_profile", "one decode step of an LLM family, kernel by kernel: time, launches, what"),
+    "plan": ("opgen.bench.plan", "a decode step's CUDA kernels planned on any machine: launches a layer, what"),
     "chain": ("opgen.bench.chain", "a decoder's products as one persistent launch vs a launch each (GPU)"),
     "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
     "tp": ("opgen.bench.tp", "Llama decode split over N GPUs (tensor parallelism): eager, reduce-overhead, opgen"),

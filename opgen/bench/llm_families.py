@@ -32,6 +32,12 @@ class Family:
     tiny: dict[str, Any] = field(default_factory=dict)  # over TINY
     own_names: bool = False  # its config names its widths its own way (GPT-2): `tiny` alone, not over TINY
 
+    def widths(self, size: str) -> str:
+        """How a report names the widths: the checkpoint's ("Llama-3.2-1B widths"), or "tiny widths"."""
+        if size != "real":
+            return f"{size} widths"
+        return self.checkpoint if self.checkpoint.endswith("widths") else f"{self.checkpoint} widths"
+
     def config_fields(self, size: str) -> dict[str, Any]:
         if size not in ("tiny", "real"):
             raise ValueError(f"size {size!r}: 'tiny' or 'real'")
@@ -81,14 +87,18 @@ FAMILIES = {
 
 
 def causal_lm(family: str, size: str = "tiny", seed: int = 0, device: str | torch.device = "cpu",
-              dtype: torch.dtype = torch.float32) -> nn.Module:  # fmt: skip
-    """The family's causal LM with random weights, in eval mode, its generation set to a static cache."""
+              dtype: torch.dtype = torch.float32, layers: int | None = None) -> nn.Module:  # fmt: skip
+    """The family's causal LM with random weights, in eval mode, its generation set to a static cache;
+    `layers` decoder layers where given (the checkpoint's count otherwise)."""
     import transformers
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
     entry = FAMILIES[family]
-    config = getattr(transformers, entry.config)(**entry.config_fields(size))
+    fields = entry.config_fields(size)
+    if layers is not None:
+        fields["n_layer" if entry.own_names else "num_hidden_layers"] = layers
+    config = getattr(transformers, entry.config)(**fields)
     torch.manual_seed(seed)
     model = getattr(transformers, entry.model)(config).to(device=device, dtype=dtype).eval()
     model.generation_config.cache_implementation = "static"

@@ -159,7 +159,8 @@ def dependent_launch() -> bool:
 
 def report(p: Profile, rows: int) -> str:
     """The header lines and the table of the `rows` longest kernels (the rest summed in one line)."""
-    widths = f"{FAMILIES[p.family].checkpoint} widths" if p.size == "real" else f"{p.size} widths"
+    family = FAMILIES.get(p.family)  # `tp_step` profiles a rank of its own model, not a family
+    widths = family.widths(p.size) if family is not None else f"{p.size} widths"
     clock = "CUDA events" if p.device != "cpu" else "the host's clock"
     lines = [
         f"{p.family} ({widths}), batch {p.batch}, {p.dtype} on {p.device}: a step takes {p.step_us:.1f} us "

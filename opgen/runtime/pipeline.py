@@ -25,12 +25,14 @@ from opgen.runtime.capture.export import graph_fingerprint
 from opgen.runtime.codegen.python import emit
 from opgen.runtime.codegen.triton.kernels import print_kernels
 from opgen.runtime.execution.device_facts import device_facts
+from opgen.runtime.ir import Program
 from opgen.runtime.ir.signature import GraphSignature
 from opgen.runtime.ir.sizes import SizeRange
 from opgen.runtime.lowering.collectives import group_sizes
 from opgen.runtime.lowering.lower import LowerOptions, lower
 from opgen.runtime.passes import DEFAULT_PIPELINE, JIT_PASSES, run_passes
 from opgen.runtime.passes.analysis import written_names
+from opgen.runtime.passes.relabel import relabel
 from opgen.runtime.registry import KernelRegistry, load_registry
 
 
@@ -148,3 +150,13 @@ def compile_graph(
     )
     path = cache.store(graph) if options.cache and graph.cacheable else None
     return graph, str(path) if path is not None else f"<opgen:{key[:16]}>"
+
+
+def plan_program(gm: torch.fx.GraphModule, signature: GraphSignature, passes: Sequence[str], device: str) -> Program:
+    """The program `passes` make of the graph for `device` ("cuda:0"), planned on this machine, which may lack
+    it: the lowered program's tensors are relabelled onto `device` for the passes, then back to the CPU, and
+    its kernels printed. For reading (`python -m opgen.bench plan`), never for running: nothing is bound,
+    timed or cached, and where a pass asks this machine's device facts (dependent launch), a CPU's answer."""
+    registry = default_registry()
+    lowered = lower(gm, signature, registry, LowerOptions())
+    return print_kernels(relabel(run_passes(relabel(lowered.program, device), registry, passes), "cpu"))

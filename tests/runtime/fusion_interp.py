@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,9 +20,10 @@ import torch
 
 import opgen
 from opgen.runtime.codegen.triton.kernels import print_kernels
-from opgen.runtime.ir import FusedKernel, Program, Sym, TensorMeta, Value
+from opgen.runtime.ir import FusedKernel, Program
 from opgen.runtime.passes import DEFAULT_PIPELINE, run_passes
 from opgen.runtime.passes.fusion.rewrite import fuse
+from opgen.runtime.passes.relabel import relabel
 from opgen.runtime.pipeline import default_pipeline
 from opgen.runtime.registry import KernelRegistry
 
@@ -36,46 +36,6 @@ needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
     reason="needs triton, run in its interpreter on a machine without a GPU",
 )
-
-
-def _relabel(program: Program, device: str) -> Program:
-    """Every meta of the program on `device` (CPU stands in for CUDA)."""
-
-    def meta(m: TensorMeta | None) -> TensorMeta | None:
-        return None if m is None else replace(m, device=device)
-
-    def value(v: Value | None) -> Value | None:
-        return None if v is None else replace(v, meta=meta(v.meta))
-
-    def kwarg(arg: Any) -> Any:  # a device a pass names (setup's buffers of a split attention kernel)
-        return Sym("device", device) if isinstance(arg, Sym) and arg.kind == "device" else arg
-
-    def line(x: Any) -> Any:
-        if hasattr(x, "outputs") and not isinstance(x, FusedKernel):
-            kwargs = tuple((k, kwarg(a)) for k, a in x.kwargs) if hasattr(x, "kwargs") else None
-            x = replace(x, kwargs=kwargs) if kwargs is not None else x
-            return replace(x, outputs=tuple(value(v) for v in x.outputs))
-        if hasattr(x, "value") and isinstance(getattr(x, "value", None), Value):
-            return replace(x, value=value(x.value))
-        return x
-
-    fused = tuple(
-        replace(
-            f,
-            outputs=tuple(value(v) for v in f.outputs),
-            lines=tuple(line(x) for x in f.lines),
-            writes=tuple(value(v) for v in f.writes),
-        )
-        for f in program.fused
-    )
-    return replace(
-        program,
-        inputs=tuple(replace(i, meta=meta(i.meta)) for i in program.inputs),
-        constants=tuple(replace(c, meta=meta(c.meta)) for c in program.constants),
-        setup=tuple(line(x) for x in program.setup),
-        body=tuple(line(x) for x in program.body),
-        fused=fused,
-    )
 
 
 def ran_in_fresh_interpreter(request: pytest.FixtureRequest) -> bool:
@@ -104,12 +64,12 @@ def run_passes_as_if_cuda(program: Program, registry: KernelRegistry,
                           names: Sequence[str] = DEFAULT_PIPELINE) -> Program:  # fmt: skip
     """`run_passes` as on CUDA (the GPU passes too), the result back on the CPU: monkeypatched over
     `opgen.runtime.pipeline.run_passes`, `opgen.compile(..., passes=DEFAULT_PIPELINE)` plans a GPU step."""
-    return _relabel(run_passes(_relabel(program, "cuda:0"), registry, names), "cpu")
+    return relabel(run_passes(relabel(program, "cuda:0"), registry, names), "cpu")
 
 
 def fuse_as_if_cuda(program: Program, registry: KernelRegistry) -> Program:
     """The fusion pass as if on CUDA, its kernels printed (as the pipeline prints them after the passes)."""
-    return print_kernels(_relabel(fuse(_relabel(program, "cuda:0"), registry), "cpu"))
+    return print_kernels(relabel(fuse(relabel(program, "cuda:0"), registry), "cpu"))
 
 
 def _layout(t: torch.Tensor) -> tuple[int, ...]:
@@ -232,7 +192,7 @@ def compile_with_pass(
     specs: list[FusedKernel] = []
 
     def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        out = print_kernels(_relabel(run(_relabel(program, "cuda:0"), registry), "cpu"))  # the kernels' sources
+        out = print_kernels(relabel(run(relabel(program, "cuda:0"), registry), "cpu"))  # the kernels' sources
         specs.extend(out.fused)
         return out
 

@@ -71,13 +71,13 @@ def test_a_matrix_vector_kernel_reads_its_weights_before_it_waits(monkeypatch: p
 def test_the_gemv_pass_writes_the_wait_where_the_facts_say(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the facts on, each matrix-vector kernel waits once, after its first weights; the dependent
     launch pass then only marks it. (Kernels bound to their ATen side: this machine runs no gdc.)"""
-    from fusion_interp import _relabel
+    from opgen.runtime.passes.relabel import relabel
 
     specs: list[FusedKernel] = []
 
     def gemv_dependent(program: Program, _: object) -> Program:
         on = registry(True)
-        out = print_kernels(_relabel(launch_dependently(fuse_gemv(_relabel(program, "cuda:0"), on), on), "cpu"))
+        out = print_kernels(relabel(launch_dependently(fuse_gemv(relabel(program, "cuda:0"), on), on), "cpu"))
         specs.extend(out.fused)
         return out
 

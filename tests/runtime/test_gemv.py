@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from fusion_interp import InterpretedBinding, _relabel, needs_triton, ran_in_fresh_interpreter
+from fusion_interp import InterpretedBinding, needs_triton, ran_in_fresh_interpreter
 from torch import nn
 
 import opgen
@@ -33,6 +33,7 @@ from opgen.runtime.ir import (
     contiguous_strides,
 )
 from opgen.runtime.passes.fusion.gemv import find_siblings, fuse_gemv
+from opgen.runtime.passes.relabel import relabel
 from opgen.runtime.pipeline import default_pipeline
 from opgen.runtime.registry import KernelRegistry
 
@@ -69,12 +70,12 @@ def compile_gemv(
     specs: list[FusedKernel] = []
 
     def gemv_on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        program = _relabel(program, "cuda:0")
+        program = relabel(program, "cuda:0")
         for run in before:
             program = run(program, registry)
         if made is not None:
             made.append(program)
-        out = print_kernels(_relabel(fuse_gemv(program, registry), "cpu"))  # with their sources
+        out = print_kernels(relabel(fuse_gemv(program, registry), "cpu"))  # with their sources
         specs.extend(out.fused)
         return out
 

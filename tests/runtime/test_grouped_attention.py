@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from fusion_interp import _relabel
 from torch import nn
 from torch.nn import functional as F
 
@@ -15,6 +14,7 @@ from opgen.runtime import passes
 from opgen.runtime.execution.device_facts import device_facts
 from opgen.runtime.ir import Program
 from opgen.runtime.passes.grouped_attention import read_grouped_heads
+from opgen.runtime.passes.relabel import relabel
 from opgen.runtime.pipeline import default_pipeline
 from opgen.runtime.registry import DeviceFacts, KernelRegistry
 
@@ -44,7 +44,7 @@ def _compile(monkeypatch: pytest.MonkeyPatch, reads_groups: bool) -> tuple[objec
     facts = DeviceFacts((("float32", True),) if reads_groups else ())
 
     def on_cpu(program: Program, registry: KernelRegistry) -> Program:
-        return _relabel(read_grouped_heads(_relabel(program, "cuda:0"), replace(registry, facts=facts)), "cpu")
+        return relabel(read_grouped_heads(relabel(program, "cuda:0"), replace(registry, facts=facts)), "cpu")
 
     monkeypatch.setitem(passes.PASSES, "grouped_on_cpu", on_cpu)
     pipeline = [p for p in default_pipeline() if p != "grouped_attention"]

@@ -1,0 +1,58 @@
+"""`python -m opgen.bench plan`: a decode step's CUDA kernels planned on the CPU, nothing run. The counts are
+`docs/jit-and-fusion.md`'s table of a layer's launches family by family."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opgen.bench import plan as plan_module
+from opgen.bench.__main__ import main as bench_main
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize(
+    ("family", "batch", "per_layer"),
+    [("llama", 1, 5), ("mistral", 1, 5), ("gemma2", 1, 5), ("qwen3", 1, 6), ("gpt2", 3, 7)],
+)
+def test_a_layers_launches_are_the_documented_ones(family: str, batch: int, per_layer: int) -> None:
+    p = plan_module.plan(family, "tiny", batch)
+    assert p.per_layer == per_layer and p.own > 0
+    assert len(p.launches) == 2 * per_layer + p.own  # the two-layer step's, in order
+    generated = [launch for launch in p.launches if launch.what != "ATen"]
+    assert any(launch.what.startswith("decode attention") for launch in generated)
+    products = "matrix-vector kernel" if batch == 1 else "few-row kernel"
+    assert any(launch.what.startswith(products) for launch in generated)
+    aten = [launch.kernel for launch in p.launches if launch.what == "ATen"]  # the step's start, not a layer's
+    assert aten == (["embedding", "add", "embedding"] if family == "gpt2" else ["embedding"])  # GPT-2's positions
+
+
+def test_a_sliding_windows_mask_runs_in_a_generated_kernel() -> None:
+    """Mistral's mask is two comparisons and their `&` (bitwise_and): fused, no ATen launch of its own."""
+    kernels = [launch.kernel for launch in plan_module.plan("mistral", "tiny").launches]
+    assert not {"gt", "le", "bitwise_and", "where"} & set(kernels)
+
+
+def test_the_command_prints_and_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    assert bench_main(["plan", "--family", "qwen2", "--size", "tiny", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    header = text.splitlines()[0]
+    assert header.startswith("qwen2 (tiny widths), batch 1, bfloat16, planned for CUDA on this machine: 5 launches")
+    assert "| # " in text and "| embedding " in text and "| ATen " in text
+    data = json.loads(out.read_text())
+    assert data["family"] == "qwen2" and data["per_layer"] == 5 and len(data["launches"]) == 10 + data["own"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--batch", "0"], "takes a positive number"), (["--family", "nope"], "invalid choice: 'nope'")],
+)
+def test_bad_arguments_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        bench_main(["plan", *argv])
+    assert done.value.code == 2
+    assert message in capsys.readouterr().err
