@@ -61,7 +61,7 @@ FAMILIES = {
         Family("gemma", "GemmaConfig", "GemmaForCausalLM", "Gemma-2B",
                {"hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18, "num_attention_heads": 8,
                 "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 256000},
-               {"head_dim": 16}),
+               {"head_dim": 16, "num_key_value_heads": 1}),  # multi-query, as the checkpoint
         Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM", "Gemma-2-2B",
                {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
                 "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000},

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 @pytest.mark.parametrize(
     ("family", "batch", "per_layer"),
-    [("llama", 1, 5), ("mistral", 1, 5), ("gemma2", 1, 5), ("qwen3", 1, 6), ("gpt2", 3, 7)],
+    [("llama", 1, 5), ("mistral", 1, 5), ("gemma", 1, 5), ("gemma2", 1, 5), ("qwen3", 1, 6), ("gpt2", 3, 7)],
 )
 def test_a_layers_launches_are_the_documented_ones(family: str, batch: int, per_layer: int) -> None:
     p = plan_module.plan(family, "tiny", batch)

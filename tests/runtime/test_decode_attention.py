@@ -132,6 +132,20 @@ def test_one_kernel_reads_the_cache_in_place_and_the_aten_side_matches(
     run_steps(compiled, eager, model, range(3, 12))
 
 
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+def test_one_key_value_head_is_read_in_place_too(monkeypatch: pytest.MonkeyPatch, mask: str) -> None:
+    """Multi-query attention (Gemma-2B's one key/value head): the repeat's reshape views the expanded cache, so
+    export records no clone; the kernel still reads the cache itself, one program for all eight heads."""
+    model, eager = (CacheAttention(kv_heads=1, mask=mask) for _ in range(2))
+    eager.load_state_dict(model.state_dict())
+    compiled, specs = compile_on_cpu(monkeypatch, model, inputs(model))
+    assert len(specs) == 1, compiled.report()  # type: ignore[attr-defined]
+    (spec,) = specs
+    assert spec.inputs[1:3] == ("b_k_cache", "b_v_cache") and not any("clone" in n for n in spec.nodes)
+    assert "8 per key/value head" in spec.source and "a program a group" in spec.describe
+    run_steps(compiled, eager, model, range(3, 12))
+
+
 @pytest.mark.parametrize("how", ["repeat_kv", "none"])
 @pytest.mark.parametrize("softcap", [1.5, None])
 def test_attention_written_out_is_the_same_kernel(monkeypatch: pytest.MonkeyPatch, how: str,
@@ -371,13 +385,14 @@ def test_without_a_mask_the_whole_cache_is_read(monkeypatch: pytest.MonkeyPatch)
 
 
 @interpreter
-@pytest.mark.parametrize("how", ["repeat_kv", "none"])
+@pytest.mark.parametrize("how", ["repeat_kv", "none", "one_kv_head"])
 @pytest.mark.parametrize("mask", ["bool", "additive", "additive_min"])
 def test_the_kernel_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
                                                 how: str, mask: str) -> None:  # fmt: skip
     if ran_in_fresh_interpreter(request):
         return
-    kv_heads = 8 if how == "none" else 2
+    kv_heads = {"none": 8, "one_kv_head": 1}.get(how, 2)
+    how = "repeat_kv" if how == "one_kv_head" else how
     model, eager = (CacheAttention(kv_heads=kv_heads, how=how, mask=mask, length=70) for _ in range(2))
     eager.load_state_dict(model.state_dict())
     checks: list[str] = []
@@ -469,6 +484,8 @@ GPU_CASES = {
     **{f"head96_{kernel}": (lambda dtype: CacheAttention(heads=8, kv_heads=4, length=300, dim=96, mask="additive",
                                                          dtype=dtype), "decode attention", kernel == "row")
        for kernel in ("row", "group")},
+    "one_kv_head": (lambda dtype: CacheAttention(heads=8, kv_heads=1, length=300, dim=256, mask="additive",
+                                                 dtype=dtype), "8 per key/value head, read in place", False),
 }  # fmt: skip
 
 

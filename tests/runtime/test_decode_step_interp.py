@@ -25,7 +25,8 @@ pytest.importorskip("transformers")
      ("gemma2", 1, "float32"), ("gemma2", 3, "float32"), ("olmo2", 3, "float32"), ("qwen3", 1, "float32"),
      ("qwen3", 3, "float16"),  # q/k norms per head: a row kernel of their own (`attention_rows` takes whole rows)
      ("olmo2", 1, "float16"),  # a half type: the casts pass moves its rotation's casts into the cat's operands
-     ("gpt2", 1, "float32"), ("gpt2", 3, "float32")],  # gelu_new as c_fc's epilogue
+     ("gpt2", 1, "float32"), ("gpt2", 3, "float32"),  # gelu_new as c_fc's epilogue
+     ("gemma", 1, "float32")],  # one key/value head: its repeat a view, no clone
 )  # fmt: skip
 def test_every_kernel_of_a_step_matches_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
                                                            request: pytest.FixtureRequest, family: str,
