@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -106,9 +106,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(p))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(_as_json(p), f, indent=1)
+            json.dump(asdict(p), f, indent=1)
     return 0
-
-
-def _as_json(p: Plan) -> Mapping[str, object]:
-    return asdict(p)

@@ -581,9 +581,9 @@ def test_expressions_promote_like_aten() -> None:
     assert pointwise("aten.pow.Tensor_Scalar", {"self": f32, "exponent": 2.7}, "float32") is None
     assert literal(float("-inf"), "float32") == 'float("-inf")' and literal(0.5, "int64") is None
     i32 = Op("k", "int32")
-    assert pointwise("aten.bitwise_and.Tensor", {"self": b, "other": b}, "bool") == "(m) & (m)"
-    assert pointwise("aten.bitwise_or.Tensor", {"self": i32, "other": b}, "int32") == "(k) | (m.to(tl.int32))"
-    assert pointwise("aten.bitwise_xor.Scalar", {"self": i64, "other": 3}, "int64") == "(n) ^ (3)"
+    assert pointwise("aten.bitwise_and.Tensor", {"self": b, "other": b}, "bool") == "m & m"
+    assert pointwise("aten.bitwise_or.Tensor", {"self": i32, "other": b}, "int32") == "k | m.to(tl.int32)"
+    assert pointwise("aten.bitwise_xor.Scalar", {"self": i64, "other": 3}, "int64") == "n ^ 3"
     assert pointwise("aten.bitwise_and.Scalar", {"self": i64, "other": 0.5}, "int64") is None  # ATen refuses it too
     assert pointwise("aten.logical_or.default", {"self": f32, "other": i64}, "bool") == "((x != 0)) | ((n != 0))"
 

@@ -202,15 +202,6 @@ def _bitwise_not(values: Mapping[str, Any], out: str) -> str:
     return f"{x.text} == 0" if out == "bool" else f"~{cast(x, out)}"
 
 
-def _bitwise(symbol: str) -> Emit:
-    """`a & b` (|, ^) in the result's type: bools as int1, integers promoted as ATen promotes them."""
-
-    def emit(values: Mapping[str, Any], out: str) -> str:
-        return f"({_value(values['self'], out)}) {symbol} ({_value(values['other'], out)})"
-
-    return emit
-
-
 def _logical(symbol: str) -> Emit:
     """logical and/or/xor: each operand tested against zero (`cast` to bool), then combined as int1."""
 
@@ -259,7 +250,7 @@ POINTWISE: dict[str, Emit] = {
     "aten.clone.default": _cast,
     "aten.logical_not.default": _logical_not,
     "aten.bitwise_not.default": _bitwise_not,
-    **{f"aten.bitwise_{op}.{kind}": _bitwise(sym) for op, sym in (("and", "&"), ("or", "|"), ("xor", "^"))
+    **{f"aten.bitwise_{op}.{kind}": _binary(sym) for op, sym in (("and", "&"), ("or", "|"), ("xor", "^"))
        for kind in ("Tensor", "Scalar")},
     **{f"aten.logical_{op}.default": _logical(sym) for op, sym in (("and", "&"), ("or", "|"), ("xor", "^"))},
 }  # fmt: skip
