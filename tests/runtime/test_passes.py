@@ -510,7 +510,6 @@ def test_every_pass_is_registered_and_the_pipeline_runs_on_hand_built_ir(registr
         "spatial_mean",
         "gemv_prologue",
         "gemv_epilogue",
-        "gemv_row_epilogue",
         "horizontal",
         "attention_writes",
         "attention_prologue",

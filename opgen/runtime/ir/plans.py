@@ -121,8 +121,6 @@ class GemvPlan:
     activation: str = "silu"  # a gated pair's: "silu" (SwiGLU), "gelu" or "gelu_tanh" (GeGLU)
     epilogue: FusedGroup | None = None  # a pointwise group of one output whose input `epilogue_y` is the one
     epilogue_y: int = 0  # product: the kernel stores the group's output instead (`passes.fusion.gemv_epilogue`)
-    row_epilogue: FusedGroup | None = None  # a row group of one row whose input `row_epilogue_y` is the one
-    row_epilogue_y: int = 0  # product, computed by the kernel's last program (`passes.fusion.gemv_row_epilogue`)
 
     def blocks(self, block_n: int) -> int:
         """Programs of `block_n` rows covering every product (a gated pair's once: a program does both)."""

@@ -49,9 +49,7 @@ iteration space, and `fusion` turns groups of pointwise nodes and row reductions
 kernels once the graph is simplified, before memo and memory planning see the calls; `gemv_prologue` (CUDA)
 makes a row kernel of one row (a norm) the first step of the matrix-vector kernel that alone reads its
 output; `gemv_epilogue` (CUDA) makes a pointwise kernel (an activation) the last step of the product
-kernel whose output it alone reads; `gemv_row_epilogue` (CUDA) has the last program of a matrix-vector
-kernel compute the row kernel of one row (a norm `gemv_prologue` left) that reads its product;
-`horizontal` (CUDA) runs neighbouring pointwise kernels that read
+kernel whose output it alone reads; `horizontal` (CUDA) runs neighbouring pointwise kernels that read
 nothing of each other in one launch; `attention_writes` (CUDA) has the decode-attention kernel store
 the step's key and value rows that the cache-write kernel just before it stored, and
 `attention_prologue` has it compute its query and those key rows (a rotation) where the pointwise
@@ -91,7 +89,6 @@ from opgen.runtime.passes.fusion.casts import move_casts
 from opgen.runtime.passes.fusion.gemv import fuse_gemv
 from opgen.runtime.passes.fusion.gemv_epilogue import fuse_gemv_epilogue
 from opgen.runtime.passes.fusion.gemv_prologue import fuse_gemv_prologue
-from opgen.runtime.passes.fusion.gemv_row_epilogue import fuse_gemv_row_epilogue
 from opgen.runtime.passes.fusion.horizontal import fuse_horizontal
 from opgen.runtime.passes.fusion.lift_views import lift_views
 from opgen.runtime.passes.fusion.rewrite import fuse
@@ -155,7 +152,6 @@ PASSES: dict[str, Pass] = {
     "spatial_mean": spatial_means,
     "gemv_prologue": fuse_gemv_prologue,
     "gemv_epilogue": fuse_gemv_epilogue,
-    "gemv_row_epilogue": fuse_gemv_row_epilogue,
     "horizontal": fuse_horizontal,
     "attention_writes": fuse_attention_writes,
     "attention_prologue": fuse_attention_prologue,
@@ -205,7 +201,6 @@ DEFAULT_PIPELINE = (
     "spatial_mean",
     "gemv_prologue",
     "gemv_epilogue",
-    "gemv_row_epilogue",
     "horizontal",
     "attention_writes",
     "attention_prologue",
@@ -225,8 +220,7 @@ DEFAULT_PIPELINE = (
 JIT_PASSES = frozenset(
     ("peer_sum", "peer_gather", "decode_attention", "sink_updates", "cache_writes", "transpose_weights",
      "split_products", "gemv", "split_bias", "casts", "lift_views", "fusion", "spatial_mean", "gemv_prologue",
-     "gemv_epilogue", "gemv_row_epilogue", "horizontal", "attention_writes", "attention_prologue", "attention_rows",
-     "dependent_launch")
+     "gemv_epilogue", "horizontal", "attention_writes", "attention_prologue", "attention_rows", "dependent_launch")
 )  # fmt: skip
 
 

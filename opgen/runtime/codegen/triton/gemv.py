@@ -114,18 +114,13 @@ def kernel(plan: GemvPlan) -> tuple[str, str]:
     once. Parameters: the input `x`, the weights `w0..`, the biases `b0..`, then the outputs `out0..`.
     `plan.gated`: a gate and an up product (no biases), one output `silu(gate) * up` (`gemv_gated`).
     `plan.dependent`: the weights' first tile is read before waiting for the kernel before (`dependent_helper`)."""
-    return jit_module("gemv", *parts(plan))
-
-
-def parts(plan: GemvPlan) -> tuple[list[str], str, str, str]:
-    """(parameters, their meta-parameters, body, helpers' source) of the plan's kernel (`kernel`), for a
-    printer that adds to it (`codegen.triton.gemv_row_epilogue`)."""
     x = ("x", *gemv_epilogue.parameters(plan))
     body, params = kernel_body(plan, f"one row of {plan.k}", "_rows", [], [plan.x_stride], [], x=x)
     if plan.gated:
-        return params, META, body, dependent_helper(gated_helper(plan.activation) + _GATED, plan.dependent)
+        helper = dependent_helper(gated_helper(plan.activation) + _GATED, plan.dependent)
+        return jit_module("gemv", params, META, body, helper)
     helper = gemv_epilogue.finish(dependent_helper(_ROWS, plan.dependent), plan, "y", "rows", "row_ok")
-    return params, META, body, helper
+    return jit_module("gemv", params, META, body, helper)
 
 
 def kernel_body(plan: GemvPlan, of: str, helper: str, lead: list[int], x_strides: list[int], tail: list[int],

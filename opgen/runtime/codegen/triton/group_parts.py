@@ -18,17 +18,16 @@ from opgen.runtime.ir import FusedGroup, RowRead, Step
 from opgen.runtime.ir.fusible import REDUCTIONS, ROW_OPS
 
 
-def row_prologue(group: FusedGroup, returned: int, store_returned: bool = False, name: str = "_prologue",
-                 uncached: frozenset[str] = frozenset()) -> tuple[str, list[str]]:  # fmt: skip
-    """(source, tensor parameters) of `@triton.jit def <name>(<parameters>, STORE, BLOCK_N)`: a row
+def row_prologue(group: FusedGroup, returned: int, store_returned: bool = False) -> tuple[str, list[str]]:
+    """(source, tensor parameters) of `@triton.jit def _prologue(<parameters>, STORE, BLOCK_N)`: a row
     group of one row computed whole in registers, for a kernel that starts with it
-    (`codegen.triton.gemv_prologue`) or ends with it (`codegen.triton.gemv_row_epilogue`). It stores the
-    group's outputs but output `returned` (that one too with `store_returned`) where STORE holds (one
-    program of the calling kernel), and returns that one as it would be stored, in float32: a [1, BLOCK_N]
-    tensor (BLOCK_N at least the row's length). Parameters: `in0..` for the inputs, `out<i>` for each
-    output stored (numbered as in the group's own kernel); those in `uncached` are loaded with `.cg`."""
+    (`codegen.triton.gemv_prologue`). It stores the group's outputs but output `returned` (that one
+    too with `store_returned`) where STORE holds (one program of the calling kernel), and returns that
+    one as it would be stored, in float32: a [1, BLOCK_N] tensor (BLOCK_N at least the row's length).
+    Parameters: `in0..` for the inputs, `out<i>` for each output stored (numbered as in the group's
+    own kernel)."""
     assert group.kind == "row" and math.prod(group.shape[:-1]) == 1, group.describe()
-    body = group_body(group, stored=(), uncached=uncached)
+    body = group_body(group, stored=())
     computed = len(body.lines)
     for i, out in enumerate(group.outputs):
         if i != returned or store_returned:
@@ -41,7 +40,7 @@ def row_prologue(group: FusedGroup, returned: int, store_returned: bool = False,
                f"cmask = cols < {group.shape[-1]}", "mask = rmask & cmask"]  # fmt: skip
     lines = [
         "@triton.jit",
-        f"def {name}({', '.join(params)}, STORE, BLOCK_N: tl.constexpr):",
+        f"def _prologue({', '.join(params)}, STORE, BLOCK_N: tl.constexpr):",
         f'    """{group.describe()}: its one row, whole; the outputs stored where STORE holds."""',
         *(f"    {line}" for line in (*one_row, *body.lines[:computed])),
         *(["    if STORE:", *(f"    {line}" for line in stores)] if stores else []),

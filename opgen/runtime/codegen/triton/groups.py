@@ -43,16 +43,16 @@ def kernel(group: FusedGroup) -> Kernel:
     group = in_memory_order(group)
     body = group_body(group)
     meta = "BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr" if group.kind == "row" else "BLOCK: tl.constexpr"
-    lines = (*program_elements(group), *body.lines)
-    text = "\n".join([f"    # {group.describe()}", *(f"    {line}" for line in lines)])
+    text = "\n".join(
+        [f"    # {group.describe()}", *(f"    {line}" for line in (*program_elements(group), *body.lines))]
+    )
     name, source = jit_module("fused", group_params(group), meta, text)
     return Kernel(name, source, _configs(group))
 
 
-def group_body(group: FusedGroup, stored: Sequence[Tensor] | None = None, uncached: frozenset[str] = frozenset()
-               ) -> GroupBody:  # fmt: skip
-    """The steps' code, then the stores of `stored` (default: every output); `uncached`: `GroupBody`'s."""
-    body = GroupBody(group, uncached=uncached)
+def group_body(group: FusedGroup, stored: Sequence[Tensor] | None = None) -> GroupBody:
+    """The code of the group's steps, then the stores of `stored` (default: every output)."""
+    body = GroupBody(group)
     for step in group.steps:
         body.step(step)
     for out in group.outputs if stored is None else stored:
@@ -80,7 +80,10 @@ def program_elements(group: FusedGroup, pid: str = "tl.program_id(0)") -> list[s
             f"cmask = cols < {n}",
             "mask = rmask & cmask",
         ]
-    return [f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)", f"mask = offs < {math.prod(group.shape)}"]
+    return [
+        f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)",
+        f"mask = offs < {math.prod(group.shape)}",
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,6 @@ class GroupBody:
     lines: list[str] = field(default_factory=list)
     values: dict[str, Operand] = field(default_factory=dict)  # graph value -> its Operand in `space`
     count: int = 0
-    uncached: frozenset[str] = frozenset()  # parameters loaded from L2 (`.cg`: other programs of the kernel wrote them)
     space: _Space = field(init=False)
     tensors: dict[str, Tensor] = field(init=False)  # every tensor the group reads or defines
     params: dict[str, str] = field(init=False)  # each input and output -> the kernel's parameter for it
@@ -137,8 +139,7 @@ class GroupBody:
             mask = f", mask={where}" if where else ""
             ctype = compute_type(tensor.meta.dtype)
             param = self.params[name]
-            cg = ', cache_modifier=".cg"' if param in self.uncached else ""
-            load = f"tl.load({param} + {address}{mask}{cg})" if address else f"tl.load({param}{cg})"
+            load = f"tl.load({param} + {address}{mask})" if address else f"tl.load({param})"
             same = ctype == tensor.meta.dtype  # bool loads as int1, which compute_type also calls bool
             self.values[name] = self.let(load if same else f"{load}.to({TL[ctype]})", ctype)
         return self.values[name]

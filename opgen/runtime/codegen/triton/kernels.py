@@ -18,7 +18,6 @@ from opgen.runtime.codegen.triton import (
     few_rows,
     gemv,
     gemv_prologue,
-    gemv_row_epilogue,
     groups,
     horizontal,
     spatial_mean,
@@ -74,10 +73,8 @@ def write(plan: KernelPlan) -> Kernel:
     match plan:
         case FusedGroup():
             return groups.kernel(plan)
-        case GemvPlan(m=1, prologue=None, row_epilogue=None):
-            return Kernel(*gemv.kernel(plan), gemv.configs(plan))
         case GemvPlan(m=1, prologue=None):
-            return Kernel(*gemv_row_epilogue.kernel(plan), gemv_row_epilogue.configs(plan))
+            return Kernel(*gemv.kernel(plan), gemv.configs(plan))
         case GemvPlan(m=1):
             return Kernel(*gemv_prologue.kernel(plan), gemv_prologue.configs(plan))
         case GemvPlan():

@@ -19,7 +19,7 @@ multi-kernel choice against all the ATen calls the two replaced.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from opgen.runtime.ir import FusedGroup, FusedKernel, GemvPlan, KernelCall, Line, Program, Ref
@@ -77,25 +77,19 @@ def _taker(spec: FusedKernel, at: int, body: tuple[Line, ...], specs: Mapping[st
     if out.placement is not None or out.meta is None or not out.meta.is_contiguous():
         return None  # the kernel stores it row-major at the product's elements
     for given, name in enumerate(spec.inputs):
-        match = product_source(name, at, body, specs, producers, read_by)
+        match = _product(name, at, body, specs, producers, read_by)
         if match is not None:
             gemv_at, views = match
             gemv = specs[body[gemv_at].kernel]  # type: ignore[union-attr]
-            fits = fits_after_product(group, given, gemv, spec, gemv_at, at, views, body, specs, producers)
+            fits = _fits(group, given, gemv, spec, gemv_at, at, views, body, specs, producers)
             return (given, gemv_at, views) if fits else None
     return None
 
 
-def _takes(plan: GemvPlan) -> bool:
-    """A product kernel this pass ends with a group: one product, not a gated pair's, no epilogue yet."""
-    return not plan.gated and plan.epilogue is None and len(plan.products) == 1
-
-
-def product_source(name: str, at: int, body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
-                   producers: dict[str, int], read_by: dict[str, set[int]],
-                   accepts: Callable[[GemvPlan], bool] = _takes) -> tuple[int, list[int]] | None:  # fmt: skip
-    """(body index of the product kernel's call, of the views between) where `name`, read at `at`, is the
-    last output of a product kernel whose plan `accepts`, through views that nothing else reads, or None."""
+def _product(name: str, at: int, body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
+             producers: dict[str, int], read_by: dict[str, set[int]]) -> tuple[int, list[int]] | None:  # fmt: skip
+    """(body index of the product kernel's call, of the views between) where `name`, read at `at`, is a
+    product kernel's product through views that nothing else reads, or None."""
     views: list[int] = []
     reader = at
     while True:
@@ -108,7 +102,7 @@ def product_source(name: str, at: int, body: tuple[Line, ...], specs: Mapping[st
         if found.jit:
             gemv = called(found, specs)
             plan = gemv.plan if gemv is not None else None
-            if not isinstance(plan, GemvPlan) or not accepts(plan):
+            if not isinstance(plan, GemvPlan) or plan.gated or plan.epilogue is not None or len(plan.products) != 1:
                 return None
             last = found.outputs[-1]
             return (source, views) if last is not None and last.name == name else None  # type: ignore[return-value]
@@ -118,11 +112,11 @@ def product_source(name: str, at: int, body: tuple[Line, ...], specs: Mapping[st
         reader, name = source, found.args[0].name  # type: ignore[assignment]
 
 
-def fits_after_product(group: FusedGroup, given: int, gemv: FusedKernel, spec: FusedKernel, gemv_at: int, at: int,
-                       views: list[int], body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
-                       producers: dict[str, int]) -> bool:  # fmt: skip
+def _fits(group: FusedGroup, given: int, gemv: FusedKernel, spec: FusedKernel, gemv_at: int, at: int,
+          views: list[int], body: tuple[Line, ...], specs: Mapping[str, FusedKernel],
+          producers: dict[str, int]) -> bool:  # fmt: skip
     """Whether the group reads the product at its own elements, its other inputs exist where the product
-    kernel runs, and nothing between the two writes memory (`gemv_row_epilogue` asks it too)."""
+    kernel runs, and nothing between the two writes memory."""
     plan: GemvPlan = gemv.plan  # type: ignore[assignment]
     meta = group.inputs[given].meta
     if meta is None or not meta.is_contiguous() or tuple(meta.shape) != tuple(group.shape):

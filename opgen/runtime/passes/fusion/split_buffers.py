@@ -16,15 +16,10 @@ def split_buffers(name: str, partials: int, counters: int, device: str, node: st
     """Setup's lines for `<name>_part` (`partials` float32, uninitialised) and `<name>_count` (`counters`
     int32 zeros)."""
     part = Value(f"{name}_part", TensorMeta((partials,), (1,), "float32", device))
-    return Alloc(part), counter_buffer(f"{name}_count", counters, device, node)
-
-
-def counter_buffer(name: str, counters: int, device: str, node: str) -> KernelCall:
-    """Setup's line for `name`: `counters` int32 zeros, tickets for the programs of a kernel whose last
-    program finishes the work (and sets its counter back to zero)."""
-    count = Value(name, TensorMeta((counters,), (1,), "int32", device))
-    return KernelCall("zeros", ((counters,),), (("dtype", Sym("dtype", "int32")), ("device", Sym("device", device))),
-                      (count,), node, "aten.zeros.default", fresh=True)  # fmt: skip
+    count = Value(f"{name}_count", TensorMeta((counters,), (1,), "int32", device))
+    zeros = KernelCall("zeros", ((counters,),), (("dtype", Sym("dtype", "int32")), ("device", Sym("device", device))),
+                       (count,), node, "aten.zeros.default", fresh=True)  # fmt: skip
+    return Alloc(part), zeros
 
 
 def written(buffers: tuple[Alloc, KernelCall] | tuple[()]) -> tuple[Value, ...]:
