@@ -7,13 +7,17 @@ pre-parsing live), so an option read outside the parser, as `graphs --device` on
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from opgen.bench.__main__ import COMMANDS
 from opgen.bench.__main__ import main as bench_main
+from opgen.cli import SIGPIPE_STATUS
 
 CHECKED = ("ops", "graphs", "backend_cost", "jit", "dynamic", "gpu_work", "gpu_models", "zoo", "step", "chain",
            "tp_step")  # fmt: skip
@@ -60,3 +64,17 @@ def test_backend_cost_breaks_a_call_down(capsys: pytest.CaptureFixture[str]) -> 
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| single_add"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 9 and all(float(cell) > 0 for cell in cells[1:6]), row
+
+
+@pytest.mark.parametrize("argv", [[], ["plan", "--family", "llama", "--size", "tiny"]], ids=["usage", "plan"])
+def test_a_reader_gone_ends_the_command_quietly(argv: list[str]) -> None:
+    """`python -m opgen.bench ... | head -1`: output to a pipe whose reader has closed it ends the command with
+    SIGPIPE's status and no traceback (before, `BrokenPipeError` and a second one at exit)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        done = subprocess.run([sys.executable, "-m", "opgen.bench", *argv], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=300, cwd=Path(__file__).parent)  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == SIGPIPE_STATUS and "Error" not in done.stderr, done.stderr

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from opgen.cli import until_reader_leaves
+
 COMMANDS = {
     "ops": ("opgen.bench.ops", "each op through kernel_ops vs the eager torch call"),
     "graphs": ("opgen.bench.graphs", "the BENCH.md graph cases: eager, inductor, AOTInductor, opgen"),
@@ -26,6 +28,10 @@ COMMANDS = {
 
 
 def main(argv: list[str]) -> int:
+    return until_reader_leaves(lambda: run(argv))
+
+
+def run(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print("usage: python -m opgen.bench {" + ",".join(COMMANDS) + "} [options]  (--help for each)")
         for name, (_, what) in COMMANDS.items():

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from opgen.bench.llm_families import FAMILIES, causal_lm
+from opgen.cli import until_reader_leaves
 from opgen.generate.errors import GenerationError
 from opgen.generate.loop import COMPILERS, EOS, Generation, Generator, StepTokens
 from opgen.generate.sampling import Sampling
@@ -250,4 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(until_reader_leaves(main))

@@ -7,6 +7,7 @@ long prompts, the progress bar shows past 32 tokens, and bad input exits with co
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from opgen.bench.llm_families import causal_lm
+from opgen.cli import SIGPIPE_STATUS
 from opgen.generate import Generator
 from opgen.generate.__main__ import main
 
@@ -157,3 +159,16 @@ def test_help_runs_as_a_module() -> None:
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "--checkpoint" in done.stdout and "--max-new-tokens" in done.stdout
+
+
+def test_a_reader_gone_ends_the_command_quietly() -> None:
+    """`python -m opgen.generate ... | head -1`: SIGPIPE's status and no traceback once the reader has gone."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        argv = ["--family", "llama", "--device", "cpu", "--compiler", "eager", "--max-new-tokens", "2", "--quiet"]
+        done = subprocess.run([sys.executable, "-m", "opgen.generate", *argv], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == SIGPIPE_STATUS and "Error" not in done.stderr, done.stderr
