@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from opgen.bench import leave_out
 from opgen.bench.llm_families import FAMILIES, causal_lm, step
 from opgen.bench.timing import format_table
 
@@ -44,10 +45,13 @@ class Plan:
     per_layer: float  # launches a decoder layer
     own: int  # the step's own launches, outside its layers
     launches: tuple[Launch, ...]  # the two-layer step's, in order
+    left_out: tuple[str, ...] = ()  # passes of the default pipeline not run
 
 
-def planned_launches(family: str, size: str, batch: int, layers: int, dtype: torch.dtype) -> tuple[Launch, ...]:
-    """The launches of the family's step with `layers` layers, planned for CUDA, in program order."""
+def planned_launches(family: str, size: str, batch: int, layers: int, dtype: torch.dtype,
+                     left_out: Sequence[str] = ()) -> tuple[Launch, ...]:  # fmt: skip
+    """The launches of the family's step with `layers` layers, planned for CUDA (the default pipeline without
+    the passes `left_out`), in program order."""
     from opgen.runtime.capture.export import export_program, signature_of
     from opgen.runtime.passes import DEFAULT_PIPELINE
     from opgen.runtime.pipeline import default_registry, plan_program
@@ -57,7 +61,8 @@ def planned_launches(family: str, size: str, batch: int, layers: int, dtype: tor
     registry = default_registry()
     with torch.no_grad():
         ep = export_program(model, inputs, registry)
-        program = plan_program(ep.graph_module, signature_of(ep), DEFAULT_PIPELINE, "cuda:0")
+        passes = leave_out.pipeline(DEFAULT_PIPELINE, left_out)
+        program = plan_program(ep.graph_module, signature_of(ep), passes, "cuda:0")
     fused = {f.local: f for f in program.fused}
     found = []
     for line in program.body:
@@ -73,19 +78,20 @@ def planned_launches(family: str, size: str, batch: int, layers: int, dtype: tor
     return tuple(found)
 
 
-def plan(family: str, size: str = "real", batch: int = 1, dtype: torch.dtype = torch.bfloat16) -> Plan:
-    """The family's step planned at two and four layers: its launches a layer, its own, and the two-layer
-    step's launches in order."""
-    few, more = (planned_launches(family, size, batch, n, dtype) for n in LAYERS)
+def plan(family: str, size: str = "real", batch: int = 1, dtype: torch.dtype = torch.bfloat16,
+         left_out: Sequence[str] = ()) -> Plan:  # fmt: skip
+    """The family's step planned at two and four layers (without the passes `left_out`): its launches a layer,
+    its own, and the two-layer step's launches in order."""
+    few, more = (planned_launches(family, size, batch, n, dtype, left_out) for n in LAYERS)
     per_layer = (len(more) - len(few)) / (LAYERS[1] - LAYERS[0])
     own = round(len(few) - LAYERS[0] * per_layer)
-    return Plan(family, size, batch, str(dtype).removeprefix("torch."), per_layer, own, few)
+    return Plan(family, size, batch, str(dtype).removeprefix("torch."), per_layer, own, few, tuple(left_out))
 
 
 def report(p: Plan) -> str:
     head = (
-        f"{p.family} ({FAMILIES[p.family].widths(p.size)}), batch {p.batch}, {p.dtype}, planned for "
-        f"CUDA on this machine: {p.per_layer:g} launches a layer, {p.own} of the step's own; "
+        f"{p.family} ({FAMILIES[p.family].widths(p.size)}), batch {p.batch}, {p.dtype}, planned for CUDA on this "
+        f"machine{leave_out.without(p.left_out)}: {p.per_layer:g} launches a layer, {p.own} of the step's own; "
         f"the {LAYERS[0]}-layer step's {len(p.launches)}:"
     )
     cells = [(i, launch.kernel, launch.what) for i, launch in enumerate(p.launches, start=1)]
@@ -99,10 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--json", help="write the plan here")
+    leave_out.add_argument(parser)
     args = parser.parse_args(argv)
     if args.batch < 1:
         parser.error("--batch takes a positive number")
-    p = plan(args.family, args.size, args.batch, getattr(torch, args.dtype))
+    leave_out.check(parser, args.leave_out)
+    p = plan(args.family, args.size, args.batch, getattr(torch, args.dtype), args.leave_out)
     print(report(p))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from opgen.bench import leave_out
 from opgen.bench.llm_families import FAMILIES, causal_lm, step
 from opgen.bench.timing import format_table
 
@@ -61,6 +62,7 @@ class Profile:
     dependent_launch: bool  # kernel times overlap (CUDA, Hopper and newer)
     rows: tuple[Row, ...]
     repeats: int = REPEATS
+    left_out: tuple[str, ...] = ()  # passes of the default pipeline not run
 
     @property
     def work_us(self) -> float:
@@ -83,10 +85,12 @@ def descriptions(jit_lines: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def profile_step(family: str, size: str, batch: int, cache: int, position: int, calls: int,
-                 device: torch.device, dtype: torch.dtype, repeats: int = REPEATS) -> Profile:  # fmt: skip
-    """Build, compile, time and profile one step of `family` (see the module)."""
+def profile_step(family: str, size: str, batch: int, cache: int, position: int, calls: int, device: torch.device,
+                 dtype: torch.dtype, repeats: int = REPEATS, left_out: Sequence[str] = ()) -> Profile:  # fmt: skip
+    """Build, compile (the default pipeline without the passes `left_out`), time and profile one step of
+    `family` (see the module)."""
     import opgen
+    from opgen.runtime.pipeline import default_pipeline
 
     if not 0 <= position < cache:
         raise ValueError(f"position {position} is outside a cache of {cache} positions")
@@ -95,7 +99,7 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
         lm = causal_lm(family, size, device=device, dtype=dtype)
         model = step(lm, cache, batch)
         inputs = (torch.zeros(batch, 1, dtype=torch.long, device=device), torch.tensor([position], device=device))
-        fn = opgen.compile(model, inputs, cuda_graphs=cuda)
+        fn = opgen.compile(model, inputs, cuda_graphs=cuda, passes=leave_out.pipeline(default_pipeline(), left_out))
         for _ in range(3):  # the first call compiles its kernels and picks among them; then the graph replays
             fn(*inputs)
         step_us = step_time_us(lambda: fn(*inputs), calls, repeats, cuda)
@@ -104,7 +108,7 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
     return Profile(
         family, size, batch, torch.cuda.get_device_name(device) if cuda else "cpu", str(dtype).removeprefix("torch."),
         int(lm.config.num_hidden_layers), step_us, cuda and dependent_launch(),
-        ranked(table, what), repeats,
+        ranked(table, what), repeats, tuple(left_out),
     )  # fmt: skip
 
 
@@ -163,7 +167,8 @@ def report(p: Profile, rows: int) -> str:
     widths = family.widths(p.size) if family is not None else f"{p.size} widths"
     clock = "CUDA events" if p.device != "cpu" else "the host's clock"
     lines = [
-        f"{p.family} ({widths}), batch {p.batch}, {p.dtype} on {p.device}: a step takes {p.step_us:.1f} us "
+        f"{p.family} ({widths}), batch {p.batch}, {p.dtype} on {p.device}{leave_out.without(p.left_out)}: "
+        f"a step takes {p.step_us:.1f} us "
         f"(steps back to back, {clock}; median of {p.repeats})",
         f"one step's {'GPU activities' if p.device != 'cpu' else 'kernel calls'}: {p.work_us:.1f} us in "
         f"{p.launches:.0f} launches, {p.launches / max(p.layers, 1):.1f} a layer ({p.layers} layers)",
@@ -200,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=30, help="kernels shown, the longest first")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--json", help="write the profile here")
+    leave_out.add_argument(parser)
     args = parser.parse_args(argv)
     if min(args.batch, args.calls, args.repeats, args.rows) < 1:
         parser.error("--batch, --calls, --repeats and --rows take positive numbers")
@@ -207,11 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--position {args.position} is outside a cache of {args.cache} positions")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU is visible")
+    leave_out.check(parser, args.leave_out)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
     size = args.size or ("real" if cuda else "tiny")
     dtype = torch.bfloat16 if cuda else torch.float32
-    p = profile_step(args.family, size, args.batch, args.cache, args.position, args.calls, device, dtype, args.repeats)
+    p = profile_step(args.family, size, args.batch, args.cache, args.position, args.calls, device, dtype, args.repeats,
+                     args.leave_out)  # fmt: skip
     print(report(p, args.rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

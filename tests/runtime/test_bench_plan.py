@@ -36,6 +36,15 @@ def test_a_sliding_windows_mask_runs_in_a_generated_kernel() -> None:
     assert not {"gt", "le", "bitwise_and", "where"} & set(kernels)
 
 
+def test_a_pass_left_out_shows_in_the_launches(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without `gemv_prologue` a layer's two norms are row kernels of their own again: 7 launches, not 5."""
+    assert bench_main(["plan", "--family", "llama", "--size", "tiny", "--leave-out", "gemv_prologue"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "planned for CUDA on this machine, without gemv_prologue: 7 launches a layer" in header, header
+    p = plan_module.plan("llama", "tiny", left_out=("gemv_prologue",))
+    assert sum(launch.what.startswith("row kernel") for launch in p.launches) == 2 * 2 + 1  # the final norm too
+
+
 def test_the_command_prints_and_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"
     assert bench_main(["plan", "--family", "qwen2", "--size", "tiny", "--json", str(out)]) == 0
@@ -49,8 +58,9 @@ def test_the_command_prints_and_writes_the_plan(tmp_path: Path, capsys: pytest.C
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--batch", "0"], "takes a positive number"), (["--family", "nope"], "invalid choice: 'nope'")],
-)
+    [(["--batch", "0"], "takes a positive number"), (["--family", "nope"], "invalid choice: 'nope'"),
+     (["--leave-out", "gemv", "nope"], "--leave-out: no pass named 'nope' (passes: pads, ")],
+)  # fmt: skip
 def test_bad_arguments_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         bench_main(["plan", *argv])

@@ -40,6 +40,7 @@ def test_a_tiny_llama_step_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--position", "16", "--cache", "16"], "--position 16 is outside a cache of 16 positions"),
         (["--batch", "0"], "take positive numbers"),
         (["--family", "nope"], "invalid choice: 'nope'"),
+        (["--leave-out", "nope"], "--leave-out: no pass named 'nope'"),
     ],
 )
 def test_bad_arguments_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,6 +48,25 @@ def test_bad_arguments_are_clear_errors(argv: list[str], message: str, capsys: p
         bench_main(["step", "--device", "cpu", *argv])
     assert done.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_pass_left_out_is_not_compiled_and_the_header_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import opgen
+
+    compiled = opgen.compile
+    passes: list[tuple[str, ...]] = []
+
+    def recording(*args: object, **kwargs: object) -> object:
+        passes.append(tuple(kwargs["passes"]))  # type: ignore[arg-type]
+        return compiled(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(opgen, "compile", recording)
+    argv = ["step", "--device", "cpu", "--cache", "8", "--position", "2", "--calls", "1", "--repeats", "1"]
+    assert bench_main([*argv, "--leave-out", "dead_code", "memo"]) == 0
+    assert passes and not {"dead_code", "memo"} & set(passes[0]) and "memory" in passes[0]
+    assert "float32 on cpu, without dead_code, memo: a step takes " in capsys.readouterr().out
 
 
 class _Norm(nn.Module):
