@@ -1,6 +1,6 @@
 """`--leave-out PASS ...` for the benchmarks that compile a decode step (`step`, `plan`): the default pipeline
-without the named passes, for an A/B of a pass in one process. `opgen.compile`'s cache key holds its
-`passes=`, so the two sides never share a compiled program (a table patched at run time would: the key
+without the named passes, for an A/B of a pass: two runs that differ by it. `opgen.compile`'s cache key holds
+its `passes=`, so the two sides never share a compiled program (a table patched at run time would: the key
 hashes opgen's source, not the table)."""
 
 from __future__ import annotations
