@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,23 @@ def user_kernels_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open(root / "user_kernels.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds; the others find it built (ninja: no work)
         return build_user_kernels(root / "user_kernels_build")
+
+
+@pytest.fixture
+def reader_gone() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs `python -m <module> <args>` with its output to a pipe whose reader closed it before the first line
+    (`... | head -1` once head has gone); stderr captured."""
+
+    def run(module: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            return subprocess.run([sys.executable, "-m", module, *argv], stdout=write, stderr=subprocess.PIPE,
+                                  text=True, timeout=300, cwd=Path(__file__).parent)  # fmt: skip
+        finally:
+            os.close(write)
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,9 @@ pre-parsing live), so an option read outside the parser, as `graphs --device` on
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,14 +66,10 @@ def test_backend_cost_breaks_a_call_down(capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.parametrize("argv", [[], ["plan", "--family", "llama", "--size", "tiny"]], ids=["usage", "plan"])
-def test_a_reader_gone_ends_the_command_quietly(argv: list[str]) -> None:
+def test_a_reader_gone_ends_the_command_quietly(
+    argv: list[str], reader_gone: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     """`python -m opgen.bench ... | head -1`: output to a pipe whose reader has closed it ends the command with
     SIGPIPE's status and no traceback (before, `BrokenPipeError` and a second one at exit)."""
-    read, write = os.pipe()
-    os.close(read)  # the reader is gone before the first line
-    try:
-        done = subprocess.run([sys.executable, "-m", "opgen.bench", *argv], stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=300, cwd=Path(__file__).parent)  # fmt: skip
-    finally:
-        os.close(write)
+    done = reader_gone("opgen.bench", *argv)
     assert done.returncode == SIGPIPE_STATUS and "Error" not in done.stderr, done.stderr
