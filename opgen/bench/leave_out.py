@@ -1,4 +1,4 @@
-"""`--leave-out PASS ...` for the benchmarks that compile a decode step (`step`, `plan`): the default pipeline
+"""`--leave-out PASS ...` for the benchmarks that compile a decode step (`step`, `plan`): the command's pipeline
 without the named passes, for an A/B of a pass: two runs that differ by it. `opgen.compile`'s cache key holds
 its `passes=`, so the two sides never share a compiled program (a table patched at run time would: the key
 hashes opgen's source, not the table)."""
@@ -11,15 +11,22 @@ from collections.abc import Sequence
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leave-out", nargs="+", default=[], metavar="PASS",
-                        help="compile without these passes of the default pipeline (an A/B of a pass)")  # fmt: skip
+                        help="compile without these passes of the pipeline this command runs (an A/B)")  # fmt: skip
 
 
-def check(parser: argparse.ArgumentParser, leave_out: Sequence[str]) -> None:
-    """A name that is no pass is the parser's error."""
-    from opgen.runtime.passes import PASSES
+def check(parser: argparse.ArgumentParser, leave_out: Sequence[str], base: Sequence[str]) -> None:
+    """A name that is no pass, or a pass that `base` (the pipeline the command runs, here) does not hold, is the
+    parser's error: leaving out a pass that never runs would make an A/B of two equal runs."""
+    from opgen.runtime.passes import JIT_PASSES, PASSES
 
     if unknown := [name for name in leave_out if name not in PASSES]:
-        parser.error(f"--leave-out: no pass named {', '.join(map(repr, unknown))} (passes: {', '.join(PASSES)})")
+        parser.error(f"--leave-out: no pass named {_names(unknown)} (passes: {', '.join(PASSES)})")
+    if idle := [name for name in leave_out if name not in base]:
+        why = " (opgen's JIT cannot run here: no CUDA build, GPU or triton)" if set(idle) <= JIT_PASSES else ""
+        parser.error(
+            f"--leave-out: {_names(idle)} {'is' if len(idle) == 1 else 'are'} not in the pipeline this command runs"
+            f"{why}; it runs: {', '.join(dict.fromkeys(base))}"
+        )
 
 
 def pipeline(base: Sequence[str], leave_out: Sequence[str]) -> tuple[str, ...]:
@@ -29,3 +36,7 @@ def pipeline(base: Sequence[str], leave_out: Sequence[str]) -> tuple[str, ...]:
 def without(leave_out: Sequence[str]) -> str:
     """The reports' note of what was left out ("" for nothing)."""
     return f", without {', '.join(leave_out)}" if leave_out else ""
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(map(repr, names))

@@ -109,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.batch < 1:
         parser.error("--batch takes a positive number")
-    leave_out.check(parser, args.leave_out)
+    from opgen.runtime.passes import DEFAULT_PIPELINE
+
+    leave_out.check(parser, args.leave_out, DEFAULT_PIPELINE)
     p = plan(args.family, args.size, args.batch, getattr(torch, args.dtype), args.leave_out)
     print(report(p))
     if args.json:

@@ -213,7 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--position {args.position} is outside a cache of {args.cache} positions")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU is visible")
-    leave_out.check(parser, args.leave_out)
+    from opgen.runtime.pipeline import default_pipeline
+
+    leave_out.check(parser, args.leave_out, default_pipeline())
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
     size = args.size or ("real" if cuda else "tiny")

@@ -41,6 +41,7 @@ def test_a_tiny_llama_step_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--batch", "0"], "take positive numbers"),
         (["--family", "nope"], "invalid choice: 'nope'"),
         (["--leave-out", "nope"], "--leave-out: no pass named 'nope'"),
+        (["--leave-out", "kernel_choice"], "--leave-out: 'kernel_choice' is not in the pipeline this command runs;"),
     ],
 )
 def test_bad_arguments_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,6 +49,20 @@ def test_bad_arguments_are_clear_errors(argv: list[str], message: str, capsys: p
         bench_main(["step", "--device", "cpu", *argv])
     assert done.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_jit_pass_where_the_jit_cannot_run_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Leaving out `gemv` where the pipeline never runs it would compare two equal steps: the parser says why."""
+    from opgen.runtime.pipeline import default_pipeline
+
+    if "gemv" in default_pipeline():
+        pytest.skip("opgen's JIT runs here: the pipeline holds gemv")
+    with pytest.raises(SystemExit) as done:
+        bench_main(["step", "--device", "cpu", "--leave-out", "gemv", "memo"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "--leave-out: 'gemv' is not in the pipeline this command runs (opgen's JIT cannot run here" in err, err
+    assert "it runs: pads, " in err and ", memo, " in err and "gemv" not in err.split("it runs:")[1]
 
 
 def test_a_pass_left_out_is_not_compiled_and_the_header_says_so(
