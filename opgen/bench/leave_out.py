@@ -14,15 +14,16 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
                         help="compile without these passes of the pipeline this command runs (an A/B)")  # fmt: skip
 
 
-def check(parser: argparse.ArgumentParser, leave_out: Sequence[str], base: Sequence[str]) -> None:
+def check(parser: argparse.ArgumentParser, leave_out: Sequence[str], base: Sequence[str], jit_why: str = "") -> None:
     """A name that is no pass, or a pass that `base` (the pipeline the command runs, here) does not hold, is the
-    parser's error: leaving out a pass that never runs would make an A/B of two equal runs."""
+    parser's error: leaving out a pass that never runs would make an A/B of two equal runs. `jit_why` says why
+    the JIT's passes are not in `base`, where they are not."""
     from opgen.runtime.passes import JIT_PASSES, PASSES
 
     if unknown := [name for name in leave_out if name not in PASSES]:
         parser.error(f"--leave-out: no pass named {_names(unknown)} (passes: {', '.join(PASSES)})")
     if idle := [name for name in leave_out if name not in base]:
-        why = " (opgen's JIT cannot run here: no CUDA build, GPU or triton)" if set(idle) <= JIT_PASSES else ""
+        why = f" ({jit_why})" if jit_why and set(idle) <= JIT_PASSES else ""
         parser.error(
             f"--leave-out: {_names(idle)} {'is' if len(idle) == 1 else 'are'} not in the pipeline this command runs"
             f"{why}; it runs: {', '.join(dict.fromkeys(base))}"

@@ -193,6 +193,18 @@ def report(p: Profile, rows: int) -> str:
     return "\n".join([*lines, format_table(headers, cells)])
 
 
+def _pipeline_here(cuda: bool) -> tuple[tuple[str, ...], str]:
+    """The passes that can act on this step (the JIT's act on CUDA values only), and why the JIT's are missing."""
+    from opgen.runtime.passes import JIT_PASSES
+    from opgen.runtime.pipeline import default_pipeline
+
+    passes = default_pipeline()
+    if not cuda:
+        cpu = tuple(p for p in passes if p not in JIT_PASSES)
+        return cpu, "opgen's JIT passes act on CUDA only; this step runs on the CPU"
+    return passes, "opgen's JIT cannot run here: no CUDA build or triton"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opgen.bench step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="llama", choices=sorted(FAMILIES))
@@ -213,10 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--position {args.position} is outside a cache of {args.cache} positions")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU is visible")
-    from opgen.runtime.pipeline import default_pipeline
-
-    leave_out.check(parser, args.leave_out, default_pipeline())
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    leave_out.check(parser, args.leave_out, *_pipeline_here(cuda))
     device = torch.device("cuda" if cuda else "cpu")
     size = args.size or ("real" if cuda else "tiny")
     dtype = torch.bfloat16 if cuda else torch.float32
