@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY = $(eval PY := $$(shell PYTHON='$(PYTHON)' sh tools/python_env.sh))$(PY)
 PIP = $(PY) -m pip
 # torch is pinned to the CPU build that lies on this kind of machine; an open range pulls CUDA.
-DEPS := torch==2.13.0 pyyaml jinja2 pytest hypothesis scikit-build-core pybind11
+DEPS := torch==2.13.0 pyyaml jinja2 pytest pytest-xdist hypothesis scikit-build-core pybind11
 # The zoo extra (tests/zoo: Hugging Face architectures from configs, nothing downloaded; about 15 s
 # for the CI subset). Without it the zoo tests skip.
 ZOO_DEPS := transformers
@@ -32,8 +32,11 @@ build: setup
 demo: build
 	$(PY) -m opgen.demo
 
+# The suite in TEST_WORKERS processes (pytest-xdist, one a core on CI's 2-core machine; work stealing: an
+# idle worker takes the tests queued behind a long one). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: build
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 # The whole suite on a GPU machine, in parallel (docs/development.md). Nothing is installed there but
 # opgen itself, built against the machine's CUDA torch (no registry is reached: set-up is the
