@@ -87,10 +87,9 @@ def descriptions(jit_lines: Sequence[str]) -> dict[str, str]:
 
 def profile_step(family: str, size: str, batch: int, cache: int, position: int, calls: int, device: torch.device,
                  dtype: torch.dtype, repeats: int = REPEATS, left_out: Sequence[str] = ()) -> Profile:  # fmt: skip
-    """Build, compile (the default pipeline without the passes `left_out`), time and profile one step of
-    `family` (see the module)."""
+    """Build, compile (the pipeline `--leave-out` is checked against, without the passes `left_out`), time and
+    profile one step of `family` (see the module)."""
     import opgen
-    from opgen.runtime.pipeline import default_pipeline
 
     if not 0 <= position < cache:
         raise ValueError(f"position {position} is outside a cache of {cache} positions")
@@ -99,7 +98,8 @@ def profile_step(family: str, size: str, batch: int, cache: int, position: int, 
         lm = causal_lm(family, size, device=device, dtype=dtype)
         model = step(lm, cache, batch)
         inputs = (torch.zeros(batch, 1, dtype=torch.long, device=device), torch.tensor([position], device=device))
-        fn = opgen.compile(model, inputs, cuda_graphs=cuda, passes=leave_out.pipeline(default_pipeline(), left_out))
+        passes = leave_out.pipeline(_pipeline_here(cuda)[0], left_out)
+        fn = opgen.compile(model, inputs, cuda_graphs=cuda, passes=passes)
         for _ in range(3):  # the first call compiles its kernels and picks among them; then the graph replays
             fn(*inputs)
         step_us = step_time_us(lambda: fn(*inputs), calls, repeats, cuda)
