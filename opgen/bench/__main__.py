@@ -1,5 +1,5 @@
 """`python -m opgen.bench {ops,graphs,backend_cost,jit,dynamic,gpu_work,gpu_models,zoo,decode,step,plan,chain,generate,
-tp,tp_step} [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
+tp,tp_step,step_ncu} [options]`: the project's benchmarks (see ../shared/BENCH.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ COMMANDS = {
     "zoo": ("opgen.bench.zoo", "transformers models (the zoo extra): eager, opgen, inductor"),
     "decode": ("opgen.bench.decode_families", "LLM decoding, static KV cache: two Llamas at batch 1, or --families"),
     "step": ("opgen.bench.step_profile", "one decode step of an LLM family, kernel by kernel: time, launches, what"),
+    "step_ncu": ("opgen.bench.step_ncu", "a decode step's kernels under Nsight Compute: programs, DRAM, % peak (GPU)"),
     "plan": ("opgen.bench.plan", "a decode step's CUDA kernels planned on any machine: launches a layer, what"),
     "chain": ("opgen.bench.chain", "a decoder's products as one persistent launch vs a launch each (GPU)"),
     "generate": ("opgen.bench.generate", "text generation, prompt to tokens: generate() five ways vs opgen's loop"),
