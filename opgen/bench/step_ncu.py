@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -118,6 +119,33 @@ def find_ncu(given: str | None) -> str | None:
     return shutil.which("ncu") or (CUDA_NCU if os.access(CUDA_NCU, os.X_OK) else None)
 
 
+def run_ncu(command: Sequence[str], timeout: float) -> tuple[int, str]:
+    """(exit status, output) of ncu and its child, their lines merged; ncu's own lines (`==PROF==`: each kernel
+    as it is profiled) echoed to stderr as they come, as the progress of a run of minutes."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("==PROF=="):
+                print(line, end="", file=sys.stderr, flush=True)
+        status = proc.wait()
+    finally:
+        timer.cancel()
+    if killed.is_set():
+        raise RuntimeError(f"ncu did not finish within {timeout:.0f} s (--timeout)")
+    return status, "".join(lines)
+
+
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -176,14 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                "--csv", "--page", "details", "--print-units", "base", *child]  # fmt: skip
     print(f"profiling {args.family} (batch {args.batch}, {args.layers} layers) under {ncu}: building, compiling, "
           "then each kernel of one step replayed alone...", file=sys.stderr, flush=True)  # fmt: skip
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"ncu did not finish within {args.timeout:.0f} s (--timeout)") from e
-    output = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise RuntimeError(f"ncu exited with status {done.returncode}:\n{_tail(output)}")
-    kernels = parse(done.stdout)
+    status, output = run_ncu(command, args.timeout)
+    if status != 0:
+        raise RuntimeError(f"ncu exited with status {status}:\n{_tail(output)}")
+    kernels = parse(output)
     name = torch.cuda.get_device_name()
     total = sum(k.us for k in kernels)
     header = f"{args.family}, batch {args.batch}, {args.layers} layers, bfloat16 on {name}: {len(kernels)} kernels, "

@@ -4,9 +4,8 @@ two layers), the table, and the errors; on a GPU with ncu, the whole command on 
 
 from __future__ import annotations
 
-import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -75,16 +74,19 @@ def test_bad_arguments_are_clear_errors(argv: list[str], message: str, monkeypat
 
 
 def _fake_ncu(monkeypatch: pytest.MonkeyPatch, returncode: int, stdout: str) -> list[list[str]]:
+    """ncu as a shell printing `stdout` and exiting with `returncode`; the commands it was given."""
     commands: list[list[str]] = []
+    real_run = step_ncu.run_ncu
 
-    def run(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+    def run(command: list[str], timeout: float) -> tuple[int, str]:
         commands.append(command)
-        return subprocess.CompletedProcess(command, returncode, stdout, "")
+        script = f"import sys; sys.stdout.write({stdout!r}); sys.exit({returncode})"
+        return real_run([sys.executable, "-c", script], timeout)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
     monkeypatch.setattr(step_ncu, "find_ncu", lambda given: "/opt/ncu")
-    monkeypatch.setattr(step_ncu.subprocess, "run", run)
+    monkeypatch.setattr(step_ncu, "run_ncu", run)
     return commands
 
 
@@ -100,7 +102,7 @@ def test_the_command_runs_its_child_under_ncu_and_prints_the_table(
     child = command[command.index("-m") - 1 :]
     assert child[1:5] == ["-m", "opgen.bench", "step_ncu", "--child"]
     assert child[child.index("--family") + 1] == "qwen2" and child[child.index("--batch") + 1] == "8"
-    assert "under /opt/ncu" in err
+    assert "under /opt/ncu" in err and "==PROF== Connected to process" in err  # ncu's lines, as progress
     assert out.startswith("qwen2, batch 8, 2 layers, bfloat16 on NVIDIA H200: 9 kernels, ")
     assert "gemm_rows_bb7754659636" in out
 
@@ -129,3 +131,9 @@ def test_one_layer_under_ncu_on_the_gpu(capsys: pytest.CaptureFixture[str]) -> N
     kernels = [line for line in out.splitlines() if line.startswith("| ") and "| kernel " not in line]
     assert any("gemv_" in line for line in kernels), out  # the products' generated kernels, described
     assert any("matrix-vector kernel" in line for line in kernels), out
+
+
+def test_an_ncu_past_its_timeout_is_stopped_and_said() -> None:
+    with pytest.raises(RuntimeError, match=r"ncu did not finish within 1 s \(--timeout\)"):
+        sleeper = "import time; print('==PROF== Connected', flush=True); time.sleep(60)"
+        step_ncu.run_ncu([sys.executable, "-c", sleeper], 1)
