@@ -23,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -122,12 +123,14 @@ def find_ncu(given: str | None) -> str | None:
 def run_ncu(command: Sequence[str], timeout: float) -> tuple[int, str]:
     """(exit status, output) of ncu and its child, their lines merged; ncu's own lines (`==PROF==`: each kernel
     as it is profiled) echoed to stderr as they come, as the progress of a run of minutes."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     killed = threading.Event()
 
-    def kill() -> None:
+    def kill() -> None:  # ncu and the child it runs: their own process group
         killed.set()
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
 
     timer = threading.Timer(timeout, kill)
     timer.start()

@@ -135,5 +135,7 @@ def test_one_layer_under_ncu_on_the_gpu(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_an_ncu_past_its_timeout_is_stopped_and_said() -> None:
     with pytest.raises(RuntimeError, match=r"ncu did not finish within 1 s \(--timeout\)"):
-        sleeper = "import time; print('==PROF== Connected', flush=True); time.sleep(60)"
-        step_ncu.run_ncu([sys.executable, "-c", sleeper], 1)
+        sleeper = "import time; print('==PROF== Connected', flush=True); time.sleep(60)"  # ncu's child, as ncu runs it
+        step_ncu.run_ncu(
+            [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"], 1
+        )
