@@ -130,7 +130,7 @@ def run_ncu(command: Sequence[str], timeout: float) -> tuple[int, str]:
 
     def kill() -> None:  # ncu and the child it runs: their own process group
         killed.set()
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
 
     timer = threading.Timer(timeout, kill)
     timer.start()
@@ -142,11 +142,21 @@ def run_ncu(command: Sequence[str], timeout: float) -> tuple[int, str]:
             if line.startswith("==PROF=="):
                 print(line, end="", file=sys.stderr, flush=True)
         status = proc.wait()
-    finally:
+    finally:  # also on Ctrl-C: no ncu or child left holding the GPU
         timer.cancel()
+        if proc.poll() is None:
+            _kill_group(proc)
+            proc.wait()
     if killed.is_set():
         raise RuntimeError(f"ncu did not finish within {timeout:.0f} s (--timeout)")
     return status, "".join(lines)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
 
 
 def _tail(text: str, lines: int = 15) -> str:
